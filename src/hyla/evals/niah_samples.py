@@ -1,0 +1,255 @@
+"""RULER's eight needle-in-a-haystack tasks: definitions, prompt templates and sample generation.
+
+The reference is RULER's own generator, `long_context_eval/data/synthetic/niah.py` with `synthetic.yaml` and
+`data/synthetic/constants.py` in `nvidia-long-context-eval==26.3`. What differs, and why:
+- the needle depth is chosen per sample from an evenly spaced grid (RULER draws it at random from 40 evenly spaced
+  percentages) so that accuracy can be reported per depth; the other needles of a sample take random grid depths;
+- sentences are split by a regex (RULER's nltk splitter needs data that cannot be downloaded offline);
+- the haystack size is found by interpolation search on the token count rather than RULER's fixed increments, so
+  prompts land closer to the target length.
+As in RULER, a sample's `length` counts the prompt tokens plus the generation budget (`tokens_to_generate`).
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from hyla.evals.haystack import (
+    adjective_noun_lists,
+    count_tokens,
+    essay_word_prefix,
+    fit_num_units,
+    split_sentences,
+)
+
+NEEDLE_TEMPLATE = "One of the special magic {type_needle_v} for {key} is: {value}."
+REPEAT_HAYSTACK_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+TASK_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the {type_needle_v} afterwards.\n{context}\n"
+    "What are all the special magic {type_needle_v} for {query} mentioned in the provided text?"
+)
+ANSWER_PREFIX = " The special magic {type_needle_v} for {query} mentioned in the provided text are"
+# RULER's needle depths for essay haystacks: 40 evenly spaced percentages.
+RULER_DEPTH_GRID = tuple(int(depth) for depth in np.round(np.linspace(0, 100, num=40, endpoint=True)))
+RULER_TOKENS_TO_GENERATE = 128
+
+# Rough tokens per haystack unit (an essay word, a repeated line, a distractor needle) to seed the size search.
+_TOKENS_PER_UNIT = {"essay": 1.3, "repeat": 22.0, "needle": 30.0}
+
+
+@dataclass(frozen=True)
+class NiahTask:
+    """One RULER NIAH configuration (the `args` of an entry of RULER's `synthetic.yaml`)."""
+
+    name: str
+    ruler_name: str
+    type_haystack: str
+    type_needle_k: str
+    type_needle_v: str
+    num_needle_k: int = 1
+    num_needle_v: int = 1
+    num_needle_q: int = 1
+
+
+TASKS: dict[str, NiahTask] = {
+    task.name: task
+    for task in (
+        NiahTask("SK1", "niah_single_1", "repeat", "words", "numbers"),
+        NiahTask("SK2", "niah_single_2", "essay", "words", "numbers"),
+        NiahTask("SK3", "niah_single_3", "essay", "words", "uuids"),
+        NiahTask("MK1", "niah_multikey_1", "essay", "words", "numbers", num_needle_k=4),
+        NiahTask("MK2", "niah_multikey_2", "needle", "words", "numbers"),
+        NiahTask("MK3", "niah_multikey_3", "needle", "uuids", "uuids"),
+        NiahTask("MV", "niah_multivalue", "essay", "words", "numbers", num_needle_v=4),
+        # RULER raises num_needle_k to num_needle_q: four keys, all asked.
+        NiahTask("MQ", "niah_multiquery", "essay", "words", "numbers", num_needle_k=4, num_needle_q=4),
+    )
+}
+TASK_BY_RULER_NAME = {task.ruler_name: task for task in TASKS.values()}
+
+
+@dataclass
+class NiahSample:
+    """One prompt with its gold values. `depth_percent` is where the first gold needle sits in the haystack."""
+
+    task: str
+    target_length: int
+    depth_percent: int
+    index: int
+    input: str
+    outputs: list[str]
+    num_prompt_tokens: int
+    tokens_to_generate: int
+
+    @property
+    def length(self) -> int:
+        """RULER's `length`: prompt tokens plus the generation budget."""
+        return self.num_prompt_tokens + self.tokens_to_generate
+
+    def ruler_record(self) -> dict:
+        """The sample as a line of a RULER data file (`index`, `input`, `outputs`, `length`), plus our metadata."""
+        return {
+            "index": self.index,
+            "input": self.input,
+            "outputs": self.outputs,
+            "length": self.length,
+            "others": {"task": self.task, "target_length": self.target_length, "depth_percent": self.depth_percent},
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def get_task(name: str) -> NiahTask:
+    """A task by our short name (SK1…MQ) or RULER's name (niah_single_1…)."""
+    task = TASKS.get(name.upper()) or TASK_BY_RULER_NAME.get(name)
+    if task is None:
+        raise ValueError(f"unknown NIAH task {name!r}; choose from {', '.join(TASKS)}")
+    return task
+
+
+def prompt_template(task: NiahTask) -> str:
+    """Task template plus answer prefix, singularized as RULER does when exactly one value is asked for."""
+    template = TASK_TEMPLATE + ANSWER_PREFIX
+    type_needle_v = task.type_needle_v
+    if task.num_needle_q * task.num_needle_v == 1:
+        # RULER's exact replacements, in its order.
+        for plural, singular in (("Some", "A"), ("are all", "is"), ("are", "is"), ("answers", "answer")):
+            template = template.replace(plural, singular)
+        type_needle_v = type_needle_v[:-1]
+    return template.replace("{type_needle_v}", type_needle_v)
+
+
+def depth_grid(num_depths: int) -> list[int]:
+    """`num_depths` needle depths (percent of the haystack) spread evenly from 0 to 100."""
+    if num_depths < 1:
+        raise ValueError(f"num_depths must be at least 1, got {num_depths}")
+    return [int(depth) for depth in np.round(np.linspace(0, 100, num=num_depths, endpoint=True))]
+
+
+def _random_value(kind: str, rng: random.Random) -> str:
+    if kind == "numbers":
+        return str(rng.randint(10**6, 10**7 - 1))
+    if kind == "uuids":
+        return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+    if kind == "words":
+        adjectives, nouns = adjective_noun_lists()
+        return f"{rng.choice(adjectives)}-{rng.choice(nouns)}"
+    raise ValueError(f"unknown needle type {kind!r}")
+
+
+def _needle(task: NiahTask, key: str, value: str) -> str:
+    return NEEDLE_TEMPLATE.format(type_needle_v=task.type_needle_v, key=key, value=value)
+
+
+@dataclass
+class _NeedleDraw:
+    needles: list[str]  # the gold-first order: gold needles of the asked keys, then the others
+    query: str
+    answers: list[str]
+
+
+def _draw_needles(task: NiahTask, rng: random.Random) -> _NeedleDraw:
+    keys = [_random_value(task.type_needle_k, rng) for _ in range(task.num_needle_k)]
+    values = [[_random_value(task.type_needle_v, rng) for _ in range(task.num_needle_v)] for _ in keys]
+    asked = rng.sample(range(task.num_needle_k), task.num_needle_q)
+    gold = [_needle(task, keys[i], value) for i in asked for value in values[i]]
+    others = [_needle(task, keys[i], value) for i in range(len(keys)) if i not in asked for value in values[i]]
+    # The first gold needle goes to the chosen depth; the order of the rest is random, as in RULER's shuffle.
+    rest = gold[1:] + others
+    rng.shuffle(rest)
+    queries = [keys[i] for i in asked]
+    query = ", ".join(queries[:-1]) + ", and " + queries[-1] if len(queries) > 1 else queries[0]
+    return _NeedleDraw([gold[0], *rest], query, [value for i in asked for value in values[i]])
+
+
+def _essay_context(needles: list[str], depths: list[int], num_words: int) -> str:
+    sentences = split_sentences(essay_word_prefix(num_words))
+    positions = [int(len(sentences) * depth / 100) for depth in depths]
+    pieces, start = [], 0
+    for position, needle in sorted(zip(positions, needles), key=lambda pair: pair[0]):
+        pieces.append(" ".join(sentences[start:position]))
+        pieces.append(needle)
+        start = position
+    pieces.append(" ".join(sentences[start:]))
+    return " ".join(piece for piece in pieces if piece)
+
+
+def _line_context(task: NiahTask, needles: list[str], depth: int, num_lines: int, rng: random.Random) -> str:
+    if task.type_haystack == "repeat":
+        lines = [REPEAT_HAYSTACK_LINE] * num_lines
+    else:
+        lines = [
+            _needle(task, _random_value(task.type_needle_k, rng), _random_value(task.type_needle_v, rng))
+            for _ in range(num_lines)
+        ]
+    positions = [round(num_lines * depth / 100)] + [rng.randint(0, num_lines) for _ in needles[1:]]
+    # Insert from the back so that earlier positions stay valid.
+    for position, needle in sorted(zip(positions, needles), key=lambda pair: pair[0], reverse=True):
+        lines.insert(position, needle)
+    return "\n".join(lines)
+
+
+def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str) -> tuple[str, list[str]]:
+    """The prompt with `num_units` haystack units (essay words or lines) and its gold values; deterministic."""
+    rng = random.Random(sample_seed)
+    draw = _draw_needles(task, rng)
+    if task.type_haystack == "essay":
+        other_depths = rng.sample([d for d in RULER_DEPTH_GRID if d != depth], len(draw.needles) - 1)
+        context = _essay_context(draw.needles, [depth, *other_depths], num_units)
+    else:
+        context = _line_context(task, draw.needles, depth, num_units, rng)
+    return prompt_template(task).format(context=context, query=draw.query), draw.answers
+
+
+def build_sample(
+    tokenizer, task: NiahTask, length: int, depth: int, index: int, seed: int, tokens_to_generate: int
+) -> NiahSample:
+    """One sample whose prompt plus `tokens_to_generate` is as close to `length` tokens as fits."""
+    sample_seed = f"{seed}/{task.name}/{length}/{index}"
+    max_prompt_tokens = length - tokens_to_generate
+    num_units = fit_num_units(
+        lambda n: count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0]),
+        max_tokens=max_prompt_tokens,
+        tokens_per_unit=_TOKENS_PER_UNIT[task.type_haystack],
+    )
+    prompt, answers = render_prompt(task, depth, num_units, sample_seed)
+    return NiahSample(
+        task=task.name,
+        target_length=length,
+        depth_percent=depth,
+        index=index,
+        input=prompt,
+        outputs=answers,
+        num_prompt_tokens=count_tokens(tokenizer, prompt),
+        tokens_to_generate=tokens_to_generate,
+    )
+
+
+def build_samples(
+    tokenizer,
+    task: str,
+    length: int,
+    num_samples: int,
+    seed: int = 42,
+    *,
+    num_depths: int = 11,
+    tokens_to_generate: int = RULER_TOKENS_TO_GENERATE,
+) -> list[NiahSample]:
+    """`num_samples` prompts of `task` sized to `length` tokens of `tokenizer`, cycling over `num_depths` depths.
+
+    The haystack is sized so that prompt tokens + `tokens_to_generate` ≤ `length` (RULER's definition of length).
+    """
+    niah_task = get_task(task)
+    if length <= tokens_to_generate:
+        raise ValueError(f"length {length} must exceed the generation budget {tokens_to_generate}")
+    depths = depth_grid(num_depths)
+    return [
+        build_sample(tokenizer, niah_task, length, depths[index % len(depths)], index, seed, tokens_to_generate)
+        for index in range(num_samples)
+    ]

@@ -1,0 +1,74 @@
+"""Softmax attention layer: GQA with the teacher's q/k norms, RoPE optional (HypeNet keeps these layers NoPE),
+an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = log(t + a) / log(a) (SPEC §1)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.layers.context import MixerContext
+from hyla.layers.norm import RMSNorm
+from hyla.layers.rope import apply_rotary
+from hyla.ops.attention import softmax_attention
+from hyla.ops.scaling import attention_logit_scale
+
+
+def packed_document_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """bool [1, 1, T, T]: True where query and key belong to the same packed document."""
+    document = torch.bucketize(torch.arange(length, device=cu_seqlens.device), cu_seqlens[1:], right=True)
+    return (document[:, None] == document[None, :])[None, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.use_rope = config.attention_rope
+        width = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
+        self.g_proj = nn.Linear(config.hidden_size, width, bias=True) if config.attention_output_gate else None
+
+    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
+        batch, length = hidden_states.shape[:2]
+        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
+        k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.use_rope:
+            q, k = apply_rotary(q, *context.rope), apply_rotary(k, *context.rope)
+        a = self.config.attn_logits_scaling_a
+        if a is not None:
+            # Queries are scaled, keys are cached unscaled: the same formula serves prefill and decode.
+            scale = attention_logit_scale(context.position_ids, a=a)
+            q = q * scale[:, :, None, None].to(q.dtype)
+        return q, k, v
+
+    def _mask(self, context: MixerContext, query_length: int) -> torch.Tensor | None:
+        mask = None
+        if context.key_mask is not None:
+            mask = context.key_mask[:, None, None, :]
+        if context.cu_seqlens is not None:
+            mask = packed_document_mask(context.cu_seqlens, query_length)
+        return mask
+
+    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
+        q, k, v = self._project(hidden_states, context)
+        if context.cache is not None:
+            k, v = context.cache.update_kv(self.layer_idx, k, v)
+        output = softmax_attention(
+            q, k, v, scale=self.head_dim**-0.5, attention_mask=self._mask(context, q.shape[1])
+        )
+        output = output.reshape(hidden_states.shape[:2] + (-1,))
+        if self.g_proj is not None:
+            output = output * torch.sigmoid(self.g_proj(hidden_states))
+        return self.o_proj(output)

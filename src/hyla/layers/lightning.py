@@ -1,0 +1,70 @@
+"""Lightning attention layer: HypeNet's RNN mixer (SPEC §1).
+
+q = RMSNorm_q(x Wq), k = RMSNorm_k(x Wk), v = x Wv, RoPE on q and k, fixed per-head decay gamma_h = exp(-2^(-8h/H)),
+output RMSNorm over all heads, times sigmoid(x Wz), then Wo. K/V heads are full multi-head (no GQA sharing).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.layers.context import MixerContext
+from hyla.layers.norm import RMSNorm
+from hyla.layers.rope import apply_rotary
+from hyla.ops.lightning import lightning_attention, lightning_log_decay
+
+
+class LightningAttention(nn.Module):
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.use_rope = config.lightning_rope
+        width = self.num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.lightning_qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.lightning_qk_norm else None
+        self.o_norm = RMSNorm(width, eps=config.rms_norm_eps)
+        self.z_proj = nn.Linear(config.hidden_size, width, bias=False) if config.lightning_output_gate else None
+        # Fixed, not learned, identical in every layer: recomputed at load, never saved.
+        self.register_buffer("log_decay", lightning_log_decay(self.num_heads).float(), persistent=False)
+
+    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
+        shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
+        q = self.q_proj(hidden_states).view(shape)
+        k = self.k_proj(hidden_states).view(shape)
+        v = self.v_proj(hidden_states).view(shape)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.use_rope:
+            q, k = apply_rotary(q, *context.rope), apply_rotary(k, *context.rope)
+        if context.token_mask is not None:
+            # A zero key adds nothing to the state: left padding leaves the state at its initial zero.
+            k = k * context.token_mask[:, :, None, None].to(k.dtype)
+        return q, k, v
+
+    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
+        q, k, v = self._project(hidden_states, context)
+        cache = context.cache
+        initial_state = cache.recurrent_state(self.layer_idx) if cache is not None else None
+        output, final_state = lightning_attention(
+            q,
+            k,
+            v,
+            log_decay=self.log_decay,
+            scale=self.head_dim**-0.5,
+            initial_state=initial_state,
+            output_final_state=cache is not None,
+            cu_seqlens=context.cu_seqlens,
+        )
+        if cache is not None:
+            cache.set_recurrent_state(self.layer_idx, final_state)
+        output = self.o_norm(output.reshape(hidden_states.shape[:2] + (-1,)))
+        if self.z_proj is not None:
+            output = output * torch.sigmoid(self.z_proj(hidden_states))
+        return self.o_proj(output)

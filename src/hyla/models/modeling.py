@@ -1,0 +1,197 @@
+"""HypeNet: a decoder stack `x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))` whose mixer is chosen per layer
+(Lightning RNN or softmax attention), with an LM head; HF-compatible (save/load, generate) on CPU and GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from hyla.layers.attention import Attention
+from hyla.layers.context import MixerContext
+from hyla.layers.lightning import LightningAttention
+from hyla.layers.mlp import GatedMLP
+from hyla.layers.norm import RMSNorm
+from hyla.layers.rope import RotaryEmbedding
+from hyla.models.cache import HybridCache
+from hyla.models.configuration import HypeNetConfig
+from hyla.ops.lightning import lightning_log_decay
+
+MIXERS = {"lightning": LightningAttention, "attention": Attention}
+
+
+class HypeNetBlock(nn.Module):
+    def __init__(self, config: HypeNetConfig, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mixer = MIXERS[self.layer_type](config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = GatedMLP(
+            config.hidden_size, config.intermediate_size, act=config.hidden_act, bias=config.mlp_bias
+        )
+
+    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
+        hidden_states = hidden_states + self.mixer(self.input_layernorm(hidden_states), context)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+
+
+class HypeNetPreTrainedModel(PreTrainedModel):
+    config_class = HypeNetConfig
+    config: HypeNetConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["HypeNetBlock"]
+    _supports_sdpa = True
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            module.weight.normal_(0.0, std)
+            if module.bias is not None:
+                module.bias.zero_()
+        elif isinstance(module, nn.Embedding):
+            module.weight.normal_(0.0, std)
+        elif isinstance(module, RMSNorm):
+            module.weight.fill_(1.0)
+        if isinstance(module, Attention) and module.g_proj is not None:
+            # The gate starts as the constant sigmoid(b): the layer starts as the ungated attention times ~1.
+            module.g_proj.weight.zero_()
+            module.g_proj.bias.fill_(self.config.attention_gate_init_bias)
+        # Constants kept as non-persistent buffers: loading builds the model on the meta device, so they are
+        # computed again here.
+        if isinstance(module, LightningAttention):
+            module.log_decay.copy_(lightning_log_decay(module.num_heads))
+        elif isinstance(module, RotaryEmbedding):
+            module.inv_freq.copy_(module.compute_inv_freq()[0])
+
+
+def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
+    """Per-row positions of the last `length` tokens: the count of real tokens before each (padding excluded)."""
+    positions = attention_mask.long().cumsum(-1) - 1
+    return positions.clamp(min=0)[:, -length:]
+
+
+def packed_positions(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, T] positions restarting at 0 at every packed document."""
+    index = torch.arange(length, device=cu_seqlens.device)
+    document = torch.bucketize(index, cu_seqlens[1:], right=True)
+    return (index - cu_seqlens[document])[None]
+
+
+class HypeNetModel(HypeNetPreTrainedModel):
+    def __init__(self, config: HypeNetConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, config.pad_token_id)
+        self.layers = nn.ModuleList(HypeNetBlock(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def _context(self, hidden_states, attention_mask, position_ids, cache, cu_seqlens) -> MixerContext:
+        batch, length = hidden_states.shape[:2]
+        past = cache.get_seq_length() if cache is not None else 0
+        if attention_mask is not None and attention_mask.shape[-1] != past + length:
+            raise ValueError(
+                f"attention_mask covers {attention_mask.shape[-1]} positions, expected cached {past} + new {length}"
+            )
+        padded = attention_mask is not None and not bool(attention_mask.all())
+        if position_ids is None:
+            if cu_seqlens is not None:
+                position_ids = packed_positions(cu_seqlens, length)
+            elif padded:
+                position_ids = positions_from_mask(attention_mask, length)
+            else:
+                position_ids = torch.arange(past, past + length, device=hidden_states.device)[None].expand(batch, -1)
+        key_mask = attention_mask.bool() if padded else None
+        return MixerContext(
+            position_ids=position_ids,
+            rope=self.rotary_emb(position_ids, hidden_states.dtype),
+            token_mask=key_mask[:, -length:] if padded else None,
+            key_mask=key_mask,
+            cu_seqlens=cu_seqlens,
+            cache=cache,
+        )
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: HybridCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.LongTensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache and past_key_values is None and not self.training:
+            past_key_values = HybridCache(self.config.layer_types)
+        cache = past_key_values if use_cache else None
+        context = self._context(hidden_states, attention_mask, position_ids, cache, cu_seqlens)
+        for block in self.layers:
+            if self.gradient_checkpointing and self.training:
+                hidden_states = self._gradient_checkpointing_func(block.__call__, hidden_states, context)
+            else:
+                hidden_states = block(hidden_states, context)
+        if cache is not None:
+            cache.advance(hidden_states.shape[1])
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=cache)
+
+
+class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: HypeNetConfig):
+        super().__init__(config)
+        self.model = HypeNetModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # The model builds its own HybridCache on the first forward.
+        return False
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: HybridCache | None = None,
+        inputs_embeds: torch.FloatTensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.LongTensor | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """labels: [B, T] next-token targets already aligned with input_ids (HF convention: shifted inside),
+        -100 ignored. logits_to_keep: compute logits for the last N positions only (0 = all)."""
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            cu_seqlens=cu_seqlens,
+        )
+        hidden_states = outputs.last_hidden_state
+        if logits_to_keep:
+            hidden_states = hidden_states[:, -logits_to_keep:]
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
+            )
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)

@@ -1,0 +1,68 @@
+"""Softmax attention (GQA, causal, optional mask) through torch's scaled_dot_product_attention."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hyla.ops.attention.reference import softmax_attention_reference
+
+
+def causal_mask(query_length: int, key_length: int, *, device: torch.device) -> torch.Tensor:
+    """bool [Tq, Tk]: query i (at key position Tk - Tq + i) may attend to keys at or before it."""
+    offset = key_length - query_length
+    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(diagonal=offset)
+
+
+def softmax_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Same contract as `softmax_attention_reference`: q [B, Tq, H, D], k/v [B, Tk, Hkv, D] -> [B, Tq, H, D].
+
+    Without a mask SDPA can use its flash/cuDNN kernels: full causal when Tq == Tk, no mask at all for a single
+    query over a cache. Other shapes and padding masks build an explicit boolean mask.
+    """
+    query_length, key_length = q.shape[1], k.shape[1]
+    mask = attention_mask
+    is_causal = False
+    if causal:
+        if mask is None and query_length == key_length:
+            is_causal = True
+        elif mask is None and query_length == 1:
+            pass
+        else:
+            allowed = causal_mask(query_length, key_length, device=q.device)[None, None]
+            mask = allowed if mask is None else mask & allowed
+    if mask is not None:
+        # A query row with nothing to attend to (left padding before the first real token) would give NaN; let it
+        # see its own key: its output is discarded by the caller anyway.
+        empty_rows = ~mask.any(dim=-1, keepdim=True)
+        if bool(empty_rows.any()):
+            mask = mask | (empty_rows & _diagonal(query_length, key_length, q.device))
+    output = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return output.transpose(1, 2)
+
+
+def _diagonal(query_length: int, key_length: int, device: torch.device) -> torch.Tensor:
+    """bool [Tq, Tk]: each query's own key position."""
+    offset = key_length - query_length
+    eye = torch.zeros(query_length, key_length, dtype=torch.bool, device=device)
+    eye[torch.arange(query_length), torch.arange(query_length) + offset] = True
+    return eye
+
+
+__all__ = ["causal_mask", "softmax_attention", "softmax_attention_reference"]

@@ -1,0 +1,49 @@
+"""Lightning attention (fixed per-head decay linear attention, SPEC §1): dispatch + decay constants."""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.ops.dispatch import resolve_backend
+from hyla.ops.lightning.reference import lightning_chunked, lightning_recurrent
+
+
+def lightning_log_decay(num_heads: int) -> torch.Tensor:
+    """HypeNet's fixed per-head log-decay g_h = -2^(-8h/H), h = 1..H (float64 [H]); gamma_h = exp(g_h)."""
+    heads = torch.arange(1, num_heads + 1, dtype=torch.float64)
+    return -torch.pow(2.0, -8.0 * heads / num_heads)
+
+
+def lightning_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    log_decay: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """o_t = scale * q_t S_t with S_t = exp(g_h) S_{t-1} + k_t^T v_t.
+
+    q, k: [B, T, H, K]; v: [B, T, H, V]; log_decay: [H]; initial_state: [N, H, K, V] float32;
+    cu_seqlens: [N + 1] boundaries of packed sequences (B = 1). Returns (o [B, T, H, V], final state or None).
+    """
+    kwargs = dict(
+        log_decay=log_decay,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    if resolve_backend(q) == "fla":
+        from hyla.ops.lightning.gpu import lightning_fla
+
+        return lightning_fla(q, k, v, **kwargs)
+    if q.shape[1] == 1:
+        return lightning_recurrent(q, k, v, **kwargs)
+    return lightning_chunked(q, k, v, **kwargs)
+
+
+__all__ = ["lightning_attention", "lightning_chunked", "lightning_log_decay", "lightning_recurrent"]

@@ -1,0 +1,128 @@
+"""Pure-torch Lightning attention: a linear-attention RNN with a fixed per-head decay (SPEC §1).
+
+    S_t = exp(g_h) * S_{t-1} + k_t^T v_t,      o_t = scale * q_t S_t
+
+Two forms with one signature: `lightning_recurrent` (token by token, the definition) and `lightning_chunked`
+(chunkwise-parallel, the CPU path). Both accumulate in float32 (float64 for float64 inputs) and return the state
+in that precision.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CHUNK_SIZE = 64
+
+
+def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _segments(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> list[slice]:
+    """Time slices of the packed sequences of a batch of one (one slice covering all when not packed)."""
+    if cu_seqlens is None:
+        return [slice(None)]
+    if q.shape[0] != 1:
+        raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {q.shape[0]}")
+    bounds = cu_seqlens.tolist()
+    if bounds[0] != 0 or bounds[-1] != q.shape[1] or any(b > e for b, e in zip(bounds, bounds[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to T={q.shape[1]}, got {bounds}")
+    return [slice(b, e) for b, e in zip(bounds, bounds[1:])]
+
+
+def _run(step, q, k, v, log_decay, scale, initial_state, output_final_state, cu_seqlens):
+    """Apply `step(q, k, v, log_decay, state) -> (o, state)` ([B, T, H, D] tensors, state [B, H, K, V]) to the
+    whole batch, or to each packed sequence as a batch of one."""
+    batch, _, num_heads, key_dim = q.shape
+    value_dim = v.shape[-1]
+    acc = accumulation_dtype(q.dtype)
+    scale = key_dim**-0.5 if scale is None else scale
+    segments = _segments(q, cu_seqlens)
+    num_states = batch if cu_seqlens is None else len(segments)
+    if initial_state is not None and tuple(initial_state.shape) != (num_states, num_heads, key_dim, value_dim):
+        raise ValueError(
+            f"initial_state must be [{num_states}, {num_heads}, {key_dim}, {value_dim}], "
+            f"got {list(initial_state.shape)}"
+        )
+    states = (
+        initial_state.to(acc)
+        if initial_state is not None
+        else q.new_zeros(num_states, num_heads, key_dim, value_dim, dtype=acc)
+    )
+    g = log_decay.to(device=q.device, dtype=acc)
+    outputs, final_states = [], []
+    for index, time in enumerate(segments):
+        state = states if cu_seqlens is None else states[index : index + 1]
+        o, state = step(q[:, time].to(acc) * scale, k[:, time].to(acc), v[:, time].to(acc), g, state)
+        outputs.append(o.to(v.dtype))
+        final_states.append(state)
+    output = torch.cat(outputs, dim=1)
+    final_state = torch.cat(final_states) if output_final_state else None
+    return output, final_state
+
+
+def _recurrent_step(q, k, v, g, state):
+    # q, k: [B, T, H, K]; v: [B, T, H, V]; state: [B, H, K, V]
+    gamma = g.exp()[:, None, None]
+    outputs = []
+    for t in range(q.shape[1]):
+        state = gamma * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+    o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(v.shape)
+    return o, state
+
+
+def _chunked_step(q, k, v, g, state, chunk_size=DEFAULT_CHUNK_SIZE):
+    outputs = []
+    for start in range(0, q.shape[1], chunk_size):
+        qc, kc, vc = (x[:, start : start + chunk_size] for x in (q, k, v))
+        length = qc.shape[1]
+        steps = torch.arange(length, device=q.device, dtype=g.dtype)
+        # decay[h, i, j] = exp(g_h (i - j)) for i >= j: the lag inside the chunk
+        lag = steps[:, None] - steps[None, :]
+        decay = torch.exp(g[:, None, None] * lag.clamp(min=0)) * (lag >= 0)
+        scores = torch.einsum("bihk,bjhk->bhij", qc, kc) * decay
+        intra = torch.einsum("bhij,bjhv->bihv", scores, vc)
+        # query i sees the carried state decayed i + 1 times
+        query_decay = torch.exp(g[None, :] * (steps[:, None] + 1))[None, :, :, None]
+        carried = torch.einsum("bihk,bhkv->bihv", qc * query_decay, state)
+        outputs.append(intra + carried)
+        # key j reaches the chunk end decayed (length - 1 - j) times
+        key_decay = torch.exp(g[None, :] * (length - 1 - steps)[:, None])[None, :, :, None]
+        state = torch.exp(g * length)[None, :, None, None] * state + torch.einsum(
+            "bjhk,bjhv->bhkv", kc * key_decay, vc
+        )
+    o = torch.cat(outputs, dim=1) if outputs else v.new_zeros(v.shape)
+    return o, state
+
+
+def lightning_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    log_decay: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-by-token form. q, k: [B, T, H, K]; v: [B, T, H, V]; log_decay: [H] (<= 0);
+    initial_state: [N, H, K, V] (N = B, or the number of packed sequences); returns o [B, T, H, V] and
+    the final state [N, H, K, V] (float32, float64 for float64 inputs) when asked."""
+    return _run(_recurrent_step, q, k, v, log_decay, scale, initial_state, output_final_state, cu_seqlens)
+
+
+def lightning_chunked(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    log_decay: torch.Tensor,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chunkwise-parallel form of `lightning_recurrent` (same arguments, same results)."""
+    return _run(_chunked_step, q, k, v, log_decay, scale, initial_state, output_final_state, cu_seqlens)
