@@ -77,7 +77,8 @@ def test_attention_layer_is_nope_with_query_scaling_and_gate():
         logits = (s[:, None] * q[:, h]) @ k[:, kv].T / math.sqrt(dim)
         logits = logits.masked_fill(torch.ones(length, length).triu(1).bool(), float("-inf"))
         out[:, h] = torch.softmax(logits, -1) @ v[:, kv]
-    out = out.reshape(length, heads * dim) * torch.sigmoid(layer.g_proj(x)[0])
+    gate = torch.sigmoid(x[0] @ layer.g_proj.weight.T + layer.g_proj.bias)
+    out = out.reshape(length, heads * dim) * gate
     expected = layer.o_proj(out)
     context = model.model._context(x, None, None, None, None)
     assert torch.allclose(layer(x, context)[0], expected, atol=1e-10)

@@ -65,8 +65,11 @@ class TeacherSource:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
-def resolve_teacher(spec: str) -> TeacherSource:
-    """Turn a teacher spec into a `TeacherSource`; raises `FileNotFoundError`/`ValueError` with one clear line."""
+def resolve_teacher(spec: str, *, tokenizer_only: bool = False) -> TeacherSource:
+    """Turn a teacher spec into a `TeacherSource`; raises `FileNotFoundError`/`ValueError` with one clear line.
+
+    With `tokenizer_only`, a folder holding just a tokenizer (tokenizer.json or tokenizer_config.json) is accepted.
+    """
     if spec in ALIASES:
         package, gguf_name = ALIASES[spec]
         return TeacherSource(str(_package_folder(package, gguf_name)), gguf_name)
@@ -77,8 +80,9 @@ def resolve_teacher(spec: str) -> TeacherSource:
                              f"a hub id or one of the aliases {sorted(ALIASES)}")
         return TeacherSource(str(path.parent), path.name)
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"teacher folder {spec} has no config.json (expected a HF model folder)")
+        wanted = ("config.json", "tokenizer.json", "tokenizer_config.json") if tokenizer_only else ("config.json",)
+        if not any((path / name).is_file() for name in wanted):
+            raise FileNotFoundError(f"teacher folder {spec} has no {' or '.join(wanted)} (expected a HF model folder)")
         return TeacherSource(str(path))
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
         raise FileNotFoundError(f"teacher not found: {spec} (expected a HF model folder, a .gguf file, "
@@ -88,7 +92,7 @@ def resolve_teacher(spec: str) -> TeacherSource:
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     """The teacher's tokenizer alone, without loading any weights. Cached per resolved source: do not mutate it."""
-    return _load_tokenizer_cached(resolve_teacher(spec))
+    return _load_tokenizer_cached(resolve_teacher(spec, tokenizer_only=True))
 
 
 def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Teacher:

@@ -45,13 +45,16 @@ def load_essay_words() -> tuple[str, ...]:
     return tuple(re.sub(r"\s+", " ", load_essay_text()).split(" "))
 
 
-def essay_word_prefix(num_words: int) -> str:
-    """The first `num_words` essay words joined by spaces; the essays repeat when more words are needed."""
+def essay_word_prefix(num_words: int, offset: int = 0) -> str:
+    """`num_words` essay words from word `offset` on, joined by spaces; the essays repeat when more are needed."""
     words = load_essay_words()
-    num_repeats, remainder = divmod(num_words, len(words))
-    pieces = [" ".join(words)] * num_repeats
-    if remainder:
-        pieces.append(" ".join(words[:remainder]))
+    offset %= len(words)
+    pieces, remaining = [], num_words
+    while remaining > 0:
+        taken = words[offset : offset + remaining]
+        pieces.append(" ".join(taken))
+        remaining -= len(taken)
+        offset = 0
     return " ".join(pieces)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from hyla.evals.generation import DEFAULT_MAX_NEW_TOKENS, generate_greedy
+from hyla.evals.generation import generate_greedy
 from hyla.evals.niah_samples import (
     RULER_TOKENS_TO_GENERATE,
     TASK_BY_RULER_NAME,
@@ -40,6 +40,9 @@ __all__ = [
 ]
 
 DEFAULT_LENGTHS = (2048, 4096, 8192)
+# RULER generates up to 128 tokens. Four 7-digit values take ~35 tokens with digit-level tokenizers such as
+# SmolLM2's, so 64 leaves room for MV and MQ while halving the decode time.
+NIAH_MAX_NEW_TOKENS = 64
 _CONTROL_CHARACTERS = re.compile(r"[\x00-\x1f]")
 
 
@@ -115,7 +118,7 @@ def _score_samples(samples: list[NiahSample], predictions: list[str]) -> list[di
 
 
 def evaluate_samples(
-    model, tokenizer, samples: list[NiahSample], *, batch_size: int = 1, max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    model, tokenizer, samples: list[NiahSample], *, batch_size: int = 1, max_new_tokens: int = NIAH_MAX_NEW_TOKENS
 ) -> list[dict[str, Any]]:
     """Generate greedily for each sample and score it; returns one record per sample."""
     predictions = generate_greedy(
@@ -132,7 +135,7 @@ def evaluate_niah(
     num_samples: int = 10,
     batch_size: int = 1,
     *,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens: int = NIAH_MAX_NEW_TOKENS,
     tokens_to_generate: int = RULER_TOKENS_TO_GENERATE,
     num_depths: int = 11,
     seed: int = 42,
@@ -140,7 +143,7 @@ def evaluate_niah(
     """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records"}`.
 
     Prompts are sized so that prompt + `tokens_to_generate` (RULER: 128) fits `length`; the model then generates up
-    to `max_new_tokens` (default 32: the answers are shorter, and this saves time on CPU).
+    to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`).
     """
     records: list[dict[str, Any]] = []
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
@@ -193,7 +196,7 @@ def evaluate_ruler_jsonl(
     *,
     task: str | None = None,
     batch_size: int = 1,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    max_new_tokens: int = NIAH_MAX_NEW_TOKENS,
 ) -> dict[str, Any]:
     """Score a file in RULER's format: its `pred` fields if every row has one, else the model's greedy outputs."""
     rows = read_ruler_jsonl(path)

@@ -40,6 +40,9 @@ RULER_TOKENS_TO_GENERATE = 128
 
 # Rough tokens per haystack unit (an essay word, a repeated line, a distractor needle) to seed the size search.
 _TOKENS_PER_UNIT = {"essay": 1.3, "repeat": 22.0, "needle": 30.0}
+# How far below the target length a sample may land before another random draw is tried, and how many draws.
+_LENGTH_TOLERANCE = 0.01
+_MAX_DRAWS = 8
 
 
 @dataclass(frozen=True)
@@ -210,15 +213,28 @@ def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str) 
 def build_sample(
     tokenizer, task: NiahTask, length: int, depth: int, index: int, seed: int, tokens_to_generate: int
 ) -> NiahSample:
-    """One sample whose prompt plus `tokens_to_generate` is as close to `length` tokens as fits."""
-    sample_seed = f"{seed}/{task.name}/{length}/{index}"
+    """One sample whose prompt plus `tokens_to_generate` is as close to `length` tokens as fits.
+
+    A haystack of whole lines (MK2, MK3) can only grow by one line, ~57 tokens for uuid needles (2.8% of 2K); when
+    the fitted prompt falls short by more than `_LENGTH_TOLERANCE`, fresh random draws are tried and the closest
+    kept. Only token counts of random keys and values differ between draws, so the task stays the same.
+    """
     max_prompt_tokens = length - tokens_to_generate
-    num_units = fit_num_units(
-        lambda n: count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0]),
-        max_tokens=max_prompt_tokens,
-        tokens_per_unit=_TOKENS_PER_UNIT[task.type_haystack],
-    )
-    prompt, answers = render_prompt(task, depth, num_units, sample_seed)
+    best: tuple[int, str, list[str]] | None = None
+    for attempt in range(_MAX_DRAWS):
+        sample_seed = f"{seed}/{task.name}/{length}/{index}" + (f"/{attempt}" if attempt else "")
+        num_units = fit_num_units(
+            lambda n: count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0]),
+            max_tokens=max_prompt_tokens,
+            tokens_per_unit=_TOKENS_PER_UNIT[task.type_haystack],
+        )
+        prompt, answers = render_prompt(task, depth, num_units, sample_seed)
+        num_prompt_tokens = count_tokens(tokenizer, prompt)
+        if best is None or num_prompt_tokens > best[0]:
+            best = (num_prompt_tokens, prompt, answers)
+        if num_prompt_tokens + tokens_to_generate >= (1 - _LENGTH_TOLERANCE) * length:
+            break
+    num_prompt_tokens, prompt, answers = best
     return NiahSample(
         task=task.name,
         target_length=length,
@@ -226,7 +242,7 @@ def build_sample(
         index=index,
         input=prompt,
         outputs=answers,
-        num_prompt_tokens=count_tokens(tokenizer, prompt),
+        num_prompt_tokens=num_prompt_tokens,
         tokens_to_generate=tokens_to_generate,
     )
 

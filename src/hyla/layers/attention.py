@@ -19,6 +19,23 @@ def packed_document_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
     return (document[:, None] == document[None, :])[None, None]
 
 
+class OutputGate(nn.Linear):
+    """sigmoid(x W + b), elementwise on the attention output. A new gate starts with W = 0 and b = init_bias, i.e.
+    as the constant sigmoid(init_bias), so that adding it to a converted layer barely changes the layer."""
+
+    def __init__(self, in_features: int, out_features: int, *, init_bias: float):
+        super().__init__(in_features, out_features, bias=True)
+        self.init_bias = init_bias
+
+    def reset_to_constant(self) -> None:
+        with torch.no_grad():
+            self.weight.zero_()
+            self.bias.fill_(self.init_bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(super().forward(hidden_states))
+
+
 class Attention(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
@@ -35,7 +52,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
-        self.g_proj = nn.Linear(config.hidden_size, width, bias=True) if config.attention_output_gate else None
+        self.g_proj = (
+            OutputGate(config.hidden_size, width, init_bias=config.attention_gate_init_bias)
+            if config.attention_output_gate
+            else None
+        )
 
     def _project(self, hidden_states: torch.Tensor, context: MixerContext):
         batch, length = hidden_states.shape[:2]
@@ -70,5 +91,5 @@ class Attention(nn.Module):
         )
         output = output.reshape(hidden_states.shape[:2] + (-1,))
         if self.g_proj is not None:
-            output = output * torch.sigmoid(self.g_proj(hidden_states))
+            output = output * self.g_proj(hidden_states)
         return self.o_proj(output)

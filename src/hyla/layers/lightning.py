@@ -31,8 +31,16 @@ class LightningAttention(nn.Module):
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.lightning_qk_norm else None
         self.o_norm = RMSNorm(width, eps=config.rms_norm_eps)
         self.z_proj = nn.Linear(config.hidden_size, width, bias=False) if config.lightning_output_gate else None
-        # Fixed, not learned, identical in every layer: recomputed at load, never saved.
-        self.register_buffer("log_decay", lightning_log_decay(self.num_heads).float(), persistent=False)
+        # Fixed, not learned, identical in every layer: a float64 constant outside the state dict and outside
+        # `module.to(dtype)`, converted by the op to its accumulation precision.
+        self._log_decay = lightning_log_decay(self.num_heads)
+        self._log_decay_by_device: dict[torch.device, torch.Tensor] = {}
+
+    def log_decay(self, device: torch.device) -> torch.Tensor:
+        """The per-head log-decay g_h = -2^(-8h/H) (float64 [H]) on `device`, copied there once."""
+        if device not in self._log_decay_by_device:
+            self._log_decay_by_device[device] = self._log_decay.to(device)
+        return self._log_decay_by_device[device]
 
     def _project(self, hidden_states: torch.Tensor, context: MixerContext):
         shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
@@ -56,7 +64,7 @@ class LightningAttention(nn.Module):
             q,
             k,
             v,
-            log_decay=self.log_decay,
+            log_decay=self.log_decay(q.device),
             scale=self.head_dim**-0.5,
             initial_state=initial_state,
             output_final_state=cache is not None,

@@ -14,7 +14,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         dtype = hidden_states.dtype
-        x = hidden_states.to(torch.float32)
+        x = hidden_states.to(torch.float64 if dtype == torch.float64 else torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)
 

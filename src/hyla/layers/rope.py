@@ -9,28 +9,38 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 class RotaryEmbedding(nn.Module):
     """cos/sin tables for integer positions; the frequencies come from `config.rope_parameters` through
-    transformers' own rope initialisers (default, linear, dynamic, yarn, llama3, longrope)."""
+    transformers' own rope initialisers (default, linear, dynamic, yarn, llama3, longrope).
+
+    The frequencies are a constant of the config, kept outside the state dict and outside `module.to(dtype)`: a
+    bfloat16 copy of them would misplace long positions.
+    """
 
     def __init__(self, config):
         super().__init__()
         self.config = config
-        inv_freq, self.attention_scaling = self.compute_inv_freq()
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._inv_freq, self.attention_scaling = self.compute_inv_freq()
+        self._by_device: dict[torch.device, torch.Tensor] = {}
 
     def compute_inv_freq(self) -> tuple[torch.Tensor, float]:
         params = self.config.rope_parameters
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             dim = self.config.head_dim
-            exponents = torch.arange(0, dim, 2, dtype=torch.float32, device="cpu") / dim
+            exponents = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim
             return 1.0 / (params["rope_theta"] ** exponents), 1.0
         inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](self.config, "cpu")
-        return inv_freq.float(), scaling
+        return inv_freq.double(), scaling
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        if device not in self._by_device:
+            self._by_device[device] = self._inv_freq.to(device)
+        return self._by_device[device]
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """position_ids: [B, T] -> cos, sin: [B, T, D]."""
-        freqs = position_ids[..., None].to(torch.float32) * self.inv_freq.to(position_ids.device)
+        """position_ids: [B, T] -> cos, sin: [B, T, D] in `dtype` (angles in float32, float64 for float64)."""
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
+        freqs = position_ids[..., None].to(acc) * self.inv_freq(position_ids.device).to(acc)
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 

@@ -9,7 +9,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from hyla.layers.attention import Attention
+from hyla.layers.attention import Attention, OutputGate
 from hyla.layers.context import MixerContext
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.mlp import GatedMLP
@@ -17,7 +17,6 @@ from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import RotaryEmbedding
 from hyla.models.cache import HybridCache
 from hyla.models.configuration import HypeNetConfig
-from hyla.ops.lightning import lightning_log_decay
 
 MIXERS = {"lightning": LightningAttention, "attention": Attention}
 
@@ -50,7 +49,9 @@ class HypeNetPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range
-        if isinstance(module, nn.Linear):
+        if isinstance(module, OutputGate):
+            module.reset_to_constant()
+        elif isinstance(module, nn.Linear):
             module.weight.normal_(0.0, std)
             if module.bias is not None:
                 module.bias.zero_()
@@ -58,16 +59,6 @@ class HypeNetPreTrainedModel(PreTrainedModel):
             module.weight.normal_(0.0, std)
         elif isinstance(module, RMSNorm):
             module.weight.fill_(1.0)
-        if isinstance(module, Attention) and module.g_proj is not None:
-            # The gate starts as the constant sigmoid(b): the layer starts as the ungated attention times ~1.
-            module.g_proj.weight.zero_()
-            module.g_proj.bias.fill_(self.config.attention_gate_init_bias)
-        # Constants kept as non-persistent buffers: loading builds the model on the meta device, so they are
-        # computed again here.
-        if isinstance(module, LightningAttention):
-            module.log_decay.copy_(lightning_log_decay(module.num_heads))
-        elif isinstance(module, RotaryEmbedding):
-            module.inv_freq.copy_(module.compute_inv_freq()[0])
 
 
 def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:

@@ -10,11 +10,11 @@ import torch
 def attention_logit_scale(positions: torch.Tensor, *, a: float) -> torch.Tensor:
     """Per-query dynamic scaling s_t = log(t + a) / log(a), t the 0-based absolute position (s_0 = 1).
 
-    positions: [B, T] integer positions; returns float32 [B, T].
+    positions: [B, T] integer positions; returns float64 [B, T] (callers cast to their dtype).
     """
     if a <= 1:
         raise ValueError(f"logit scaling constant a must be > 1, got {a}")
-    return torch.log(positions.to(torch.float32) + a) / math.log(a)
+    return torch.log(positions.to(torch.float64) + a) / math.log(a)
 
 
 def length_logit_scale(length: int, *, train_length: int) -> float:

@@ -10,7 +10,8 @@ from hyla.ops.lightning.reference import lightning_chunked, lightning_recurrent
 
 def lightning_log_decay(num_heads: int) -> torch.Tensor:
     """HypeNet's fixed per-head log-decay g_h = -2^(-8h/H), h = 1..H (float64 [H]); gamma_h = exp(g_h)."""
-    heads = torch.arange(1, num_heads + 1, dtype=torch.float64)
+    # An explicit CPU device: models are built under a meta-device context when loaded.
+    heads = torch.arange(1, num_heads + 1, dtype=torch.float64, device="cpu")
     return -torch.pow(2.0, -8.0 * heads / num_heads)
 
 

@@ -1,0 +1,172 @@
+"""Text sources: each yields documents (strings) from one source spec.
+
+Source specs (`hyla data prepare --source`):
+- a file, a folder (searched recursively) or a glob: `.txt .md .rst .py` files are one document each (a glob or an
+  explicitly named file may have any other text suffix); `.jsonl`, `.jsonl.gz` and `.parquet` files give one document
+  per record, taken from the `text_field`;
+- `stdlib`: the `.py` files of the running Python's standard library (~31 MB, PSF license): the offline default;
+- `hf:NAME[:CONFIG][:SPLIT]`: a Hugging Face dataset, streamed (needs the `datasets` package and internet);
+- `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`).
+
+File lists are sorted, then shuffled with the seed (unless `shuffle_files` is off) so that a token budget takes a
+sample spread over the whole source rather than its alphabetical head.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import json
+import random
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from hyla.data.generated import GenerationSettings
+
+TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
+RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
+SOURCE_FORMS = "a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]' or 'teacher:SPEC'"
+
+
+@dataclass
+class Source:
+    """One opened source: `documents()` yields its texts; `description` says what it resolved to."""
+
+    spec: str
+    description: str
+    documents: Callable[[], Iterator[str]] = field(repr=False)
+
+
+def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_files: bool = True,
+                generation: GenerationSettings | None = None) -> Source:
+    """Resolve a source spec, checking that it exists now (before any tokenizer or model is loaded)."""
+    if spec == "stdlib":
+        files = _ordered(stdlib_files(), seed, shuffle_files)
+        return Source(spec, f"Python {sysconfig.get_python_version()} standard library ({len(files)} files)",
+                      lambda: _file_documents(files, text_field))
+    if spec.startswith("hf:"):
+        return _open_hf_dataset(spec, text_field)
+    if spec.startswith("teacher:"):
+        from hyla.data.generated import teacher_documents
+
+        settings = generation or GenerationSettings()
+        teacher_spec = spec.removeprefix("teacher:")
+        return Source(spec, f"{settings.num_documents} documents sampled from teacher {teacher_spec}",
+                      lambda: teacher_documents(teacher_spec, settings))
+    files = _ordered(expand_paths(spec), seed, shuffle_files)
+    return Source(spec, f"{len(files)} files from {spec}", lambda: _file_documents(files, text_field))
+
+
+def expand_paths(spec: str) -> list[Path]:
+    """The files a path spec names: the file itself, a folder's text/record files, or a glob's matches."""
+    path = Path(spec).expanduser()
+    if any(char in spec for char in "*?["):
+        files = sorted(Path(match) for match in glob.glob(str(path), recursive=True) if Path(match).is_file())
+        if not files:
+            raise FileNotFoundError(f"source glob {spec} matches no files")
+        return files
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        files = sorted(item for item in path.rglob("*") if item.is_file() and _is_known_suffix(item))
+        if not files:
+            suffixes = " ".join(TEXT_SUFFIXES + RECORD_SUFFIXES)
+            raise ValueError(f"source folder {spec} holds no {suffixes} files")
+        return files
+    raise FileNotFoundError(f"source not found: {spec} (expected {SOURCE_FORMS})")
+
+
+def stdlib_files() -> list[Path]:
+    """The standard library's `.py` files, sorted; third-party packages installed beside it are left out."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skipped = {"site-packages", "dist-packages", "__pycache__"}
+    files = [path for path in root.rglob("*.py") if skipped.isdisjoint(path.relative_to(root).parts)]
+    if not files:
+        raise FileNotFoundError(f"no standard library .py files under {root}")
+    return sorted(files)
+
+
+def interleave(sources: list[Source]) -> Iterator[tuple[int, str]]:
+    """Documents of all sources, one from each in turn (so a token budget samples every source): (index, text)."""
+    active = [(index, source.documents()) for index, source in enumerate(sources)]
+    while active:
+        for entry in list(active):
+            index, documents = entry
+            text = next(documents, None)
+            if text is None:
+                active.remove(entry)
+            elif text.strip():
+                yield index, text
+
+
+def _ordered(files: list[Path], seed: int, shuffle: bool) -> list[Path]:
+    files = sorted(files)
+    if shuffle:
+        random.Random(seed).shuffle(files)
+    return files
+
+
+def _is_known_suffix(path: Path) -> bool:
+    return path.name.endswith(TEXT_SUFFIXES + RECORD_SUFFIXES)
+
+
+def _file_documents(files: list[Path], text_field: str) -> Iterator[str]:
+    for path in files:
+        if path.name.endswith((".jsonl", ".jsonl.gz")):
+            yield from _jsonl_documents(path, text_field)
+        elif path.suffix == ".parquet":
+            yield from _parquet_documents(path, text_field)
+        else:
+            # Replacement characters keep a stray Latin-1 file (the stdlib has a few) from stopping a long run.
+            yield path.read_text(encoding="utf-8", errors="replace")
+
+
+def _jsonl_documents(path: Path, text_field: str) -> Iterator[str]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as lines:
+        for line_number, line in enumerate(lines, start=1):
+            if line.strip():
+                yield _record_text(json.loads(line), text_field, f"{path}:{line_number}")
+
+
+def _parquet_documents(path: Path, text_field: str) -> Iterator[str]:
+    try:
+        import pyarrow.parquet as parquet
+    except ImportError:
+        raise ValueError(f"reading {path} needs pyarrow; install with: pip install pyarrow") from None
+    table = parquet.ParquetFile(path)
+    if text_field not in table.schema_arrow.names:
+        raise ValueError(f"{path} has no column {text_field!r} (columns: {', '.join(table.schema_arrow.names)}); "
+                         f"pass --text-field")
+    for batch in table.iter_batches(columns=[text_field], batch_size=1024):
+        yield from (text for text in batch.column(0).to_pylist() if text)
+
+
+def _record_text(record: Any, text_field: str, where: str) -> str:
+    if not isinstance(record, dict) or text_field not in record:
+        fields = ", ".join(record) if isinstance(record, dict) else type(record).__name__
+        raise ValueError(f"{where} has no field {text_field!r} (found: {fields}); pass --text-field")
+    text = record[text_field]
+    if text is not None and not isinstance(text, str):
+        raise ValueError(f"{where}: field {text_field!r} holds {type(text).__name__}, not text")
+    return text or ""
+
+
+def _open_hf_dataset(spec: str, text_field: str) -> Source:
+    name, config, split = (spec.removeprefix("hf:").split(":") + [None, None])[:3]
+    if not name:
+        raise ValueError(f"source {spec}: expected hf:NAME[:CONFIG][:SPLIT]")
+    try:
+        import datasets
+    except ImportError:
+        raise ValueError(f"source {spec} needs the datasets package; install with: pip install datasets") from None
+    try:
+        dataset = datasets.load_dataset(name, config or None, split=split or "train", streaming=True)
+    except Exception as err:  # noqa: BLE001 - the hub and datasets raise many kinds; the user needs one line
+        reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(f"could not open HF dataset {name}: {reason} (needs internet or a local HF cache)") from None
+    description = f"HF dataset {name} (config {config or 'default'}, split {split or 'train'}, streamed)"
+    return Source(spec, description,
+                  lambda: (_record_text(record, text_field, f"{spec} record") for record in dataset))
