@@ -1,0 +1,105 @@
+"""`hyla data prepare` and `hyla data info`: thin wrappers over `hyla.data.tokenize`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+_COUNT_SUFFIXES = {"K": 10**3, "M": 10**6, "B": 10**9, "G": 10**9}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    data = subparsers.add_parser("data", help="prepare and inspect token corpora")
+    data.set_defaults(handler=lambda args: data.print_help())
+    verbs = data.add_subparsers(dest="data_command", metavar="VERB")
+    _register_prepare(verbs)
+    info = verbs.add_parser("info", help="summarize a prepared corpus folder")
+    info.add_argument("path", help="a folder made by `hyla data prepare`")
+    info.set_defaults(handler=run_info)
+
+
+def _register_prepare(verbs: argparse._SubParsersAction) -> None:
+    prepare = verbs.add_parser(
+        "prepare", help="tokenize text sources into a corpus folder",
+        description="Tokenize text into uint16/uint32 shards with a manifest. Sources: a file, folder or glob "
+                    "(.txt .md .rst .py, .jsonl[.gz] and .parquet records), 'stdlib' (the Python standard library, "
+                    "offline), 'hf:NAME[:CONFIG][:SPLIT]' (streamed) or 'teacher:SPEC' (sampled text).")
+    prepare.add_argument("--tokenizer", required=True, help="teacher spec whose tokenizer to use (e.g. smollm2-135m)")
+    prepare.add_argument("--source", action="append", required=True, metavar="SRC",
+                         help="a text source; repeat to interleave several, one document from each in turn")
+    prepare.add_argument("--out", required=True, help="corpus folder to create")
+    prepare.add_argument("--max-tokens", type=parse_count, default=None, help="stop after N tokens (2000000, 2M)")
+    prepare.add_argument("--text-field", default="text", help="record field holding the text (jsonl, parquet, hf)")
+    prepare.add_argument("--seed", type=int, default=0, help="file order shuffle and teacher sampling seed")
+    prepare.add_argument("--no-shuffle", action="store_true", help="keep files in sorted order")
+    prepare.add_argument("--separator", default=None, help="token closing each document (default: the EOS token)")
+    prepare.add_argument("--shard-tokens", type=parse_count, default=None, help="tokens per shard file (64Mi)")
+    generation = prepare.add_argument_group("teacher:SPEC sources")
+    generation.add_argument("--num-generated", type=parse_count, default=256, help="documents to sample")
+    generation.add_argument("--max-new-tokens", type=int, default=256, help="tokens sampled per document")
+    generation.add_argument("--temperature", type=float, default=0.8)
+    generation.add_argument("--top-p", type=float, default=0.95)
+    generation.add_argument("--generation-batch-size", type=int, default=16, help="prompts sampled together")
+    generation.add_argument("--device", default="cpu", help="device of the sampling teacher")
+    generation.add_argument("--dtype", default="float32", help="dtype of the sampling teacher")
+    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    prepare.set_defaults(handler=run_prepare)
+
+
+def run_prepare(args: argparse.Namespace) -> int:
+    from hyla.data.generated import GenerationSettings
+    from hyla.data.tokenize import DEFAULT_SHARD_TOKENS, PrepareSettings, prepare_corpus
+
+    generation = GenerationSettings(
+        num_documents=args.num_generated, max_new_tokens=args.max_new_tokens, temperature=args.temperature,
+        top_p=args.top_p, batch_size=args.generation_batch_size, seed=args.seed, dtype=args.dtype, device=args.device)
+    settings = PrepareSettings(
+        tokenizer=args.tokenizer, sources=tuple(args.source), max_tokens=args.max_tokens, text_field=args.text_field,
+        seed=args.seed, shuffle_files=not args.no_shuffle, separator=args.separator,
+        shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, generation=generation)
+    print(f"hyla data prepare -> {args.out}")
+    for key, value in settings.to_dict().items():
+        print(f"  {key}: {value}")
+    started = time.perf_counter()
+    result = prepare_corpus(args.out, settings, show_progress=not args.no_progress, log=lambda line: print(f"  {line}"))
+    manifest = result.manifest
+    if result.already_prepared:
+        print(f"{result.path} already holds this corpus ({manifest['num_tokens']:,} tokens); nothing to do")
+        return 0
+    print(f"wrote {manifest['num_tokens']:,} tokens, {manifest['num_documents']:,} documents, "
+          f"{len(manifest['shards'])} {manifest['dtype']} shard(s) to {result.path} "
+          f"in {time.perf_counter() - started:.1f} s")
+    return 0
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from hyla.data.loader import TokenCorpus
+
+    corpus = TokenCorpus(args.path)
+    manifest = corpus.manifest
+    tokenizer = manifest["tokenizer"]
+    print(f"{corpus.path}: {corpus.num_tokens:,} tokens, {manifest['num_documents']:,} documents, "
+          f"{len(manifest['shards'])} {manifest['dtype']} shard(s), corpus id {corpus.corpus_id}")
+    print(f"  tokenizer {tokenizer['spec']} ({tokenizer['vocab_size']} tokens, sha256 {tokenizer['sha256'][:12]}), "
+          f"separator id {manifest['separator_token_id']}")
+    for source in manifest["sources"]:
+        print(f"  source {source['spec']}: {source['num_documents']:,} documents, {source['num_tokens']:,} tokens "
+              f"({source['description']})")
+    provenance = manifest["provenance"]
+    print(f"  made {provenance['created']} by: {' '.join(provenance['command'])}")
+    return 0
+
+
+def parse_count(text: str) -> int:
+    """A positive count written as 2000000, 2_000_000, 2M, 500K or 1.5B."""
+    suffix = text[-1:].upper()
+    try:
+        if suffix in _COUNT_SUFFIXES:
+            value = float(text[:-1]) * _COUNT_SUFFIXES[suffix]
+        else:
+            value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if value != int(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole count: {text!r}")
+    return int(value)
