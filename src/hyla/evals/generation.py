@@ -75,4 +75,4 @@ def _generate_batch(
         pad_token_id=tokenizer.pad_token_id,
     )
     new_tokens = output_ids[:, input_ids.shape[1] :]
-    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)

@@ -101,9 +101,18 @@ def _aggregate_one(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _score_samples(samples: list[NiahSample], predictions: list[str]) -> list[dict[str, Any]]:
+def _ruler_fields(sample: NiahSample) -> dict[str, Any]:
+    # What RULER's evaluate.py reads besides `pred` and `outputs`; `others` also lets our reader recover the cell.
+    others = {"task": sample.task, "target_length": sample.target_length, "depth_percent": sample.depth_percent}
+    return {"input": sample.input, "length_tokens": sample.length, "others": others}
+
+
+def _score_samples(
+    samples: list[NiahSample], predictions: list[str], keep_inputs: bool = False
+) -> list[dict[str, Any]]:
     return [
         {
+            **(_ruler_fields(sample) if keep_inputs else {}),
             "task": sample.task,
             "length": sample.target_length,
             "depth_percent": sample.depth_percent,
@@ -118,13 +127,19 @@ def _score_samples(samples: list[NiahSample], predictions: list[str]) -> list[di
 
 
 def evaluate_samples(
-    model, tokenizer, samples: list[NiahSample], *, batch_size: int = 1, max_new_tokens: int = NIAH_MAX_NEW_TOKENS
+    model,
+    tokenizer,
+    samples: list[NiahSample],
+    *,
+    batch_size: int = 1,
+    max_new_tokens: int = NIAH_MAX_NEW_TOKENS,
+    keep_inputs: bool = False,
 ) -> list[dict[str, Any]]:
-    """Generate greedily for each sample and score it; returns one record per sample."""
+    """Generate greedily for each sample and score it; returns one record per sample (with its prompt if asked)."""
     predictions = generate_greedy(
         model, tokenizer, [sample.input for sample in samples], max_new_tokens=max_new_tokens, batch_size=batch_size
     )
-    return _score_samples(samples, predictions)
+    return _score_samples(samples, predictions, keep_inputs)
 
 
 def evaluate_niah(
@@ -139,11 +154,13 @@ def evaluate_niah(
     tokens_to_generate: int = RULER_TOKENS_TO_GENERATE,
     num_depths: int = 11,
     seed: int = 42,
+    keep_inputs: bool = False,
 ) -> dict[str, Any]:
     """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records"}`.
 
     Prompts are sized so that prompt + `tokens_to_generate` (RULER: 128) fits `length`; the model then generates up
-    to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`).
+    to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`). With `keep_inputs`, each record also holds its
+    prompt (`input`) and RULER's `length_tokens`, so the records form a RULER prediction file.
     """
     records: list[dict[str, Any]] = []
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
@@ -151,7 +168,9 @@ def evaluate_niah(
         samples = build_samples(
             tokenizer, task, length, num_samples, seed, num_depths=num_depths, tokens_to_generate=tokens_to_generate
         )
-        records += evaluate_samples(model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens)
+        records += evaluate_samples(
+            model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens, keep_inputs=keep_inputs
+        )
     return {**aggregate_scores(records), "records": records}
 
 

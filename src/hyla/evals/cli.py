@@ -1,0 +1,236 @@
+"""`hyla eval {niah,csr,ppl,babilong,lm-eval,compare}`: thin handlers over the typed functions of `hyla.evals`.
+
+Every evaluation takes `--model SPEC` (an HF folder, a GGUF file, or a teacher alias such as smollm2-135m) and the
+same inference overrides, so a teacher and its hybrid are compared by one command; each writes `results.json` and
+PNG plots into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+_DEFAULT_OUT_ROOT = Path("runs") / "eval"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [_parse_length(item) for item in text.split(",") if item.strip()]
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def _parse_length(item: str) -> int:
+    # 4K means 4096, as lengths are quoted in RULER and the papers.
+    item = item.strip()
+    if item[-1:] in ("k", "K"):
+        return int(item[:-1]) * 1024
+    return int(item)
+
+
+def _str_list(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument("--model", required=required, help="HF folder, .gguf file, or teacher alias (smollm2-135m)")
+    parser.add_argument("--out", type=Path, default=None, help="result folder (default runs/eval/<kind>-<model>)")
+    parser.add_argument("--dtype", default="float32", help="parameter dtype: float32, bfloat16, float16")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--logit-scaling-a", type=float, default=None,
+        help="dynamic logit scaling s_t = log(t+a)/log(a) of the attention layers (models with that setting)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    evaluation = subparsers.add_parser("eval", help="evaluate a model: NIAH, CSR, loss by position, BABILong")
+    verbs = evaluation.add_subparsers(dest="eval_command", metavar="EVAL")
+    evaluation.set_defaults(handler=lambda args: evaluation.print_help())
+    _register_niah(verbs)
+    _register_csr(verbs)
+    _register_ppl(verbs)
+    _register_babilong(verbs)
+    _register_lm_eval(verbs)
+    compare = verbs.add_parser("compare", help="print the metrics of several result folders side by side")
+    compare.add_argument("results", nargs="+", help="result folders or results.json files")
+    compare.set_defaults(handler=_handle_compare)
+
+
+def _register_niah(verbs: Any) -> None:
+    from_niah = verbs.add_parser("niah", help="RULER needle-in-a-haystack tasks SK1-3, MK1-3, MV, MQ")
+    _add_model_options(from_niah, required=False)
+    from_niah.add_argument("--tasks", type=_str_list, default=None, help="comma-separated, default all eight")
+    from_niah.add_argument("--lengths", type=_int_list, default=[2048, 4096, 8192], help="e.g. 2K,4K,8K")
+    from_niah.add_argument("--num-samples", type=int, default=10, help="samples per task and length")
+    from_niah.add_argument("--num-depths", type=int, default=11, help="needle depths spread evenly over 0-100%%")
+    from_niah.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens to generate (RULER: 128)")
+    from_niah.add_argument("--from-jsonl", type=Path, default=None, help="score a RULER data or prediction file")
+    from_niah.add_argument("--task-name", default=None, help="task of --from-jsonl (default: from the file name)")
+    from_niah.add_argument("--save-predictions", action="store_true", help="also write predictions.jsonl (RULER)")
+    from_niah.set_defaults(handler=_handle_niah)
+
+
+def _register_csr(verbs: Any) -> None:
+    csr = verbs.add_parser("csr", help="zero-shot HellaSwag, ARC-E/C, PIQA, WinoGrande, LAMBADA")
+    _add_model_options(csr)
+    csr.add_argument("--tasks", type=_str_list, default=None, help="comma-separated, default all six")
+    csr.add_argument("--limit", type=int, default=None, help="first N documents of each task")
+    csr.set_defaults(handler=_handle_csr, batch_size=8)
+
+
+def _register_ppl(verbs: Any) -> None:
+    ppl = verbs.add_parser("ppl", help="mean loss per position bucket on long documents")
+    _add_model_options(ppl)
+    ppl.add_argument("--seq-len", type=_parse_length, default=8192)
+    ppl.add_argument("--num-sequences", type=int, default=4)
+    ppl.add_argument("--text-files", nargs="*", default=None, help="documents to use (default: RULER's essays)")
+    ppl.add_argument("--buckets", type=_int_list, default=None, help="bucket edges, default 0,1K,2K,4K,...")
+    ppl.add_argument("--chunk-size", type=int, default=4096, help="positions per forward pass (cache carried)")
+    ppl.set_defaults(handler=_handle_ppl)
+
+
+def _register_babilong(verbs: Any) -> None:
+    babilong = verbs.add_parser("babilong", help="bAbI qa1-qa5 facts hidden in long background text")
+    _add_model_options(babilong)
+    babilong.add_argument("--tasks", type=_str_list, default=["qa1", "qa2", "qa3", "qa4", "qa5"])
+    babilong.add_argument("--lengths", type=_int_list, default=[0, 1024, 4096], help="0 = facts only")
+    babilong.add_argument("--num-samples", type=int, default=20)
+    babilong.add_argument("--max-new-tokens", type=int, default=16)
+    babilong.set_defaults(handler=_handle_babilong)
+
+
+def _register_lm_eval(verbs: Any) -> None:
+    lm_eval = verbs.add_parser("lm-eval", help="lm-eval-harness tasks through its HFLM wrapper")
+    _add_model_options(lm_eval)
+    lm_eval.add_argument("--tasks", type=_str_list, required=True)
+    lm_eval.add_argument("--limit", type=int, default=None)
+    lm_eval.add_argument("--num-fewshot", type=int, default=None)
+    lm_eval.add_argument("--include-path", default=None, help="folder of extra task YAML files")
+    lm_eval.set_defaults(handler=_handle_lm_eval)
+
+
+def _settings(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    return {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+
+
+def _out_dir(args: argparse.Namespace, kind: str) -> Path:
+    from hyla.evals.runner import model_label
+
+    return args.out or _DEFAULT_OUT_ROOT / f"{kind}-{model_label(args.model or 'predictions')}"
+
+
+def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, Any, dict[str, Any], Path]:
+    """Print the settings, load the model with its overrides; returns (model, tokenizer, settings, out_dir)."""
+    from hyla.evals.runner import load_for_eval, print_settings
+
+    common = ["model", "dtype", "device", "batch_size", "seed", "logit_scaling_a"]
+    settings = _settings(args, common + names)
+    out_dir = _out_dir(args, kind)
+    print_settings(kind, {**settings, "out": out_dir})
+    model, tokenizer, applied = load_for_eval(
+        args.model, dtype=args.dtype, device=args.device, logit_scaling_a=args.logit_scaling_a
+    )
+    return model, tokenizer, {**settings, "applied_overrides": applied}, out_dir
+
+
+def _finish(kind: str, args: argparse.Namespace, settings: dict, result: dict, out_dir: Path) -> None:
+    from hyla.evals.runner import model_label, print_summary, save_run
+
+    path = save_run(out_dir, kind, model_label(args.model or str(args.from_jsonl)), settings, result)
+    print_summary(result["summary"], path)
+
+
+def _handle_niah(args: argparse.Namespace) -> int:
+    from hyla.evals import niah
+    from hyla.evals.runner import save_jsonl
+
+    names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "from_jsonl", "task_name"]
+    if args.from_jsonl is not None and args.model is None:
+        settings, out_dir, model, tokenizer = _settings(args, names), _out_dir(args, "niah"), None, None
+    elif args.model is None:
+        raise ValueError("hyla eval niah needs --model (or --from-jsonl with a file that has predictions)")
+    else:
+        model, tokenizer, settings, out_dir = _start(args, "niah", names)
+    common = {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}
+    if args.from_jsonl is not None:
+        result = niah.evaluate_ruler_jsonl(args.from_jsonl, model, tokenizer, task=args.task_name, **common)
+    else:
+        result = niah.evaluate_niah(
+            model, tokenizer, args.tasks or list(niah.TASKS), args.lengths, args.num_samples,
+            num_depths=args.num_depths, seed=args.seed, keep_inputs=args.save_predictions, **common,
+        )
+    if args.save_predictions:
+        save_jsonl(out_dir / "predictions.jsonl", result["records"])
+        for record in result["records"]:
+            for ruler_field in ("input", "others", "length_tokens"):
+                record.pop(ruler_field, None)
+    niah.plot_heatmap(result["overall"]["by_length_depth"], "NIAH accuracy (all tasks)", out_dir / "heatmap.png")
+    for task, task_result in result["tasks"].items():
+        niah.plot_heatmap(task_result["by_length_depth"], f"NIAH {task}", out_dir / f"heatmap_{task}.png")
+    _finish("niah", args, settings, result, out_dir)
+    return 0
+
+
+def _handle_csr(args: argparse.Namespace) -> int:
+    from hyla.evals import csr
+
+    tasks = args.tasks or list(csr.TASK_FILES)
+    for task in tasks:
+        csr.load_documents(task, limit=1)
+    model, tokenizer, settings, out_dir = _start(args, "csr", ["tasks", "limit"])
+    result = csr.evaluate_csr(model, tokenizer, tasks, args.limit, args.batch_size)
+    csr.plot_csr(result["tasks"], out_dir / "csr.png")
+    _finish("csr", args, settings, result, out_dir)
+    return 0
+
+
+def _handle_ppl(args: argparse.Namespace) -> int:
+    from hyla.evals import ppl
+
+    names = ["seq_len", "num_sequences", "text_files", "buckets", "chunk_size"]
+    model, tokenizer, settings, out_dir = _start(args, "ppl", names)
+    input_ids = ppl.long_token_sequences(tokenizer, args.seq_len, args.num_sequences, args.text_files)
+    result = ppl.ppl_by_position(
+        model, input_ids, bucket_edges=args.buckets, batch_size=args.batch_size, chunk_size=args.chunk_size
+    )
+    ppl.plot_loss_by_position(result, out_dir / "loss_by_position.png")
+    _finish("ppl", args, settings, result, out_dir)
+    return 0
+
+
+def _handle_babilong(args: argparse.Namespace) -> int:
+    from hyla.evals import babilong
+
+    names = ["tasks", "lengths", "num_samples", "max_new_tokens"]
+    model, tokenizer, settings, out_dir = _start(args, "babilong", names)
+    result = babilong.evaluate_babilong(
+        model, tokenizer, args.tasks, args.lengths, args.num_samples, args.batch_size,
+        max_new_tokens=args.max_new_tokens, seed=args.seed,
+    )
+    babilong.plot_babilong(result["tasks"], out_dir / "babilong.png")
+    _finish("babilong", args, settings, result, out_dir)
+    return 0
+
+
+def _handle_lm_eval(args: argparse.Namespace) -> int:
+    from hyla.evals import lm_eval_bridge
+
+    lm_eval_bridge._import_lm_eval()
+    model, tokenizer, settings, out_dir = _start(args, "lm-eval", ["tasks", "limit", "num_fewshot", "include_path"])
+    result = lm_eval_bridge.run_lm_eval(
+        model, tokenizer, args.tasks, limit=args.limit, batch_size=args.batch_size,
+        num_fewshot=args.num_fewshot, include_path=args.include_path,
+    )
+    _finish("lm-eval", args, settings, result, out_dir)
+    return 0
+
+
+def _handle_compare(args: argparse.Namespace) -> int:
+    from hyla.evals.report import compare_results, print_comparison
+
+    print_comparison(compare_results(args.results))
+    return 0
