@@ -89,6 +89,10 @@ class Attention(nn.Module):
         output = softmax_attention(
             q, k, v, scale=self.head_dim**-0.5, attention_mask=self._mask(context, q.shape[1])
         )
+        return self._output(output, hidden_states)
+
+    def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]."""
         output = output.reshape(hidden_states.shape[:2] + (-1,))
         if self.g_proj is not None:
             output = output * self.g_proj(hidden_states)

@@ -72,6 +72,10 @@ class LightningAttention(nn.Module):
         )
         if cache is not None:
             cache.set_recurrent_state(self.layer_idx, final_state)
+        return self._output(output, hidden_states)
+
+    def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]."""
         output = self.o_norm(output.reshape(hidden_states.shape[:2] + (-1,)))
         if self.z_proj is not None:
             output = output * torch.sigmoid(self.z_proj(hidden_states))
