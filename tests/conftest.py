@@ -16,3 +16,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+@pytest.fixture(scope="session")
+def smollm2_teacher():
+    """The offline SmolLM2-135M teacher (de-quantized from its GGUF once per test session)."""
+    from hyla.convert.teacher import load_teacher
+
+    try:
+        teacher = load_teacher("smollm2-135m")
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"SmolLM2 teacher not available: {err}")
+    teacher.model.eval()
+    return teacher

@@ -8,6 +8,9 @@ _EXPORTS = {
     "load_tokenizer": "hyla.convert.teacher",
     "teacher_fingerprint": "hyla.convert.teacher",
     "SUPPORTED_FAMILIES": "hyla.convert.teacher",
+    "to_hypenet": "hyla.convert.transfer",
+    "lightning_from_attention": "hyla.convert.transfer",
+    "hypenet_config_from_teacher": "hyla.convert.transfer",
 }
 
 __all__ = sorted(_EXPORTS)

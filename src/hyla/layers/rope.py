@@ -18,29 +18,31 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.config = config
-        self._inv_freq, self.attention_scaling = self.compute_inv_freq()
-        self._by_device: dict[torch.device, torch.Tensor] = {}
+        self.attention_scaling = 1.0
+        self._by_key: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
-    def compute_inv_freq(self) -> tuple[torch.Tensor, float]:
+    def compute_inv_freq(self, dtype: torch.dtype) -> torch.Tensor:
+        """Inverse frequencies [D/2] computed in `dtype` (float32 exactly as the HF teachers compute them)."""
         params = self.config.rope_parameters
         rope_type = params.get("rope_type", "default")
         if rope_type == "default":
             dim = self.config.head_dim
-            exponents = torch.arange(0, dim, 2, dtype=torch.float64, device="cpu") / dim
-            return 1.0 / (params["rope_theta"] ** exponents), 1.0
-        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](self.config, "cpu")
-        return inv_freq.double(), scaling
+            exponents = torch.arange(0, dim, 2, dtype=dtype, device="cpu") / dim
+            return 1.0 / (params["rope_theta"] ** exponents)
+        inv_freq, self.attention_scaling = ROPE_INIT_FUNCTIONS[rope_type](self.config, "cpu")
+        return inv_freq.to(dtype)
 
-    def inv_freq(self, device: torch.device) -> torch.Tensor:
-        if device not in self._by_device:
-            self._by_device[device] = self._inv_freq.to(device)
-        return self._by_device[device]
+    def inv_freq(self, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        key = (device, dtype)
+        if key not in self._by_key:
+            self._by_key[key] = self.compute_inv_freq(dtype).to(device)
+        return self._by_key[key]
 
     @torch.no_grad()
     def forward(self, position_ids: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """position_ids: [B, T] -> cos, sin: [B, T, D] in `dtype` (angles in float32, float64 for float64)."""
         acc = torch.float64 if dtype == torch.float64 else torch.float32
-        freqs = position_ids[..., None].to(acc) * self.inv_freq(position_ids.device).to(acc)
+        freqs = position_ids[..., None].to(acc) * self.inv_freq(position_ids.device, acc)
         emb = torch.cat((freqs, freqs), dim=-1)
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 

@@ -1,0 +1,135 @@
+"""Weight transfer from a Llama-family teacher into HypeNet (SPEC §1).
+
+Attention layers are copied as they are. A Lightning layer is built from the attention weights of the same layer:
+q and o projections and q/k norms copied, k and v projections expanded from grouped (GQA) to one head per query
+head (query head j takes teacher KV head j // g). MLPs, norms, embeddings and the LM head are copied.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hyla.convert.teacher import SUPPORTED_FAMILIES
+from hyla.layers.lightning import LightningAttention
+from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+
+def _check_family(config) -> None:
+    if config.model_type not in SUPPORTED_FAMILIES:
+        raise ValueError(
+            f"teacher model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    window = getattr(config, "sliding_window", None)
+    if window is not None and getattr(config, "use_sliding_window", True) and config.model_type == "mistral":
+        raise ValueError(
+            f"teacher uses sliding-window attention (window {window}); hyla converts full-attention teachers only"
+        )
+
+
+def hypenet_config_from_teacher(
+    teacher: nn.Module, layer_types: list[str] | None = None, *, attention_rope: bool = False, **overrides
+) -> HypeNetConfig:
+    """A HypeNet config with the teacher's sizes, norms, biases, RoPE and head tying."""
+    config = teacher.config
+    _check_family(config)
+    attn = teacher.model.layers[0].self_attn
+    mlp = teacher.model.layers[0].mlp
+    num_layers = config.num_hidden_layers
+    kwargs = dict(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        intermediate_size=config.intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads or config.num_attention_heads,
+        head_dim=getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        hidden_act=config.hidden_act,
+        max_position_embeddings=config.max_position_embeddings,
+        rms_norm_eps=config.rms_norm_eps,
+        tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+        rope_parameters=dict(config.rope_parameters),
+        attention_bias=attn.q_proj.bias is not None,
+        attention_out_bias=attn.o_proj.bias is not None,
+        mlp_bias=mlp.gate_proj.bias is not None,
+        attention_qk_norm=getattr(attn, "q_norm", None) is not None,
+        layer_types=list(layer_types) if layer_types is not None else ["attention"] * num_layers,
+        attention_rope=attention_rope,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    kwargs.update(overrides)
+    return HypeNetConfig(**kwargs)
+
+
+def expand_kv_heads(weight: torch.Tensor, num_kv_heads: int, groups: int) -> torch.Tensor:
+    """[Hkv * d, ...] grouped rows -> [Hkv * g * d, ...]: query head j gets the rows of KV head j // g."""
+    rows = weight.reshape(num_kv_heads, -1, *weight.shape[1:])
+    return rows.repeat_interleave(groups, dim=0).reshape(-1, *weight.shape[1:])
+
+
+@torch.no_grad()
+def lightning_from_attention(teacher_attention: nn.Module, config: HypeNetConfig, layer_idx: int) -> LightningAttention:
+    """A Lightning layer initialised from one teacher attention layer (its twin for alignment)."""
+    twin = LightningAttention(config, layer_idx)
+    reference = teacher_attention.q_proj.weight
+    twin.to(device=reference.device, dtype=reference.dtype)
+    groups = config.num_attention_heads // config.num_key_value_heads
+    twin.q_proj.load_state_dict(teacher_attention.q_proj.state_dict())
+    twin.o_proj.load_state_dict(teacher_attention.o_proj.state_dict())
+    for name in ("k_proj", "v_proj"):
+        source, target = getattr(teacher_attention, name), getattr(twin, name)
+        target.weight.copy_(expand_kv_heads(source.weight, config.num_key_value_heads, groups))
+        if source.bias is not None:
+            target.bias.copy_(expand_kv_heads(source.bias, config.num_key_value_heads, groups))
+    if twin.q_norm is not None:
+        for name in ("q_norm", "k_norm"):
+            source = getattr(teacher_attention, name, None)
+            getattr(twin, name).weight.copy_(source.weight if source is not None else 1.0)
+    twin.o_norm.weight.fill_(1.0)
+    if twin.z_proj is not None:
+        twin.z_proj.weight.normal_(0.0, config.initializer_range)
+    return twin
+
+
+@torch.no_grad()
+def _copy_attention(target: nn.Module, source: nn.Module) -> None:
+    for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+        getattr(target, name).load_state_dict(getattr(source, name).state_dict())
+    if target.q_norm is not None:
+        target.q_norm.weight.copy_(source.q_norm.weight)
+        target.k_norm.weight.copy_(source.k_norm.weight)
+
+
+@torch.no_grad()
+def to_hypenet(
+    teacher: nn.Module,
+    layer_types: list[str] | None = None,
+    *,
+    attention_rope: bool = False,
+    **config_overrides,
+) -> HypeNetForCausalLM:
+    """Build a HypeNet from a Llama/Mistral/Qwen2/Qwen3 teacher (`*ForCausalLM`).
+
+    layer_types: one of "attention"/"lightning" per layer; None keeps every layer attention.
+    attention_rope: keep RoPE in attention layers (the teacher-equivalent configuration); HypeNet drops it.
+    """
+    config = hypenet_config_from_teacher(teacher, layer_types, attention_rope=attention_rope, **config_overrides)
+    reference = teacher.model.embed_tokens.weight
+    student = HypeNetForCausalLM(config).to(device=reference.device, dtype=reference.dtype).eval()
+    student.model.embed_tokens.load_state_dict(teacher.model.embed_tokens.state_dict())
+    student.model.norm.weight.copy_(teacher.model.norm.weight)
+    if not config.tie_word_embeddings:
+        student.lm_head.load_state_dict(teacher.lm_head.state_dict())
+    for idx, (block, source) in enumerate(zip(student.model.layers, teacher.model.layers)):
+        block.input_layernorm.weight.copy_(source.input_layernorm.weight)
+        block.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
+        block.mlp.load_state_dict(source.mlp.state_dict())
+        if block.layer_type == "attention":
+            _copy_attention(block.mixer, source.self_attn)
+        else:
+            block.mixer = lightning_from_attention(source.self_attn, config, idx)
+    if config.tie_word_embeddings:
+        student.tie_weights()
+    return student
