@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
-from transformers import AutoModelForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    MistralConfig,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from hyla.convert import teacher as teacher_module
-from hyla.convert.teacher import (SUPPORTED_FAMILIES, load_teacher, load_tokenizer, resolve_teacher,
-                                  teacher_fingerprint)
+from hyla.convert.teacher import SUPPORTED_FAMILIES, load_teacher, load_tokenizer, resolve_teacher, teacher_fingerprint
 
 VOCAB_SIZE = 300
 _SMALL = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,

@@ -68,7 +68,7 @@ def test_resume_continues_at_the_same_sequence_across_epochs(corpus_dir):
     continued = _batches(loader, 5)
     resumed = TokenLoader(corpus_dir, seq_len=8, batch_size=4, seed=7)
     resumed.load_state_dict(state)
-    assert all(torch.equal(a, b) for a, b in zip(continued, _batches(resumed, 5)))
+    assert all(torch.equal(a, b) for a, b in zip(continued, _batches(resumed, 5), strict=True))
     assert resumed.epoch == 1 and resumed.num_tokens_seen == loader.num_tokens_seen
 
 
@@ -127,7 +127,7 @@ def test_loader_killed_mid_epoch_resumes_at_the_same_sequence(corpus_dir, tmp_pa
     resumed = TokenLoader(corpus_dir, seq_len=8, batch_size=2, seed=3)
     resumed.load_state_dict(json.loads(state_path.read_text()))
     assert resumed.batch_index == 5
-    assert all(torch.equal(a, b) for a, b in zip(expected, _batches(resumed, 3)))
+    assert all(torch.equal(a, b) for a, b in zip(expected, _batches(resumed, 3), strict=True))
 
 
 def test_reads_across_shard_ends_match_the_whole_stream(corpus_dir):

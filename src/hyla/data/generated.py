@@ -7,8 +7,8 @@ same settings give the same documents on the same hardware and software.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 # Openings across prose, explanation, dialogue, lists and code, so that sampled text covers the teacher's range.
 PROMPTS = (
@@ -94,7 +94,7 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: GenerationSetti
             eos_token_id=tokenizer.eos_token_id,
         )
     continuations = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True)
-    return [prompt + continuation for prompt, continuation in zip(prompts, continuations)]
+    return [prompt + continuation for prompt, continuation in zip(prompts, continuations, strict=True)]
 
 
 def _prompt_order(settings: GenerationSettings) -> list[str]:

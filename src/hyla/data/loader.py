@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hyla.data.tokenize import DOCUMENT_STARTS, FORMAT, FORMAT_VERSION, MANIFEST, check_shards
+from hyla.data.tokenize import FORMAT, FORMAT_VERSION, MANIFEST, check_shards
 
 
 class TokenCorpus:
@@ -101,10 +101,10 @@ class TokenLoader:
     """Endless batches of packed sequences in a seeded order that changes every epoch; resumable exactly.
 
     Each epoch visits a permutation of all sequences (seed and epoch fix it); rank `r` of `world_size` takes the
-    `r`-th of `world_size` equal slices of it; the few sequences left over after whole batches are skipped
-    in that epoch (the next epoch's permutation differs). A batch is `input_ids`, `labels` (LongTensor [B, T]) and, with `with_cu_seqlens`,
-    `cu_seqlens` (int32 [N + 1]): document boundaries in the flattened [B * T] batch, every row end included,
-    the layout varlen kernels take with the batch reshaped to [1, B * T].
+    `r`-th of `world_size` equal slices of it; the few sequences left over after whole batches are skipped in
+    that epoch (the next epoch's permutation differs). A batch is `input_ids`, `labels` (LongTensor [B, T]) and,
+    with `with_cu_seqlens`, `cu_seqlens` (int32 [N + 1]): document boundaries in the flattened [B * T] batch,
+    every row end included, the layout varlen kernels take with the batch reshaped to [1, B * T].
     """
 
     def __init__(self, corpus: TokenCorpus | PackedDataset | str | Path, *, seq_len: int, batch_size: int,

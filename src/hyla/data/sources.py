@@ -19,9 +19,10 @@ import gzip
 import json
 import random
 import sysconfig
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from hyla.data.generated import GenerationSettings
 

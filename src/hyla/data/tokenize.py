@@ -20,9 +20,10 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -170,7 +171,7 @@ def _tokenized(documents: Iterator[tuple[int, str]], tokenizer, separator_id: in
     # Batched calls let the Rust tokenizer use every core; the separator closes each document.
     for batch in _batches(documents):
         token_lists = tokenizer([text for _, text in batch], add_special_tokens=False, verbose=False)["input_ids"]
-        for (source_index, _), ids in zip(batch, token_lists):
+        for (source_index, _), ids in zip(batch, token_lists, strict=True):
             yield source_index, np.asarray(ids + [separator_id], dtype=dtype)
 
 
@@ -189,7 +190,7 @@ def build_manifest(settings: PrepareSettings, sources: list[Source], tokenizer, 
         "shards": writer.shards,
         "document_starts": DOCUMENT_STARTS,
         "sources": [dict(spec=source.spec, description=source.description, **count)
-                    for source, count in zip(sources, counts["per_source"])],
+                    for source, count in zip(sources, counts["per_source"], strict=True)],
         "provenance": provenance(),
     }
     identity = json.dumps([manifest["settings"], manifest["tokenizer"], writer.shards], sort_keys=True)
