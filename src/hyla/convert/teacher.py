@@ -108,7 +108,8 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
     with _one_line_errors(source):
-        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype,
+        # Passing the config already read saves parsing a GGUF's metadata twice (seconds on CPU).
+        model = AutoModelForCausalLM.from_pretrained(source.location, config=config, dtype=torch_dtype,
                                                      **source.pretrained_kwargs())
     model.to(device).eval()
     return Teacher(model=model, tokenizer=load_tokenizer(spec), spec=spec, source=source.describe())
