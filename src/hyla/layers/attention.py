@@ -3,6 +3,8 @@ an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = l
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -11,6 +13,18 @@ from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import apply_rotary
 from hyla.ops.attention import softmax_attention
 from hyla.ops.scaling import attention_logit_scale
+
+
+def query_logit_scale(config, position_ids: torch.Tensor) -> torch.Tensor | None:
+    """float64 [B, T] factor for NoPE queries, or None: s_t = log(t + a) / log(a) ("per_query", when
+    attn_logits_scaling_a is set) or c(t + 1) = max(1, log(t + 1) / log L0) ("per_length", EME)."""
+    if config.logit_scaling == "per_length":
+        # L = t + 1, the length the query sees: the same factor at prefill and decode, and c(L) at the last token
+        lengths = position_ids.to(torch.float64) + 1
+        return (lengths.log() / math.log(config.logit_scaling_train_length)).clamp(min=1.0)
+    if config.attn_logits_scaling_a is not None:
+        return attention_logit_scale(position_ids, a=config.attn_logits_scaling_a)
+    return None
 
 
 def packed_document_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -45,6 +59,8 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.use_rope = config.attention_rope
+        # NoPE logit scaling (SPEC §1, §3); the RoPE subclasses (hyla.layers.swa) turn it off.
+        self.scales_logits = True
         width = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
@@ -67,12 +83,16 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = apply_rotary(q, *context.rope), apply_rotary(k, *context.rope)
-        a = self.config.attn_logits_scaling_a
-        if a is not None:
+        scale = query_logit_scale(self.config, context.position_ids) if self.scales_logits else None
+        if scale is not None:
             # Queries are scaled, keys are cached unscaled: the same formula serves prefill and decode.
-            scale = attention_logit_scale(context.position_ids, a=a)
             q = q * scale[:, :, None, None].to(q.dtype)
         return q, k, v
+
+    def window(self) -> int | None:
+        """This layer's sliding window: EME limits RoPE attention to `eme_window` (SPEC §3); NoPE stays global.
+        Read at every call, since EME is switched on in the config of a loaded model."""
+        return self.config.eme_window if self.use_rope else None
 
     def _mask(self, context: MixerContext, query_length: int) -> torch.Tensor | None:
         mask = None
@@ -86,9 +106,13 @@ class Attention(nn.Module):
         q, k, v = self._project(hidden_states, context)
         if context.cache is not None:
             k, v = context.cache.update_kv(self.layer_idx, k, v)
-        output = softmax_attention(
-            q, k, v, scale=self.head_dim**-0.5, attention_mask=self._mask(context, q.shape[1])
-        )
+        mask, window = self._mask(context, q.shape[1]), self.window()
+        if window is not None:
+            # The cache holds every key; the queries reach only the last window + Tq - 1 of them.
+            keep = window + q.shape[1] - 1
+            k, v = k[:, -keep:], v[:, -keep:]
+            mask = mask[..., -keep:] if mask is not None else None
+        output = softmax_attention(q, k, v, scale=self.head_dim**-0.5, attention_mask=mask, window=window)
         return self._output(output, hidden_states)
 
     def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:

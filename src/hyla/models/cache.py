@@ -7,15 +7,30 @@ The number of tokens seen is counted here, since RNN layers have no length to as
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
+from transformers.cache_utils import (
+    Cache,
+    DynamicLayer,
+    LinearAttentionAndFullAttentionLayer,
+    LinearAttentionLayer,
+)
+
+from hyla.models.configuration import HEADWISE_LAYER_TYPES, KV_LAYER_TYPES
+
+
+def _cache_layer(kind: str):
+    # Sliding-window layers keep the full key/value history (a DynamicLayer); the layer reads only its window.
+    if kind in HEADWISE_LAYER_TYPES:
+        return LinearAttentionAndFullAttentionLayer()
+    return DynamicLayer() if kind in KV_LAYER_TYPES else LinearAttentionLayer()
 
 
 class HybridCache(Cache):
     def __init__(self, layer_types: list[str]):
-        layers = [DynamicLayer() if kind == "attention" else LinearAttentionLayer() for kind in layer_types]
-        super().__init__(layers=layers)
+        super().__init__(layers=[_cache_layer(kind) for kind in layer_types])
         self.layer_types = list(layer_types)
         self.seen_tokens = 0
+        # SWLA (EME): per layer, per batch row, the open windows' states {window start: [H, K, V]}.
+        self.window_states: dict[int, list[dict[int, torch.Tensor]]] = {}
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.seen_tokens
@@ -40,6 +55,19 @@ class HybridCache(Cache):
         layer.update_recurrent_state(state)
         layer.has_previous_state[0] = True
 
+    def swla_states(self, layer_idx: int, batch_size: int) -> list[dict[int, torch.Tensor]]:
+        """The open SWLA windows of a layer, one dict per batch row (empty before the first call)."""
+        return self.window_states.get(layer_idx) or [{} for _ in range(batch_size)]
+
+    def set_swla_states(self, layer_idx: int, states: list[dict[int, torch.Tensor]]) -> None:
+        self.window_states[layer_idx] = states
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        super().reorder_cache(beam_idx)
+        for layer_idx, states in self.window_states.items():
+            self.window_states[layer_idx] = [dict(states[i]) for i in beam_idx.tolist()]
+
     def reset(self) -> None:
         super().reset()
         self.seen_tokens = 0
+        self.window_states = {}

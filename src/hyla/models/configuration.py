@@ -6,8 +6,16 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
-# Mixers a layer may use; later families register more in hyla.models.mixers.
-LAYER_TYPES = ("lightning", "attention")
+# Mixers a layer may use (docs/family.md): efficient mixers, softmax attention (NoPE unless `attention_rope`; always
+# RoPE for "attention_rope" and "swa"), and head-wise hybrids "hh_<efficient>" whose heads split between an
+# efficient mixer and NoPE attention in the ratio `headwise_ratio`.
+EFFICIENT_LAYER_TYPES = ("lightning", "gla", "gdn", "swa")
+LINEAR_LAYER_TYPES = ("lightning", "gla", "gdn")
+HEADWISE_LAYER_TYPES = tuple(f"hh_{kind}" for kind in EFFICIENT_LAYER_TYPES)
+LAYER_TYPES = ("lightning", "attention", "attention_rope", "swa", "gla", "gdn", *HEADWISE_LAYER_TYPES)
+# Layer types that keep a key/value cache (all but the pure recurrent ones).
+KV_LAYER_TYPES = ("attention", "attention_rope", "swa", *HEADWISE_LAYER_TYPES)
+LOGIT_SCALING_MODES = ("per_query", "per_length")
 
 
 def default_layer_types(num_layers: int) -> list[str]:
@@ -30,6 +38,19 @@ class HypeNetConfig(PreTrainedConfig):
     lightning_rope, lightning_qk_norm, lightning_output_gate (`bool`): the Lightning layer's RoPE, q/k RMSNorm and
         sigmoid output gate (each on in HypeNet; off for ablations).
     attention_bias (`bool`): biases on q/k/v projections (Qwen2 style); attention_out_bias on o_proj.
+    sliding_window (`int`): the window W of "swa" layers (a query sees itself and the W - 1 keys before it).
+    gla_gate_low_rank_dim, gla_gate_logit_normalizer: GLA's gate alpha_t = exp(logsigmoid(x W1 W2 + b) / n), as
+        fla's GLA layer (rank 16, n = 16).
+    headwise_ratio (`str`): "E:N", how the heads of an "hh_*" layer split between the efficient mixer (E parts) and
+        NoPE attention (N parts), e.g. "3:1", "1:1"; "1:0" and "0:1" give the pure mixers.
+    logit_scaling (`str`): how NoPE attention logits are scaled at inference: "per_query" multiplies the query at
+        position t by s_t = log(t + a) / log(a) when `attn_logits_scaling_a` is set (SPEC §1); "per_length"
+        multiplies it by c(L) = max(1, log L / log L0) with L = t + 1 the length it sees and L0 =
+        `logit_scaling_train_length` (EME, SPEC §3).
+    eme_window, eme_stride (`int`, *optional*): EME at inference. With `eme_window` W set, every linear mixer
+        (Lightning, GLA, GDN, also inside "hh_*" layers) runs as SWLA with windows of W tokens every `eme_stride`
+        S (default W // 4), and RoPE full attention ("attention_rope", or "attention" with `attention_rope`) becomes
+        sliding-window attention with window W. None (default) = off.
     """
 
     model_type = "hypenet"
@@ -64,6 +85,14 @@ class HypeNetConfig(PreTrainedConfig):
     lightning_rope: bool = True
     lightning_qk_norm: bool = True
     lightning_output_gate: bool = True
+    sliding_window: int = 128
+    gla_gate_low_rank_dim: int = 16
+    gla_gate_logit_normalizer: float = 16.0
+    headwise_ratio: str = "3:1"
+    logit_scaling: str = "per_query"
+    logit_scaling_train_length: int | None = None
+    eme_window: int | None = None
+    eme_stride: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -96,6 +125,50 @@ class HypeNetConfig(PreTrainedConfig):
             )
         if self.attn_logits_scaling_a is not None and self.attn_logits_scaling_a <= 1:
             raise ValueError(f"attn_logits_scaling_a must be > 1 or None, got {self.attn_logits_scaling_a}")
+        self.validate_family()
+
+    def validate_family(self):
+        """The GLA/GDN/SWA, head-wise and EME settings (docs/family.md)."""
+        if self.sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        if any(kind.startswith("hh_") for kind in self.layer_types):
+            self.headwise_split()
+        if self.logit_scaling not in LOGIT_SCALING_MODES:
+            raise ValueError(f"logit_scaling must be one of {', '.join(LOGIT_SCALING_MODES)}, got {self.logit_scaling!r}")
+        if self.logit_scaling == "per_length" and (
+            self.logit_scaling_train_length is None or self.logit_scaling_train_length < 2
+        ):
+            raise ValueError("logit_scaling='per_length' needs logit_scaling_train_length L0 >= 2")
+        if self.eme_window is not None:
+            stride = self.swla_stride
+            if self.eme_window < 1 or not 1 <= stride <= self.eme_window:
+                raise ValueError(
+                    f"EME needs 1 <= eme_stride <= eme_window, got eme_window={self.eme_window}, eme_stride={stride}"
+                )
+
+    @property
+    def swla_stride(self) -> int | None:
+        """The SWLA stride S in use: `eme_stride`, else W // 4 (at least 1); None when EME is off."""
+        if self.eme_window is None:
+            return None
+        return self.eme_stride if self.eme_stride is not None else max(1, self.eme_window // 4)
+
+    def headwise_split(self) -> tuple[int, int]:
+        """(efficient heads, NoPE heads) of an "hh_*" layer from `headwise_ratio` "E:N" and num_attention_heads;
+        the NoPE heads keep the model's query-to-KV-head grouping."""
+        parts = self.headwise_ratio.split(":")
+        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or sum(map(int, parts)) == 0:
+            raise ValueError(f"headwise_ratio must look like '3:1' (two non-negative integers), got {self.headwise_ratio!r}")
+        efficient_parts, nope_parts = map(int, parts)
+        heads = self.num_attention_heads
+        group = heads // self.num_key_value_heads
+        nope_heads, remainder = divmod(heads * nope_parts, efficient_parts + nope_parts)
+        if remainder or nope_heads % group:
+            raise ValueError(
+                f"headwise_ratio {self.headwise_ratio} does not split {heads} heads into whole groups of {group} "
+                "query heads per KV head"
+            )
+        return heads - nope_heads, nope_heads
 
     @property
     def attention_layers(self) -> list[int]:

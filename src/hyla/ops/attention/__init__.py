@@ -6,12 +6,20 @@ import torch
 import torch.nn.functional as F
 
 from hyla.ops.attention.reference import softmax_attention_reference
+from hyla.ops.dispatch import resolve_backend
 
 
-def causal_mask(query_length: int, key_length: int, *, device: torch.device) -> torch.Tensor:
-    """bool [Tq, Tk]: query i (at key position Tk - Tq + i) may attend to keys at or before it."""
+def causal_mask(
+    query_length: int, key_length: int, *, device: torch.device, window: int | None = None
+) -> torch.Tensor:
+    """bool [Tq, Tk]: query i (at key position p = Tk - Tq + i) may attend to keys at or before it, and with a
+    window W only to those after p - W."""
     offset = key_length - query_length
-    return torch.ones(query_length, key_length, dtype=torch.bool, device=device).tril(diagonal=offset)
+    ones = torch.ones(query_length, key_length, dtype=torch.bool, device=device)
+    allowed = ones.tril(diagonal=offset)
+    if window is not None:
+        allowed = allowed & ~ones.tril(diagonal=offset - window)
+    return allowed
 
 
 def softmax_attention(
@@ -22,22 +30,33 @@ def softmax_attention(
     scale: float | None = None,
     causal: bool = True,
     attention_mask: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """Same contract as `softmax_attention_reference`: q [B, Tq, H, D], k/v [B, Tk, Hkv, D] -> [B, Tq, H, D].
 
     Without a mask SDPA can use its flash/cuDNN kernels: full causal when Tq == Tk, no mask at all for a single
-    query over a cache. Other shapes and padding masks build an explicit boolean mask.
+    query over a cache. Other shapes and padding masks build an explicit boolean mask. A sliding window (causal
+    only) runs fla's `parallel_attn(window_size=W)` on CUDA for unmasked prefill, otherwise a windowed mask.
     """
     query_length, key_length = q.shape[1], k.shape[1]
+    if window is not None:
+        if window < 1 or not causal:
+            raise ValueError(f"a sliding window needs causal attention and window >= 1, got {window}")
+        if key_length <= window:
+            window = None
+        elif attention_mask is None and query_length == key_length and resolve_backend(q) == "fla":
+            from fla.ops.attn import parallel_attn
+
+            return parallel_attn(q, k, v, scale=scale, window_size=window)
     mask = attention_mask
     is_causal = False
     if causal:
-        if mask is None and query_length == key_length:
+        if mask is None and query_length == key_length and window is None:
             is_causal = True
-        elif mask is None and query_length == 1:
+        elif mask is None and query_length == 1 and window is None:
             pass
         else:
-            allowed = causal_mask(query_length, key_length, device=q.device)[None, None]
+            allowed = causal_mask(query_length, key_length, device=q.device, window=window)[None, None]
             mask = allowed if mask is None else mask & allowed
     if mask is not None:
         # A query row with nothing to attend to (left padding before the first real token) would give NaN; let it

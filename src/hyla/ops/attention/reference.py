@@ -13,10 +13,12 @@ def softmax_attention_reference(
     scale: float | None = None,
     causal: bool = True,
     attention_mask: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
     """q: [B, Tq, H, D]; k, v: [B, Tk, Hkv, D] (H a multiple of Hkv; query head j uses KV head j // (H/Hkv));
     attention_mask: bool [B, 1, Tq, Tk], True = may attend. Causal alignment puts the queries at the end of the
-    keys (query i sits at key position Tk - Tq + i). Returns [B, Tq, H, D] in q's dtype."""
+    keys (query i sits at key position Tk - Tq + i); window W (causal only) keeps the keys at positions p - W < j <= p
+    of the query at p. Returns [B, Tq, H, D] in q's dtype."""
     groups = q.shape[2] // k.shape[2]
     k = k.repeat_interleave(groups, dim=2)
     v = v.repeat_interleave(groups, dim=2)
@@ -27,6 +29,8 @@ def softmax_attention_reference(
     if causal:
         offset = k.shape[1] - q.shape[1]
         allowed = torch.ones_like(allowed).tril(diagonal=offset)
+        if window is not None:
+            allowed = allowed & ~torch.ones_like(allowed).tril(diagonal=offset - window)
     allowed = allowed[None, None] if attention_mask is None else allowed & attention_mask
     scores = scores.masked_fill(~allowed, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
