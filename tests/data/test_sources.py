@@ -40,6 +40,10 @@ def test_missing_or_empty_sources_are_clear_errors(tmp_path):
         open_source(str(tmp_path / "*.txt"))
     with pytest.raises(ValueError, match="holds no"):
         open_source(str(tmp_path))
+    with pytest.raises(FileNotFoundError, match="teacher not found"):
+        open_source(f"teacher:{tmp_path / 'no-teacher'}")
+    with pytest.raises(ValueError, match="needs a teacher spec"):
+        open_source("teacher:")
 
 
 def test_jsonl_gzip_and_parquet_records_take_the_text_field(tmp_path):
