@@ -90,6 +90,12 @@ class AnsweringStub:
 
 
 @pytest.fixture
+def make_answering_stub(smollm2_tokenizer):
+    """Build a stub model from a function prompt -> answer text."""
+    return lambda answer_for: AnsweringStub(smollm2_tokenizer, answer_for)
+
+
+@pytest.fixture
 def needle_oracle(smollm2_tokenizer):
     return AnsweringStub(smollm2_tokenizer, needle_answer)
 

@@ -1,0 +1,79 @@
+"""Batched greedy generation and loss by position against unbatched / unchunked references."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hyla.evals.generation import generate_greedy, left_padded_batch
+from hyla.evals.ppl import bucket_means, default_bucket_edges, long_token_sequences, ppl_by_position, token_losses
+
+
+def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm2_tokenizer):
+    padding_side = smollm2_tokenizer.padding_side
+    input_ids, attention_mask = left_padded_batch(smollm2_tokenizer, ["a b c d e f", "hi"])
+    assert smollm2_tokenizer.padding_side == padding_side
+    assert attention_mask[0].all() and attention_mask[1, -1] == 1 and attention_mask[1, 0] == 0
+    assert smollm2_tokenizer.decode(input_ids[1][attention_mask[1].bool()]) == "hi"
+
+
+def test_batched_greedy_generation_equals_one_prompt_at_a_time(smollm2_tokenizer, tiny_llama):
+    prompts = ["The grass is green.", "One of the special magic numbers for x-y is: 1234567. What is it?", "Hi"]
+    batched = generate_greedy(tiny_llama, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=3)
+    single = generate_greedy(tiny_llama, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=1)
+    assert batched == single
+    assert all(text for text in batched)
+
+
+def test_batch_size_must_be_positive(smollm2_tokenizer, tiny_llama):
+    with pytest.raises(ValueError, match="batch size"):
+        generate_greedy(tiny_llama, smollm2_tokenizer, ["x"], batch_size=0)
+
+
+def test_chunked_losses_equal_one_full_forward(tiny_llama):
+    torch.manual_seed(1)
+    input_ids = torch.randint(0, tiny_llama.config.vocab_size, (2, 50))
+    with torch.no_grad():
+        log_probs = tiny_llama(input_ids).logits[:, :-1].log_softmax(-1)
+    reference = -log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    for chunk_size in (7, 1000):
+        # fp32 on CPU: chunked attention over a cache differs from one pass only by summation order.
+        torch.testing.assert_close(token_losses(tiny_llama, input_ids, chunk_size=chunk_size), reference,
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_default_bucket_edges():
+    assert default_bucket_edges(8192) == [0, 1024, 2048, 4096, 8192]
+    assert default_bucket_edges(6000) == [0, 1024, 2048, 4096, 6000]
+    assert default_bucket_edges(512) == [0, 64, 128, 256, 512]
+
+
+def test_bucket_means_assign_each_loss_to_the_predicted_position():
+    # losses[:, p-1] is the loss at position p; positions 1..7 carry losses 1..7.
+    losses = torch.arange(1, 8, dtype=torch.float32)[None].repeat(3, 1)
+    buckets = bucket_means(losses, [0, 2, 4, 8])
+    assert [bucket["loss"] for bucket in buckets] == [1.0, 2.5, 5.5]
+    assert buckets[0]["perplexity"] == pytest.approx(torch.tensor(1.0).exp().item())
+
+
+def test_ppl_by_position_on_essays(smollm2_tokenizer, tiny_llama, tmp_path):
+    from hyla.evals.ppl import plot_loss_by_position
+
+    input_ids = long_token_sequences(smollm2_tokenizer, 256, 2)
+    assert input_ids.shape == (2, 256)
+    result = ppl_by_position(tiny_llama, input_ids, batch_size=2, chunk_size=100)
+    assert [(b["start"], b["end"]) for b in result["buckets"]] == [(0, 32), (32, 64), (64, 128), (128, 256)]
+    assert result["summary"]["loss"] == pytest.approx(sum(b["loss"] * (b["end"] - max(b["start"], 1))
+                                                          for b in result["buckets"]) / 255, rel=1e-5)
+    plot_loss_by_position(result, tmp_path / "ppl.png")
+    assert (tmp_path / "ppl.png").stat().st_size > 1000
+
+
+def test_long_token_sequences_reads_user_files(smollm2_tokenizer, tmp_path):
+    text_file = tmp_path / "doc.txt"
+    text_file.write_text("word " * 400)
+    assert long_token_sequences(smollm2_tokenizer, 100, 3, [text_file]).shape == (3, 100)
+    with pytest.raises(ValueError, match="tokens"):
+        long_token_sequences(smollm2_tokenizer, 1000, 3, [text_file])
+    with pytest.raises(FileNotFoundError):
+        long_token_sequences(smollm2_tokenizer, 10, 1, [tmp_path / "missing.txt"])
