@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 HALO_EPSILON = 1e-6
 METHODS = ("halo", "uniform", "latter-half", "jet-nemotron", "kl-ls", "user")
+# Layer types of a teacher-equivalent HypeNet: full softmax attention, with RoPE by config or by name.
+TEACHER_LAYER_TYPES = ("attention", "attention_rope")
 
 # A scorer maps a model to (accuracy, standard error); the standard error may be None when unknown.
 Scorer = Callable[["nn.Module"], tuple[float, "float | None"]]
@@ -237,21 +239,11 @@ class SelectionScores:
     def to_dict(self) -> dict[str, Any]:
         teacher = None
         if self.teacher_recall is not None:
-            teacher = {
-                "recall": self.teacher_recall,
-                "recall_stderr": self.teacher_recall_stderr,
-                "csr": self.teacher_csr,
-                "csr_stderr": self.teacher_csr_stderr,
-            }
+            teacher = dict(recall=self.teacher_recall, recall_stderr=self.teacher_recall_stderr)
+            teacher.update(csr=self.teacher_csr, csr_stderr=self.teacher_csr_stderr)
         rows = [
-            {
-                "layer": layer,
-                "recall": self.recall[layer],
-                "recall_stderr": self.recall_stderr.get(layer),
-                "csr": self.csr[layer],
-                "csr_stderr": self.csr_stderr.get(layer),
-                "seconds": self.seconds.get(layer),
-            }
+            dict(layer=layer, recall=self.recall[layer], recall_stderr=self.recall_stderr.get(layer))
+            | dict(csr=self.csr[layer], csr_stderr=self.csr_stderr.get(layer), seconds=self.seconds.get(layer))
             for layer in self.layers
         ]
         return {"num_layers": self.num_layers, "teacher": teacher, "layers": rows}
@@ -274,8 +266,10 @@ def mixer_layer_type(mixer: nn.Module) -> str:
     """The `layer_types` name of a mixer module ("lightning" for a `LightningAttention`)."""
     from hyla.models.modeling import MIXERS
 
+    # The exact class: a subclass (RoPE attention of attention) names a different layer type. Some entries are
+    # factories of head-wise mixers, not classes; those never serve as twins.
     for name, mixer_class in MIXERS.items():
-        if isinstance(mixer, mixer_class):
+        if type(mixer) is mixer_class:
             return name
     raise ValueError(f"{type(mixer).__name__} is not a HypeNet mixer; known: {', '.join(MIXERS)}")
 
@@ -393,9 +387,9 @@ def score_replacements(
     scores so far after each measurement (e.g. to save them), so that a long run can resume.
     """
     num_layers = len(teacher.model.layers)
-    not_attention = [i for i, kind in enumerate(teacher.config.layer_types) if kind != "attention"]
+    not_attention = [i for i, kind in enumerate(teacher.config.layer_types) if kind not in TEACHER_LAYER_TYPES]
     if not_attention:
-        raise ValueError(f"the teacher must have attention in every layer; layers {not_attention} are not")
+        raise ValueError(f"the teacher must have full attention in every layer; layers {not_attention} are not")
     layers = _layers_to_score(twins, layers, num_layers)
     scores = copy.deepcopy(resume_from) if resume_from is not None else SelectionScores(num_layers)
     if scores.num_layers != num_layers:
