@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from hyla.layers.context import MixerContext
+from hyla.layers.linear_mixer import run_linear_op
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import apply_rotary
 from hyla.ops.lightning import lightning_attention, lightning_log_decay
@@ -18,6 +19,7 @@ from hyla.ops.lightning import lightning_attention, lightning_log_decay
 class LightningAttention(nn.Module):
     def __init__(self, config, layer_idx: int):
         super().__init__()
+        self.config = config
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
@@ -58,20 +60,11 @@ class LightningAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
         q, k, v = self._project(hidden_states, context)
-        cache = context.cache
-        initial_state = cache.recurrent_state(self.layer_idx) if cache is not None else None
-        output, final_state = lightning_attention(
-            q,
-            k,
-            v,
-            log_decay=self.log_decay(q.device),
-            scale=self.head_dim**-0.5,
-            initial_state=initial_state,
-            output_final_state=cache is not None,
-            cu_seqlens=context.cu_seqlens,
+        # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
+        output = run_linear_op(
+            lightning_attention, self.config, self.layer_idx, q, k, v, context,
+            log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5,
         )
-        if cache is not None:
-            cache.set_recurrent_state(self.layer_idx, final_state)
         return self._output(output, hidden_states)
 
     def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -7,26 +7,27 @@ The number of tokens seen is counted here, since RNN layers have no length to as
 from __future__ import annotations
 
 import torch
-from transformers.cache_utils import (
-    Cache,
-    DynamicLayer,
-    LinearAttentionAndFullAttentionLayer,
-    LinearAttentionLayer,
-)
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionLayer
 
 from hyla.models.configuration import HEADWISE_LAYER_TYPES, KV_LAYER_TYPES
 
 
 def _cache_layer(kind: str):
     # Sliding-window layers keep the full key/value history (a DynamicLayer); the layer reads only its window.
-    if kind in HEADWISE_LAYER_TYPES:
-        return LinearAttentionAndFullAttentionLayer()
     return DynamicLayer() if kind in KV_LAYER_TYPES else LinearAttentionLayer()
+
+
+def headwise_branch_index(layer_types: list[str], layer_idx: int) -> int:
+    """Cache slot of the efficient branch of head-wise layer `layer_idx` (its NoPE branch uses slot layer_idx):
+    one extra slot per "hh_*" layer, after the per-layer slots."""
+    headwise = [i for i, kind in enumerate(layer_types) if kind in HEADWISE_LAYER_TYPES]
+    return len(layer_types) + headwise.index(layer_idx)
 
 
 class HybridCache(Cache):
     def __init__(self, layer_types: list[str]):
-        super().__init__(layers=[_cache_layer(kind) for kind in layer_types])
+        branches = [kind.removeprefix("hh_") for kind in layer_types if kind in HEADWISE_LAYER_TYPES]
+        super().__init__(layers=[_cache_layer(kind) for kind in list(layer_types) + branches])
         self.layer_types = list(layer_types)
         self.seen_tokens = 0
         # SWLA (EME): per layer, per batch row, the open windows' states {window start: [H, K, V]}.

@@ -11,14 +11,26 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from hyla.layers.attention import Attention, OutputGate
 from hyla.layers.context import MixerContext
+from hyla.layers.gdn import GatedDeltaNet
+from hyla.layers.gla import GatedLinearAttention
+from hyla.layers.headwise import headwise_mixer
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.mlp import GatedMLP
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import RotaryEmbedding
+from hyla.layers.swa import RopeAttention, SlidingWindowAttention
 from hyla.models.cache import HybridCache
-from hyla.models.configuration import HypeNetConfig
+from hyla.models.configuration import HEADWISE_LAYER_TYPES, HypeNetConfig
 
-MIXERS = {"lightning": LightningAttention, "attention": Attention}
+MIXERS = {
+    "lightning": LightningAttention,
+    "attention": Attention,
+    "attention_rope": RopeAttention,
+    "swa": SlidingWindowAttention,
+    "gla": GatedLinearAttention,
+    "gdn": GatedDeltaNet,
+    **{kind: headwise_mixer(kind.removeprefix("hh_")) for kind in HEADWISE_LAYER_TYPES},
+}
 
 
 class HypeNetBlock(nn.Module):
@@ -51,6 +63,8 @@ class HypeNetPreTrainedModel(PreTrainedModel):
         std = self.config.initializer_range
         if isinstance(module, OutputGate):
             module.reset_to_constant()
+        elif isinstance(module, GatedDeltaNet):
+            module.reset_gate_parameters()
         elif isinstance(module, nn.Linear):
             module.weight.normal_(0.0, std)
             if module.bias is not None:
