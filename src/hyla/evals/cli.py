@@ -146,9 +146,16 @@ def _finish(kind: str, args: argparse.Namespace, settings: dict, result: dict, o
 
 def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals import niah
+    from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
     from hyla.evals.runner import save_jsonl
 
     names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "from_jsonl", "task_name"]
+    if args.from_jsonl is None:
+        # Fail on missing data before spending time loading the model.
+        for task in args.tasks or list(niah.TASKS):
+            niah.get_task(task)
+        ruler_package_dir()
+        adjective_noun_lists()
     if args.from_jsonl is not None and args.model is None:
         settings, out_dir, model, tokenizer = _settings(args, names), _out_dir(args, "niah"), None, None
     elif args.model is None:
@@ -190,8 +197,11 @@ def _handle_csr(args: argparse.Namespace) -> int:
 
 def _handle_ppl(args: argparse.Namespace) -> int:
     from hyla.evals import ppl
+    from hyla.evals.haystack import load_essay_text
 
     names = ["seq_len", "num_sequences", "text_files", "buckets", "chunk_size"]
+    if not args.text_files:
+        load_essay_text()
     model, tokenizer, settings, out_dir = _start(args, "ppl", names)
     input_ids = ppl.long_token_sequences(tokenizer, args.seq_len, args.num_sequences, args.text_files)
     result = ppl.ppl_by_position(
@@ -204,8 +214,13 @@ def _handle_ppl(args: argparse.Namespace) -> int:
 
 def _handle_babilong(args: argparse.Namespace) -> int:
     from hyla.evals import babilong
+    from hyla.evals.haystack import load_essay_text
 
     names = ["tasks", "lengths", "num_samples", "max_new_tokens"]
+    unknown = [task for task in args.tasks if task not in babilong.TASK_LABELS]
+    if unknown:
+        raise ValueError(f"unknown BABILong task(s) {', '.join(unknown)}; choose from {', '.join(babilong.TASK_LABELS)}")
+    load_essay_text()
     model, tokenizer, settings, out_dir = _start(args, "babilong", names)
     result = babilong.evaluate_babilong(
         model, tokenizer, args.tasks, args.lengths, args.num_samples, args.batch_size,

