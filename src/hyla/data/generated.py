@@ -93,7 +93,8 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: GenerationSetti
             top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id,
             eos_token_id=tokenizer.eos_token_id,
         )
-    continuations = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True)
+    continuations = tokenizer.batch_decode(output[:, input_ids.shape[1]:], skip_special_tokens=True,
+                                           clean_up_tokenization_spaces=False)
     return [prompt + continuation for prompt, continuation in zip(prompts, continuations, strict=True)]
 
 
