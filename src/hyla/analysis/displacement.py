@@ -1,0 +1,147 @@
+"""Parameter displacement per head between two checkpoints (SPEC §4, seed 003 Sec. 5.1):
+`r = ‖W' − W‖₂ / ‖W‖₂` (spectral norms) of each head's slice of the q, k, v and o projections.
+
+A head's slice is its `head_dim` rows of q_proj/k_proj/v_proj and its `head_dim` columns of o_proj. K and V have
+one slice per key/value head. When the second checkpoint has more heads in a projection than the first (a HypeNet
+Lightning layer's MHA keys made from a GQA teacher), its head j is compared with the first's head j // g, the head it
+was copied from. HF folders are read tensor by tensor from their safetensors files, without building a model; GGUF
+files and teacher aliases are loaded through `hyla.convert.teacher.load_teacher`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+PROJECTIONS = ("q", "k", "v", "o")
+_PROJECTION_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mixer)\.([qkvo])_proj\.weight$")
+
+
+@dataclass
+class Checkpoint:
+    """The attention projection weights of a checkpoint: {(layer, "q"|"k"|"v"|"o"): weight}, and its config."""
+
+    weights: dict[tuple[int, str], torch.Tensor]
+    config: dict
+    source: str
+
+    @property
+    def head_dim(self) -> int:
+        return self.config.get("head_dim") or self.config["hidden_size"] // self.config["num_attention_heads"]
+
+    def layer_type(self, layer: int) -> str:
+        layer_types = self.config.get("layer_types")
+        return layer_types[layer] if layer_types else "attention"
+
+
+def _projection_weights(items) -> dict[tuple[int, str], torch.Tensor]:
+    weights = {}
+    for name, get_tensor in items:
+        match = _PROJECTION_KEY.search(name)
+        if match:
+            weights[(int(match.group(1)), match.group(2))] = get_tensor()
+    return weights
+
+
+def _load_folder(folder: Path) -> Checkpoint:
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors files in {folder}")
+    weights = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as reader:
+            weights.update(_projection_weights((name, lambda n=name: reader.get_tensor(n)) for name in reader.keys()))
+    return Checkpoint(weights, json.loads((folder / "config.json").read_text()), str(folder))
+
+
+def _load_teacher(spec: str) -> Checkpoint:
+    from hyla.convert.teacher import load_teacher
+
+    model = load_teacher(spec).model
+    state = model.state_dict()
+    weights = _projection_weights((name, lambda n=name: state[n]) for name in state)
+    return Checkpoint(weights, model.config.to_dict(), spec)
+
+
+def load_checkpoint(spec: str | Path) -> Checkpoint:
+    """A HF folder (config.json + safetensors), a .gguf file or a teacher alias (e.g. smollm2-135m)."""
+    path = Path(spec)
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{path} has no config.json (expected a HF model folder)")
+        checkpoint = _load_folder(path)
+    elif path.suffix == ".gguf" or (not path.exists() and "/" not in str(spec)):
+        checkpoint = _load_teacher(str(spec))
+    else:
+        raise FileNotFoundError(f"checkpoint not found: {spec} (expected a HF model folder, a .gguf file or an alias)")
+    if not checkpoint.weights:
+        raise ValueError(f"{spec} has no layers.N.(self_attn|mixer).(q|k|v|o)_proj.weight tensors")
+    return checkpoint
+
+
+def head_slices(weight: torch.Tensor, projection: str, head_dim: int) -> list[torch.Tensor]:
+    """Per-head slices: `head_dim` rows of q/k/v, `head_dim` columns of o."""
+    matrix = weight.T if projection == "o" else weight
+    if matrix.shape[0] % head_dim:
+        raise ValueError(f"{projection}_proj has {matrix.shape[0]} head rows, not a multiple of head_dim {head_dim}")
+    slices = matrix.reshape(-1, head_dim, matrix.shape[1])
+    return list(slices.transpose(1, 2) if projection == "o" else slices)
+
+
+def relative_displacement(before: torch.Tensor, after: torch.Tensor) -> float:
+    """‖after − before‖₂ / ‖before‖₂ with spectral norms, in float64."""
+    before, after = before.double(), after.double()
+    return float(torch.linalg.matrix_norm(after - before, ord=2) / torch.linalg.matrix_norm(before, ord=2))
+
+
+def _compare_projection(before: Checkpoint, after: Checkpoint, layer: int, projection: str) -> list[dict]:
+    key = (layer, projection)
+    old = head_slices(before.weights[key], projection, before.head_dim)
+    new = head_slices(after.weights[key], projection, after.head_dim)
+    if len(new) % len(old) or old[0].shape != new[0].shape:
+        raise ValueError(
+            f"layer {layer} {projection}_proj: {len(new)} heads of {tuple(new[0].shape)} cannot be matched with "
+            f"{len(old)} heads of {tuple(old[0].shape)}"
+        )
+    copies = len(new) // len(old)
+    layer_type = after.layer_type(layer)
+    return [
+        {"layer": layer, "layer_type": layer_type, "group": layer_type, "projection": projection, "head": head,
+         "source_head": head // copies, "r": relative_displacement(old[head // copies], slice_)}
+        for head, slice_ in enumerate(new)
+    ]
+
+
+def compare_checkpoints(before: Checkpoint, after: Checkpoint) -> list[dict]:
+    """One record per (layer, projection, head) found in both checkpoints: r and the group (layer type)."""
+    shared = sorted(set(before.weights) & set(after.weights))
+    if not shared:
+        raise ValueError(f"{before.source} and {after.source} share no attention projection weights")
+    records = []
+    for layer, projection in shared:
+        records += _compare_projection(before, after, layer, projection)
+    return records
+
+
+def summarize_displacement(records: list[dict]) -> dict:
+    """Mean r per group and projection (`by_group`), and per layer and projection (`by_layer`)."""
+    by_group: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    by_layer: dict[int, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for record in records:
+        by_group[record["group"]][record["projection"]].append(record["r"])
+        by_layer[record["layer"]][record["projection"]].append(record["r"])
+
+    def means(table):
+        return {key: {projection: sum(values) / len(values) for projection, values in row.items()}
+                for key, row in sorted(table.items())}
+
+    layer_types = {record["layer"]: record["layer_type"] for record in records}
+    layers = {layer: {"layer_type": layer_types[layer], **row} for layer, row in means(by_layer).items()}
+    return {"by_group": means(by_group), "by_layer": layers}

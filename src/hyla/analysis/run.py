@@ -1,0 +1,190 @@
+"""The analyses end to end: load the model, build the sequences, measure, and write a self-describing folder
+(`results.json` with settings, command, versions and git SHA, plus PNG plots; every file written atomically)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hyla.analysis.displacement import compare_checkpoints, load_checkpoint, summarize_displacement
+from hyla.analysis.heads import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_TOP_K,
+    entropy_by_position,
+    group_means,
+    head_records,
+    measure_probes,
+)
+from hyla.analysis.plots import (
+    plot_displacement_by_layer,
+    plot_entropy_by_head,
+    plot_entropy_by_position,
+    plot_entropy_vs_hit_rate,
+)
+from hyla.analysis.probes import niah_probes, text_probes
+from hyla.evals.report import RESULTS_FILE, run_metadata, write_json
+
+
+@dataclass
+class ProbeSettings:
+    """Which sequences to analyse: NIAH prompts of `task` at `length` tokens (RULER's definition), or windows of
+    `length` tokens of `text_file` when given."""
+
+    task: str = "SK2"
+    length: int = 2048
+    num_samples: int = 4
+    seed: int = 42
+    num_depths: int = 11
+    text_file: str | None = None
+
+
+def load_analysis_model(spec: str, *, tokenizer: str | None = None, dtype: str = "float32", device: str = "cpu"):
+    """(model, tokenizer) for a HypeNet folder (loaded through transformers' Auto classes) or any teacher spec
+    (`hyla.convert.teacher.load_teacher`: HF folder, .gguf file, alias). `tokenizer` overrides where the tokenizer
+    is read from (a HypeNet folder saved without one)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    import hyla  # noqa: F401  (registers the hypenet model type)
+    from hyla.convert.teacher import load_teacher, load_tokenizer
+
+    path = Path(spec)
+    config_file = path / "config.json"
+    if config_file.is_file() and json.loads(config_file.read_text()).get("model_type") == "hypenet":
+        torch_dtype = getattr(torch, dtype, None)
+        if not isinstance(torch_dtype, torch.dtype):
+            raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+        try:
+            return model, load_tokenizer(tokenizer or spec)
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{err}; pass --tokenizer with the teacher spec") from None
+    model, own_tokenizer = load_teacher(spec, dtype=dtype, device=device)
+    return model, load_tokenizer(tokenizer) if tokenizer else own_tokenizer
+
+
+def build_probes(tokenizer: Any, settings: ProbeSettings, *, with_needles: bool):
+    if settings.text_file is not None:
+        if with_needles:
+            raise ValueError("the hit rate needs NIAH prompts: drop the text file")
+        return text_probes(tokenizer, settings.text_file, length=settings.length, num_samples=settings.num_samples)
+    return niah_probes(tokenizer, task=settings.task, length=settings.length, num_samples=settings.num_samples,
+                       seed=settings.seed, num_depths=settings.num_depths)
+
+
+def _check_out(out: Path) -> Path:
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"output folder {out} exists and is not a folder")
+    return out
+
+
+def _print_settings(kind: str, settings: dict[str, Any]) -> None:
+    print(f"hyla analyze {kind}: " + ", ".join(f"{name}={value}" for name, value in settings.items()), flush=True)
+
+
+def run_entropy(
+    model_spec: str,
+    out: Path,
+    probe_settings: ProbeSettings,
+    *,
+    tokenizer: str | None = None,
+    num_query_positions: int = 256,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    normalizer: str = "length",
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Normalized entropy of every head's α~ at `num_query_positions` evenly spread query positions (0 = all)."""
+    out = _check_out(out)
+    settings = dict(model=model_spec, tokenizer=tokenizer, **asdict(probe_settings),
+                    num_query_positions=num_query_positions, block_size=block_size, normalizer=normalizer,
+                    dtype=dtype, device=device)
+    _print_settings("entropy", settings)
+    started = time.perf_counter()
+    model, loaded_tokenizer = load_analysis_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
+    probes = build_probes(loaded_tokenizer, probe_settings, with_needles=False)
+    per_probe = measure_probes(model, probes, progress=progress, num_query_positions=num_query_positions,
+                               block_size=block_size, normalizer=normalizer)
+    records = head_records(per_probe)
+    curves = entropy_by_position(per_probe, probes, num_query_positions)
+    results = {
+        "kind": "analysis/entropy",
+        "model_label": model_spec,
+        **run_metadata(settings),
+        "num_tokens": [probe.length for probe in probes],
+        "summary": group_means(records, ["entropy"]),
+        "entropy_by_position": curves,
+        "heads": records,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }
+    write_json(out / RESULTS_FILE, results)
+    title = f"{Path(model_spec).name or model_spec}: {len(probes)} × {max(results['num_tokens'])} tokens"
+    plot_entropy_by_head(records, title=title, path=out / "entropy_by_head.png")
+    plot_entropy_by_position(curves, title=title, path=out / "entropy_by_position.png")
+    return results
+
+
+def run_hitrate(
+    model_spec: str,
+    out: Path,
+    probe_settings: ProbeSettings,
+    *,
+    tokenizer: str | None = None,
+    top_k: int = DEFAULT_TOP_K,
+    normalizer: str = "length",
+    dtype: str = "float32",
+    device: str = "cpu",
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Top-k hit rate of every head on the needle's value tokens and its entropy, both at the answer position."""
+    out = _check_out(out)
+    settings = dict(model=model_spec, tokenizer=tokenizer, **asdict(probe_settings), top_k=top_k,
+                    normalizer=normalizer, dtype=dtype, device=device)
+    _print_settings("hitrate", settings)
+    started = time.perf_counter()
+    model, loaded_tokenizer = load_analysis_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
+    probes = build_probes(loaded_tokenizer, probe_settings, with_needles=True)
+    per_probe = measure_probes(model, probes, progress=progress, num_query_positions=None, top_k=top_k,
+                               normalizer=normalizer)
+    records = head_records(per_probe)
+    results = {
+        "kind": "analysis/hitrate",
+        "model_label": model_spec,
+        **run_metadata(settings),
+        "samples": [{"label": probe.label, "num_tokens": probe.length,
+                     "needle_positions": probe.needle_positions.tolist()} for probe in probes],
+        "summary": group_means(records, ["hit_rate", "answer_entropy"]),
+        "heads": records,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }
+    write_json(out / RESULTS_FILE, results)
+    title = f"{Path(model_spec).name or model_spec}: {probe_settings.task} at {probe_settings.length} tokens"
+    plot_entropy_vs_hit_rate(records, top_k=top_k, title=title, path=out / "entropy_vs_hitrate.png")
+    return results
+
+
+def run_displacement(before: str, after: str, out: Path) -> dict[str, Any]:
+    """r_Q, r_K, r_V, r_O per head from checkpoint `before` to checkpoint `after`, averaged per layer type."""
+    out = _check_out(out)
+    settings = dict(before=before, after=after)
+    _print_settings("displacement", settings)
+    started = time.perf_counter()
+    records = compare_checkpoints(load_checkpoint(before), load_checkpoint(after))
+    summary = summarize_displacement(records)
+    results = {
+        "kind": "analysis/displacement",
+        **run_metadata(settings),
+        "summary": summary["by_group"],
+        "by_layer": summary["by_layer"],
+        "heads": records,
+        "runtime_s": round(time.perf_counter() - started, 1),
+    }
+    write_json(out / RESULTS_FILE, results)
+    plot_displacement_by_layer(summary["by_layer"], title=f"{Path(before).name} → {Path(after).name}",
+                               path=out / "displacement_by_layer.png")
+    return results
