@@ -30,7 +30,8 @@ def test_prepare_prints_settings_then_a_summary_and_reruns_as_a_no_op(tmp_path, 
     assert "1,000 tokens" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("case", ["other settings", "bad path", "empty corpus", "missing package"])
+@pytest.mark.parametrize("case", ["other settings", "bad path", "empty corpus", "missing package",
+                                  "unsupported teacher"])
 def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, tokenizer_dir, text_folder, capsys,
                                                            monkeypatch, case):
     out, sources, tokenizer = tmp_path / "corpus", [text_folder], tokenizer_dir
@@ -43,6 +44,11 @@ def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, tokenizer_d
         (tmp_path / "blank").mkdir()
         (tmp_path / "blank" / "a.md").write_text("\n")
         sources = [tmp_path / "blank"]
+    elif case == "unsupported teacher":
+        from transformers import GPT2Config
+
+        GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "gpt2")
+        sources = [f"teacher:{tmp_path / 'gpt2'}"]
     else:
         from hyla.convert import teacher
 

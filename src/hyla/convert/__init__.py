@@ -5,6 +5,7 @@ import importlib
 _EXPORTS = {
     "Teacher": "hyla.convert.teacher",
     "load_teacher": "hyla.convert.teacher",
+    "load_teacher_config": "hyla.convert.teacher",
     "load_tokenizer": "hyla.convert.teacher",
     "teacher_fingerprint": "hyla.convert.teacher",
     "SUPPORTED_FAMILIES": "hyla.convert.teacher",

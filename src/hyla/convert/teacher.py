@@ -102,8 +102,7 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
     from transformers import AutoModelForCausalLM
 
     source = resolve_teacher(spec)
-    config = _load_config(source)
-    check_supported(config, spec)
+    config = load_teacher_config(spec)
     torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
@@ -113,6 +112,13 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
                                                      **source.pretrained_kwargs())
     model.to(device).eval()
     return Teacher(model=model, tokenizer=load_tokenizer(spec), spec=spec, source=source.describe())
+
+
+def load_teacher_config(spec: str) -> PretrainedConfig:
+    """The teacher's config, checked to be of a supported family; reads no weights (a GGUF's header only)."""
+    config = _load_config(resolve_teacher(spec))
+    check_supported(config, spec)
+    return config
 
 
 def check_supported(config: PretrainedConfig, spec: str = "teacher") -> None:

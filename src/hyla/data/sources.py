@@ -50,14 +50,14 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
     if spec.startswith("hf:"):
         return _open_hf_dataset(spec, text_field)
     if spec.startswith("teacher:"):
-        from hyla.convert.teacher import resolve_teacher
+        from hyla.convert.teacher import load_teacher_config
         from hyla.data.generated import teacher_documents
 
         settings = generation or GenerationSettings()
         teacher_spec = spec.removeprefix("teacher:")
         if not teacher_spec:
             raise ValueError("source teacher: needs a teacher spec, e.g. teacher:smollm2-135m")
-        resolve_teacher(teacher_spec)
+        load_teacher_config(teacher_spec)
         return Source(spec, f"{settings.num_documents} documents sampled from teacher {teacher_spec}",
                       lambda: teacher_documents(teacher_spec, settings))
     files = _ordered(expand_paths(spec), seed, shuffle_files)
