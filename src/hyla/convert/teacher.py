@@ -101,11 +101,11 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
     import torch
     from transformers import AutoModelForCausalLM
 
-    source = resolve_teacher(spec)
-    config = load_teacher_config(spec)
     torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
+    source = resolve_teacher(spec)
+    config = load_teacher_config(spec)
     with _one_line_errors(source):
         # Passing the config already read saves parsing a GGUF's metadata twice (seconds on CPU).
         model = AutoModelForCausalLM.from_pretrained(source.location, config=config, dtype=torch_dtype,
@@ -188,6 +188,9 @@ def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
         tokenizer = AutoTokenizer.from_pretrained(source.location, **source.pretrained_kwargs())
     if source.gguf_file:
         _apply_gguf_special_tokens(tokenizer, Path(source.location) / source.gguf_file)
+        # The GGUF converter turns on a cleanup that BPE decoding ignores with a warning on every call;
+        # the original HF tokenizers of these models have it off.
+        tokenizer.clean_up_tokenization_spaces = False
     return tokenizer
 
 
