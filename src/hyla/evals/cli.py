@@ -110,6 +110,9 @@ def _register_lm_eval(verbs: Any) -> None:
     lm_eval.add_argument("--limit", type=int, default=None)
     lm_eval.add_argument("--num-fewshot", type=int, default=None)
     lm_eval.add_argument("--include-path", default=None, help="folder of extra task YAML files")
+    lm_eval.add_argument(
+        "--only-included", action="store_true", help="use only the tasks under --include-path (faster start-up)"
+    )
     lm_eval.set_defaults(handler=_handle_lm_eval)
 
 
@@ -238,7 +241,7 @@ def _handle_lm_eval(args: argparse.Namespace) -> int:
     model, tokenizer, settings, out_dir = _start(args, "lm-eval", ["tasks", "limit", "num_fewshot", "include_path"])
     result = lm_eval_bridge.run_lm_eval(
         model, tokenizer, args.tasks, limit=args.limit, batch_size=args.batch_size,
-        num_fewshot=args.num_fewshot, include_path=args.include_path,
+        num_fewshot=args.num_fewshot, include_path=args.include_path, include_default_tasks=not args.only_included,
     )
     _finish("lm-eval", args, settings, result, out_dir)
     return 0

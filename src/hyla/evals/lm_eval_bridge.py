@@ -43,10 +43,15 @@ def run_lm_eval(
     batch_size: int = 1,
     num_fewshot: int | None = None,
     include_path: str | None = None,
+    include_default_tasks: bool = True,
 ) -> dict[str, Any]:
-    """Evaluate `model` on lm-eval `tasks`; returns `{"summary": {"task/metric": value}, "tasks": {...}}`."""
+    """Evaluate `model` on lm-eval `tasks`; returns `{"summary": {"task/metric": value}, "tasks": {...}}`.
+
+    `include_default_tasks=False` skips indexing lm-eval's thousands of bundled task files (~15 s) when only the
+    tasks under `include_path` are wanted.
+    """
     lm_eval, hflm_class, task_manager_class = _import_lm_eval()
-    task_manager = task_manager_class(include_path=include_path)
+    task_manager = task_manager_class(include_path=include_path, include_defaults=include_default_tasks)
     unknown = [task for task in tasks if not task_manager.match_tasks([task])]
     if unknown:
         raise ValueError(f"lm-eval does not know the task(s) {', '.join(unknown)}")
