@@ -67,7 +67,7 @@ class GatedDeltaNet(nn.Module):
         if context.token_mask is not None:
             # Padding neither writes (k = 0) nor decays (g = 0) the state.
             keep = context.token_mask
-            k, g = k * keep[:, :, None, None].to(k.dtype), g * keep.to(g.dtype)
+            k, g = k * keep[:, :, None, None].to(k.dtype), g * keep[:, :, None].to(g.dtype)
         return q, k, v, g, beta
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:

@@ -18,6 +18,15 @@ KV_LAYER_TYPES = ("attention", "attention_rope", "swa", *HEADWISE_LAYER_TYPES)
 LOGIT_SCALING_MODES = ("per_query", "per_length")
 
 
+def parse_ratio(ratio: str) -> tuple[int, int]:
+    """"E:N" -> (E, N), two non-negative integers, not both zero (head-wise and layer-wise hybrid ratios)."""
+    parts = ratio.split(":")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or sum(map(int, parts)) == 0:
+        raise ValueError(f"a ratio looks like '3:1' (two non-negative integers, not both 0), got {ratio!r}")
+    efficient, global_ = map(int, parts)
+    return efficient, global_
+
+
 def default_layer_types(num_layers: int) -> list[str]:
     """Three Lightning layers, then one attention layer, repeated (about a quarter attention)."""
     return ["attention" if i % 4 == 3 else "lightning" for i in range(num_layers)]
@@ -156,10 +165,7 @@ class HypeNetConfig(PreTrainedConfig):
     def headwise_split(self) -> tuple[int, int]:
         """(efficient heads, NoPE heads) of an "hh_*" layer from `headwise_ratio` "E:N" and num_attention_heads;
         the NoPE heads keep the model's query-to-KV-head grouping."""
-        parts = self.headwise_ratio.split(":")
-        if len(parts) != 2 or not all(p.strip().isdigit() for p in parts) or sum(map(int, parts)) == 0:
-            raise ValueError(f"headwise_ratio must look like '3:1' (two non-negative integers), got {self.headwise_ratio!r}")
-        efficient_parts, nope_parts = map(int, parts)
+        efficient_parts, nope_parts = parse_ratio(self.headwise_ratio)
         heads = self.num_attention_heads
         group = heads // self.num_key_value_heads
         nope_heads, remainder = divmod(heads * nope_parts, efficient_parts + nope_parts)

@@ -1,0 +1,131 @@
+"""The hybrid family (GLA, GDN, SWA, RoPE attention, head-wise layers, EME) under the model invariants of
+test_hypenet.py: chunked prefill + decode equals one forward, left-padded batched generation equals each prompt
+alone, packed documents equal separate forwards, save/load; plus layouts and the EME overrides."""
+
+import pytest
+import torch
+from test_hypenet import ATOL, left_pad, make_model
+
+from hyla import HybridCache, HypeNetConfig
+from hyla.models.configuration import default_layer_types
+from hyla.models.eme import apply_eme_overrides
+from hyla.models.layouts import headwise_layout, layerwise_layout
+
+NEW_TYPES = ["gla", "gdn", "swa", "attention_rope", "hh_lightning", "hh_gla", "hh_gdn", "hh_swa"]
+# A small SWA window so that 150 tokens cross it many times; EME windows likewise.
+FAMILY = dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=32, sliding_window=7, headwise_ratio="1:1")
+EME = dict(eme_window=24, eme_stride=8, logit_scaling="per_length", logit_scaling_train_length=16)
+EME_TYPES = ["lightning", "gla", "gdn", "attention_rope", "hh_gla", "hh_swa"]
+
+
+def family_model(seed, layer_type, eme=False):
+    overrides = dict(FAMILY, num_hidden_layers=3, layer_types=[layer_type, "attention", layer_type])
+    if eme:
+        overrides.update(EME)
+    return make_model(seed, **overrides)
+
+
+def chunked_logits(model, tokens, splits, decode_from):
+    cache = HybridCache(model.config.layer_types)
+    pieces = [model(tokens[:, a:b], past_key_values=cache, use_cache=True).logits for a, b in splits]
+    for t in range(decode_from, tokens.shape[1]):
+        pieces.append(model(tokens[:, t : t + 1], past_key_values=cache, use_cache=True).logits)
+    return torch.cat(pieces, 1), cache
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "eme"), [(t, False) for t in NEW_TYPES] + [(t, True) for t in EME_TYPES]
+)
+def test_chunked_prefill_and_decode_equal_full_forward(layer_type, eme):
+    model = family_model(len(layer_type), layer_type, eme)
+    tokens = torch.randint(3, 97, (2, 90), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+        pieces, cache = chunked_logits(model, tokens, [(0, 37), (37, 70)], 70)
+    assert cache.get_seq_length() == 90
+    assert (pieces - full).abs().max().item() <= ATOL
+
+
+@pytest.mark.parametrize(
+    ("layer_type", "eme"), [(t, False) for t in NEW_TYPES] + [(t, True) for t in ("gdn", "hh_gla", "attention_rope")]
+)
+def test_left_padded_greedy_generation_equals_each_prompt_alone(layer_type, eme):
+    model = family_model(2, layer_type, eme)
+    prompts = [[(7 * i + 3) % 94 + 3 for i in range(n)] for n in (5, 30, 1, 41)]
+    ids, mask = left_pad(prompts)
+    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    with torch.no_grad():
+        batched = model.generate(ids, attention_mask=mask, **kwargs)[:, ids.shape[1] :]
+        for row, prompt in enumerate(prompts):
+            alone = model.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
+            assert batched[row].tolist() == alone.tolist(), f"row {row}"
+
+
+@pytest.mark.parametrize("layer_type", NEW_TYPES)
+def test_packed_documents_equal_separate_forwards(layer_type):
+    model = family_model(5, layer_type)
+    docs = [torch.randint(3, 97, (1, n), generator=torch.Generator().manual_seed(n)) for n in (9, 30, 4)]
+    cu = torch.tensor([0, 9, 39, 43])
+    with torch.no_grad():
+        packed = model(torch.cat(docs, 1), cu_seqlens=cu, use_cache=False).logits
+        for doc, start in zip(docs, cu[:-1].tolist()):
+            alone = model(doc, use_cache=False).logits
+            assert (packed[:, start : start + doc.shape[1]] - alone).abs().max().item() <= ATOL
+
+
+def test_eme_changes_only_what_reaches_beyond_its_window():
+    """Below the EME window and below L0 every mixer gives the plain result; past them the result changes."""
+    model = make_model(3, **dict(FAMILY, num_hidden_layers=4, layer_types=["gla", "attention", "gdn", "attention_rope"]))
+    tokens = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(tokens, use_cache=False).logits
+        apply_eme_overrides(model, **EME)
+        eme = model(tokens, use_cache=False).logits
+    assert (eme[:, :16] - plain[:, :16]).abs().max().item() <= ATOL
+    assert (eme[:, 24:] - plain[:, 24:]).abs().max().item() > 1e-3
+
+
+def test_save_load_keeps_family_fields(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = make_model(11, **dict(FAMILY, **EME, num_hidden_layers=4, layer_types=["hh_gdn", "swa", "gla", "attention"]))
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    for field in ("layer_types", "headwise_ratio", "sliding_window", *EME):
+        assert getattr(loaded.config, field) == getattr(model.config, field), field
+    tokens = torch.randint(3, 97, (2, 40))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+
+
+def test_layerwise_layouts():
+    assert layerwise_layout(8) == default_layer_types(8)
+    assert layerwise_layout(8, efficient="gla", ratio="1:1") == ["gla", "attention"] * 4
+    yoco = layerwise_layout(8, efficient="gdn", ratio="3:1", order="bottom")
+    assert yoco == ["gdn"] * 6 + ["attention"] * 2
+    assert layerwise_layout(4, ratio="1:0") == ["lightning"] * 4
+    assert layerwise_layout(3, ratio="1:3", global_type="attention_rope").count("attention_rope") == 2
+    assert headwise_layout(3, efficient="swa") == ["hh_swa"] * 3
+    with pytest.raises(ValueError, match="order"):
+        layerwise_layout(4, order="top")
+    with pytest.raises(ValueError, match="ratio"):
+        layerwise_layout(4, ratio="3-1")
+
+
+def test_config_rejects_bad_family_settings():
+    from huggingface_hub.errors import StrictDataclassClassValidationError
+
+    errors = (ValueError, StrictDataclassClassValidationError)
+    base = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32)
+    with pytest.raises(errors, match="whole groups"):
+        HypeNetConfig(**base, layer_types=["hh_gla"], headwise_ratio="3:1")  # 1 NoPE head, groups of 2
+    with pytest.raises(errors, match="per_length"):
+        HypeNetConfig(**base, layer_types=["gla"], logit_scaling="per_length")
+    with pytest.raises(errors, match="eme_stride"):
+        HypeNetConfig(**base, layer_types=["gla"], eme_window=8, eme_stride=9)
+    config = HypeNetConfig(**base, layer_types=["gla"])
+    with pytest.raises(ValueError, match="eme_stride"):
+        apply_eme_overrides(config, eme_window=8, eme_stride=9)
+    assert config.eme_window is None and config.eme_stride is None
+    with pytest.raises(ValueError, match="unknown EME"):
+        apply_eme_overrides(config, window=8)
