@@ -93,6 +93,16 @@ def test_unsupported_family_is_one_error_naming_the_supported_ones(tmp_path):
     assert ", ".join(SUPPORTED_FAMILIES) in str(error.value) and "\n" not in str(error.value)
 
 
+def test_unknown_architectures_in_config_or_gguf_are_one_line_errors(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "foo"}')
+    with pytest.raises(ValueError, match="unsupported teacher family 'foo'") as error:
+        load_teacher(str(tmp_path))
+    assert "\n" not in str(error.value)
+    gguf_path = _write_gguf(tmp_path / "other.gguf", architecture="gpt2")
+    with pytest.raises(ValueError, match="unsupported teacher family 'gpt2'"):
+        load_teacher(str(gguf_path))
+
+
 def test_missing_package_error_gives_the_install_command(monkeypatch):
     real_find_spec = teacher_module.importlib.util.find_spec
     monkeypatch.setattr(teacher_module.importlib.util, "find_spec",
@@ -135,11 +145,10 @@ def test_tokenizer_only_folder_loads_and_is_cached(tmp_path):
         load_teacher(str(tmp_path))
 
 
-def test_gguf_header_scalars_are_read_past_string_arrays(tmp_path):
+def _write_gguf(path, architecture: str = "llama"):
     import gguf
 
-    path = tmp_path / "header.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
+    writer = gguf.GGUFWriter(str(path), architecture)
     writer.add_token_list(["<a>", "<b>", "<c>", "word"])
     writer.add_token_scores([0.0, 0.0, 0.0, -1.0])
     writer.add_eos_token_id(2)
@@ -149,9 +158,15 @@ def test_gguf_header_scalars_are_read_past_string_arrays(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    keys = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id"}
-    assert teacher_module._read_gguf_scalars(path, keys) == {"tokenizer.ggml.eos_token_id": 2,
-                                                            "tokenizer.ggml.bos_token_id": 1}
+    return path
+
+
+def test_gguf_header_values_are_read_past_string_arrays(tmp_path):
+    path = _write_gguf(tmp_path / "header.gguf")
+    keys = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id",
+            "general.architecture"}
+    assert teacher_module._read_gguf_metadata(path, keys) == {
+        "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.bos_token_id": 1, "general.architecture": "llama"}
 
 
 @pytest.mark.slow

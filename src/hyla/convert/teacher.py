@@ -116,14 +116,18 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
 
 def load_teacher_config(spec: str) -> PretrainedConfig:
     """The teacher's config, checked to be of a supported family; reads no weights (a GGUF's header only)."""
-    config = _load_config(resolve_teacher(spec))
-    check_supported(config, spec)
+    source = resolve_teacher(spec)
+    # Checking the declared family first gives one clear line where transformers would explain at length.
+    declared = _declared_family(source)
+    if declared is not None:
+        check_supported(declared, spec)
+    config = _load_config(source)
+    check_supported(config.model_type, spec)
     return config
 
 
-def check_supported(config: PretrainedConfig, spec: str = "teacher") -> None:
-    """Raise one clear `ValueError` unless the config's family is one hyla can convert."""
-    family = getattr(config, "model_type", None)
+def check_supported(family: str | None, spec: str = "teacher") -> None:
+    """Raise one clear `ValueError` unless `family` (a HF `model_type`) is one hyla can convert."""
     if family not in SUPPORTED_FAMILIES:
         raise ValueError(f"unsupported teacher family {family!r} ({spec}); supported: {', '.join(SUPPORTED_FAMILIES)}")
 
@@ -197,19 +201,20 @@ def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
 def _apply_gguf_special_tokens(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -> None:
     # transformers 5.17 reads the GGUF's BOS id for both BOS and EOS; take the ids from the file itself.
     roles = {"bos": "bos_token", "eos": "eos_token", "padding": "pad_token"}
-    token_ids = _read_gguf_scalars(gguf_path, {f"tokenizer.ggml.{role}_token_id" for role in roles})
+    token_ids = _read_gguf_metadata(gguf_path, {f"tokenizer.ggml.{role}_token_id" for role in roles})
     for role, attribute in roles.items():
         token_id = token_ids.get(f"tokenizer.ggml.{role}_token_id")
         if token_id is not None:
             setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(token_id)))
 
 
-# GGUF metadata value types (gguf spec): type code -> struct format; 8 = string, 9 = array.
+# GGUF metadata value types (gguf spec): type code -> struct format, and the string and array codes.
 _GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_STRING = 8
 
 
-def _read_gguf_scalars(path: Path, keys: set[str]) -> dict[str, Any]:
-    """Scalar metadata values for `keys` from a GGUF header, skipping arrays (gguf.GGUFReader parses them all: 2 s)."""
+def _read_gguf_metadata(path: Path, keys: set[str]) -> dict[str, Any]:
+    """Scalar and string values for `keys` from a GGUF header; arrays are skipped (gguf.GGUFReader parses all: 2 s)."""
     found: dict[str, Any] = {}
     with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
         if data[:4] != b"GGUF":
@@ -223,6 +228,9 @@ def _read_gguf_scalars(path: Path, keys: set[str]) -> dict[str, Any]:
             offset += 12 + key_length
             if key in keys and kind in _GGUF_SCALARS:
                 (found[key],) = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, offset)
+            elif key in keys and kind == _GGUF_STRING:
+                (length,) = struct.unpack_from("<Q", data, offset)
+                found[key] = data[offset + 8:offset + 8 + length].decode()
             offset = _skip_gguf_value(data, kind, offset)
     return found
 
@@ -230,7 +238,7 @@ def _read_gguf_scalars(path: Path, keys: set[str]) -> dict[str, Any]:
 def _skip_gguf_value(data: mmap.mmap, kind: int, offset: int) -> int:
     if kind in _GGUF_SCALARS:
         return offset + struct.calcsize(_GGUF_SCALARS[kind])
-    if kind == 8:
+    if kind == _GGUF_STRING:
         return offset + 8 + struct.unpack_from("<Q", data, offset)[0]
     item_kind, count = struct.unpack_from("<IQ", data, offset)
     offset += 12
@@ -248,9 +256,24 @@ def _load_config(source: TeacherSource) -> PretrainedConfig:
         try:
             return AutoConfig.from_pretrained(source.location, **source.pretrained_kwargs())
         except (KeyError, ValueError) as err:
-            # transformers raises these for an architecture it does not know (in config.json or GGUF metadata).
-            raise ValueError(f"cannot read teacher config from {source.describe()}: {err}; "
+            # transformers raises these for an architecture it does not know, explained over several lines.
+            reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            raise ValueError(f"cannot read teacher config from {source.describe()}: {reason}; "
                              f"supported families: {', '.join(SUPPORTED_FAMILIES)}") from None
+
+
+def _declared_family(source: TeacherSource) -> str | None:
+    """The family a local folder's config.json or a GGUF header names; None for a hub id."""
+    if source.gguf_file:
+        key = "general.architecture"
+        return _read_gguf_metadata(Path(source.location) / source.gguf_file, {key}).get(key)
+    config_path = Path(source.location) / "config.json"
+    if not config_path.is_file():
+        return None
+    try:
+        return json.loads(config_path.read_text()).get("model_type")
+    except (json.JSONDecodeError, AttributeError):
+        raise ValueError(f"{config_path} is not a JSON object") from None
 
 
 @contextlib.contextmanager
@@ -259,10 +282,9 @@ def _one_line_errors(source: TeacherSource) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if isinstance(error, FileNotFoundError):
-            raise
         lines = str(error).strip().splitlines() or [type(error).__name__]
-        raise ValueError(f"could not load teacher {source.describe()}: {lines[0]}") from None
+        kind = FileNotFoundError if isinstance(error, FileNotFoundError) else ValueError
+        raise kind(f"could not load teacher {source.describe()}: {lines[0]}") from None
 
 
 def _package_folder(package: str, file_name: str) -> Path:
