@@ -137,10 +137,13 @@ def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch):
     assert "\n" not in str(error.value)
 
 
-def test_tokenizer_only_folder_loads_and_is_cached(tmp_path):
+def test_tokenizer_only_folder_loads_and_each_caller_gets_its_own_copy(tmp_path):
     _tokenizer().save_pretrained(tmp_path)
     first = load_tokenizer(str(tmp_path))
-    assert first is load_tokenizer(str(tmp_path)) and first.eos_token == "<eos>"
+    first.padding_side = "left"
+    second = load_tokenizer(str(tmp_path))
+    assert second.padding_side == "right" and second.eos_token == "<eos>"
+    assert first("words again")["input_ids"] == second("words again")["input_ids"]
     with pytest.raises(FileNotFoundError, match="no config.json"):
         load_teacher(str(tmp_path))
 
@@ -179,7 +182,6 @@ def test_smollm2_alias_loads_offline_from_its_gguf():
     assert fingerprint["rope"]["rope_theta"] == 100000.0
     assert teacher.source.endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
     tokenizer = teacher.tokenizer
-    assert tokenizer is load_tokenizer("smollm2-135m")
     assert (tokenizer.eos_token, tokenizer.eos_token_id) == ("<|im_end|>", 2)
     prompt = tokenizer("The capital of France is Paris. The capital of Germany is", return_tensors="pt")
     with torch.no_grad():

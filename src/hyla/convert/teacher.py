@@ -1,7 +1,7 @@
 """Load a teacher language model and its tokenizer: a local HF folder, a hub id, a GGUF file, or an alias.
 
 `load_teacher(spec)` returns a `Teacher` (unpacks as `model, tokenizer = load_teacher(spec)`);
-`load_tokenizer(spec)` loads only the tokenizer (never the weights) and caches it per resolved source;
+`load_tokenizer(spec)` loads only the tokenizer (never the weights), cached per resolved source;
 `teacher_fingerprint(model)` summarizes a teacher so that later stages can tell whether a folder was made from it.
 
 Supported families are those whose HF `model_type` is in `SUPPORTED_FAMILIES`: Llama-style decoders with GQA,
@@ -11,6 +11,7 @@ optional q/k norms, RoPE (any theta and scaling) and a tied or untied LM head.
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import hashlib
 import importlib.util
@@ -92,8 +93,12 @@ def resolve_teacher(spec: str, *, tokenizer_only: bool = False) -> TeacherSource
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
-    """The teacher's tokenizer alone, without loading any weights. Cached per resolved source: do not mutate it."""
-    return _load_tokenizer_cached(resolve_teacher(spec, tokenizer_only=True))
+    """The teacher's tokenizer alone, without loading any weights.
+
+    Loads are cached per resolved source (a GGUF tokenizer takes seconds to convert); each call returns its own
+    copy (~0.1 s), so that setting a padding side or pad token in one place does not change it elsewhere.
+    """
+    return copy.deepcopy(_load_tokenizer_cached(resolve_teacher(spec, tokenizer_only=True)))
 
 
 def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Teacher:

@@ -105,7 +105,7 @@ def _prompt_order(settings: GenerationSettings) -> list[str]:
 
 
 def _left_padded(tokenizer, prompts: list[str], device):
-    # Padding by hand leaves the (shared, cached) tokenizer's padding side and pad token untouched.
+    # Padding by hand also works for tokenizers without a pad token (EOS stands in; the mask hides it).
     import torch
 
     encoded = [tokenizer(prompt)["input_ids"] for prompt in prompts]
