@@ -1,0 +1,1 @@
+"""Kernel and whole-model benchmarks (`hyla bench kernels`, `hyla bench model`)."""

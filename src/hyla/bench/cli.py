@@ -1,0 +1,138 @@
+"""`hyla bench kernels` and `hyla bench model`: thin wrappers over `hyla.bench.kernels` and `hyla.bench.model`.
+Each writes JSON (with the exact command and environment), a PNG and a markdown summary into --out."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser("bench", help="kernel and whole-model speed benchmarks")
+    bench.set_defaults(handler=lambda args: bench.print_help())
+    verbs = bench.add_subparsers(dest="bench_command", metavar="VERB")
+    kernels = verbs.add_parser("kernels", help="mixers (Lightning, SDPA flash/cuDNN, sliding window) over lengths")
+    kernels.add_argument("--lengths", type=_lengths, default=None, help="comma list, e.g. 4K,64K,1M (default 4K..1M)")
+    kernels.add_argument("--mixers", default=None, help="comma list of mixers (default: all available)")
+    kernels.add_argument("--heads", type=int, default=16)
+    kernels.add_argument("--head-dim", type=int, default=128)
+    kernels.add_argument("--softmax-max-length", type=_count, default=2**18, help="longest softmax run (quadratic)")
+    kernels.add_argument("--repeats", type=int, default=5)
+    _common(kernels)
+    kernels.set_defaults(handler=run_kernels)
+    model = verbs.add_parser("model", help="HypeNet-2B vs the Qwen3-1.7B shape: prefill, decode, memory")
+    model.add_argument("--contexts", type=_lengths, default=None, help="comma list (default 8K,32K,128K,512K,1M)")
+    model.add_argument("--systems", default=None, help="comma list of hypenet, qwen3-engine, qwen3-hf-default, "
+                                                       "qwen3-hf-graph (default: all)")
+    model.add_argument("--qwen3-engine-max-prefill", type=_count, default=2**19)
+    model.add_argument("--hf-max-prefill", type=_count, default=2**17)
+    model.add_argument("--hf-graph-contexts", type=_lengths, default=None, help="default 32K,128K,512K")
+    model.add_argument("--large-batch", type=int, default=32)
+    model.add_argument("--large-batch-contexts", type=_lengths, default=None, help="default 8K,32K")
+    model.add_argument("--decode-steps", type=int, default=20, help="graph replays per timed decode measurement")
+    model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
+    model.add_argument("--prefill-chunk", type=_count, default=2**16)
+    model.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    _common(model)
+    model.set_defaults(handler=run_model)
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="folder for the JSON, PNG and markdown results")
+    parser.add_argument("--device", default="cuda")
+
+
+def _count(text: str) -> int:
+    text = text.strip().upper()
+    scale = {"K": 2**10, "M": 2**20}.get(text[-1:], 1)
+    try:
+        return int(text[:-1] if scale > 1 else text) * scale
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (use e.g. 4096, 4K, 1M)") from err
+
+
+def _lengths(text: str) -> tuple[int, ...]:
+    return tuple(_count(part) for part in text.split(",") if part.strip())
+
+
+def environment() -> dict:
+    import torch
+
+    info = {"command": " ".join(shlex.quote(a) for a in ["hyla", *sys.argv[1:]]), "python": platform.python_version(),
+            "torch": torch.__version__, "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+        import triton
+
+        info["triton"] = triton.__version__
+        import fla
+
+        info["fla"] = getattr(fla, "__version__", "?")
+    except ImportError:
+        pass
+    try:
+        info["git_sha"] = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                         check=False).stdout.strip() or None
+    except OSError:
+        info["git_sha"] = None
+    return info
+
+
+def _write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=1))
+
+
+def run_kernels(args: argparse.Namespace) -> int:
+    from hyla.bench.kernels import KernelSettings, run_kernel_bench
+    from hyla.bench.report import plot_kernels
+
+    settings = KernelSettings(
+        lengths=args.lengths or KernelSettings.lengths, num_heads=args.heads, head_dim=args.head_dim,
+        softmax_max_length=args.softmax_max_length, repeats=args.repeats, device=args.device,
+        mixers=tuple(args.mixers.split(",")) if args.mixers else None,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"environment": environment(), **run_kernel_bench(settings)}
+    _write_json(out / "kernels.json", results)
+    plot_kernels(results, out / "kernels.png")
+    print(f"wrote {out / 'kernels.json'} and {out / 'kernels.png'}")
+    return 0
+
+
+def run_model(args: argparse.Namespace) -> int:
+    from hyla.bench.model import ModelSettings, run_model_bench
+    from hyla.bench.report import model_markdown, plot_model
+
+    defaults = ModelSettings()
+    settings = ModelSettings(
+        contexts=args.contexts or defaults.contexts,
+        systems=tuple(args.systems.split(",")) if args.systems else defaults.systems,
+        qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hf_max_prefill=args.hf_max_prefill,
+        hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
+        large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
+        decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk, compile_blocks=not args.no_compile,
+        toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+
+    def save(results: dict) -> None:
+        _write_json(out / "model.json", {"environment": env, **results})
+
+    results = run_model_bench(settings, save=save)
+    save(results)
+    plot_model(results, out / "model.png")
+    (out / "model.md").write_text(model_markdown(results, env["command"]))
+    print(model_markdown(results, env["command"]))
+    return 0

@@ -1,0 +1,320 @@
+"""`hyla bench model`: HypeNet-2B against the Qwen3-1.7B shape, random bf16 weights, on one GPU.
+
+Systems: `hypenet` and `qwen3-engine` run through hyla's inference engine (chunked prefill, CUDA-graph decode), the
+latter being the Qwen3 network itself (weights copied from the HF model, checked against it); `qwen3-hf-default` is
+HF transformers as users get it (SDPA, DynamicCache, eager), `qwen3-hf-graph` HF's StaticCache decode under a CUDA
+graph. Every system is checked against its reference before it is timed; a failed check stops the benchmark.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+from hyla.bench import hf_baseline, shapes
+from hyla.bench.floors import ModelShape
+from hyla.bench.timing import CheckFailed, allocated_gib, peak_memory_gib, relative_error, reset_peak_memory, time_ms
+from hyla.inference import InferenceEngine
+
+SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
+# bf16 weights and activations; the engine and the reference round at different points (chunked attention merged in
+# fp32, fp32 recurrent state vs fla's chunk kernel, split-K decode): ~1e-2 relative on logits, as the model's own
+# GPU test allows for fla vs reference in bf16.
+CHECK_TOLERANCE = 2e-2
+MARGIN = 256  # decode positions past the longest context
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    contexts: tuple[int, ...] = (2**13, 2**15, 2**17, 2**19, 2**20)
+    systems: tuple[str, ...] = SYSTEMS
+    qwen3_engine_max_prefill: int = 2**19  # its 1M prefill would take ~4 minutes of device time
+    hf_max_prefill: int = 2**17
+    hf_max_default_decode: int = 2**19
+    hf_graph_contexts: tuple[int, ...] = (2**15, 2**17, 2**19)
+    large_batch: int = 32
+    large_batch_contexts: tuple[int, ...] = (2**13, 2**15)
+    decode_steps: int = 20
+    repeats: int = 3  # timed repetitions of each measurement (fewer at long prefills)
+    prefill_chunk: int = 2**16
+    compile_blocks: bool = True
+    check_length: int = 2000
+    toy: bool = False
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+
+
+def _free():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def build_hypenet(config, *, device, dtype):
+    from hyla.models.modeling import HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = HypeNetForCausalLM(config)
+    return model.to(dtype).eval()
+
+
+def _random_ids(model, batch, length, seed):
+    generator = torch.Generator(device=model.device).manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (batch, length), device=model.device, generator=generator)
+
+
+@torch.no_grad()
+def check_engine(model, reference, settings: ModelSettings) -> dict:
+    """Engine prefill (>= 3 chunks, so merged chunk attention runs) and graph decode against `reference`'s full
+    forward over the same tokens."""
+    length, steps = settings.check_length, 8
+    ids = _random_ids(model, 1, length + steps, seed=1)
+    expected = reference(ids, use_cache=False).logits[:, length - 1 :].float()
+    engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
+                             compile_blocks=settings.compile_blocks)
+    logits = [engine.prefill(ids[:, :length]).float()]
+    if model.device.type == "cuda":
+        engine.capture_graph()
+    for t in range(length, length + steps):
+        logits.append(engine.decode(ids[:, t : t + 1]).float())
+    got = torch.stack(logits, dim=1)
+    errors = {"prefill": relative_error(got[:, 0], expected[:, 0]), "decode": relative_error(got[:, 1:], expected[:, 1:])}
+    if not max(errors.values()) <= CHECK_TOLERANCE:
+        raise CheckFailed(f"engine logits differ from the reference: {errors} > {CHECK_TOLERANCE}")
+    return {"length": length, "decode_steps": steps, "tolerance": CHECK_TOLERANCE, "relative_errors": errors}
+
+
+def _prefill_row(shape: ModelShape, context: int, batch: int, ms: float, device) -> dict:
+    floor_s = shape.prefill_floor_s(context) * batch
+    return {"context": context, "batch": batch, "ms": ms, "us_per_token": 1e3 * ms / (context * batch),
+            "floor_s": floor_s, "ratio_to_floor": ms * 1e-3 / floor_s,
+            "tflops": shape.prefill_flops(context) * batch / (ms * 1e-3) / 1e12, "peak_gib": peak_memory_gib(device)}
+
+
+def _decode_row(shape: ModelShape, context: int, batch: int, ms: float, device, **extra) -> dict:
+    floor = shape.decode_floor_ms(context, batch)
+    return {"context": context, "batch": batch, "ms_per_token": ms, "floor_ms": floor, "ratio_to_floor": ms / floor,
+            "tokens_per_s": 1e3 * batch / ms, "weights_plus_cache_gib": shape.decode_bytes(context, batch) / 2**30,
+            "peak_gib": peak_memory_gib(device), **extra}
+
+
+def time_engine_prefill(engine, shape, context, log, repeats) -> dict:
+    ids = _random_ids(engine.model, engine.batch_size, context, seed=context)
+
+    def run():
+        engine.reset()
+        engine.prefill(ids)
+
+    reset_peak_memory(engine.device)
+    before = allocated_gib(engine.device)
+    long = context >= 2**17
+    timing = time_ms(run, device=engine.device, warmup=0 if long else 1, repeats=1 if long else repeats)
+    row = _prefill_row(shape, context, engine.batch_size, timing["median_ms"], engine.device)
+    # The static cache is sized for the longest context: what this length needs is weights + its KV + temporaries.
+    row["allocated_before_gib"] = before
+    log(f"  prefill T={context:>8d} B={engine.batch_size}: {row['ms'] / 1e3:8.3f} s  {row['us_per_token']:7.2f} us/tok"
+        f"  {row['tflops']:5.0f} TFLOP/s  floor x{row['ratio_to_floor']:.2f}  peak {row['peak_gib']} GiB")
+    return row
+
+
+def time_engine_decode(engine, shape, context, steps, log, repeats, **extra) -> dict:
+    def run():
+        engine.cache.length.fill_(context)
+        engine.num_cached = context
+        for _ in range(steps):
+            engine.decode()
+
+    timing = time_ms(run, device=engine.device, warmup=1, repeats=repeats)
+    row = _decode_row(shape, context, engine.batch_size, timing["median_ms"] / steps, engine.device, **extra)
+    log(f"  decode  T={context:>8d} B={engine.batch_size}: {row['ms_per_token']:8.3f} ms/tok  floor "
+        f"{row['floor_ms']:.3f} ms (x{row['ratio_to_floor']:.2f})  {row['tokens_per_s']:9.1f} tok/s")
+    return row
+
+
+def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_contexts, log) -> tuple[list, list]:
+    """Prefill (largest first: later lengths reuse the attention plans it builds) then graph decode. The longest
+    prefilled context is decoded right after its real prefill; the others over a synthetic cache."""
+    device = model.device
+    engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
+                             prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks)
+    prefill, decode = [], []
+    for context in sorted(prefill_contexts, reverse=True):
+        prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats))
+        if context == max(prefill_contexts) and device.type == "cuda":
+            engine.capture_graph()
+            decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,
+                                             after_real_prefill=True))
+    if device.type == "cuda" and engine._graph is None:
+        engine.capture_graph()
+    engine.fill_synthetic(max(contexts))
+    for context in sorted(set(contexts) - {row["context"] for row in decode}):
+        decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,
+                                         after_real_prefill=False))
+    del engine
+    _free()
+    return prefill, decode
+
+
+def _run_guarded(rows_out: list, skipped: list, what: dict, fn, log):
+    try:
+        rows_out.extend(fn())
+    except torch.OutOfMemoryError as err:
+        skipped.append({**what, "reason": f"out of memory: {str(err).splitlines()[0]}"})
+        log(f"  skipped {what}: out of memory")
+        _free()
+
+
+def bench_engine_system(name, model, reference, settings, log) -> dict:
+    shape = ModelShape.of(model)
+    log(f"{name}: {shape.num_params / 1e9:.3f}B parameters, {shape.num_attention_layers} attention layers, "
+        f"KV {shape.kv_bytes_per_token()} B/token, weights {shape.weight_bytes / 2**30:.2f} GiB")
+    try:
+        check = check_engine(model, reference, settings)
+    except (RuntimeError, AssertionError) as err:
+        if isinstance(err, CheckFailed) or not settings.compile_blocks:
+            raise
+        # torch.compile is an optimisation: without it the graph still removes launch gaps, the check decides.
+        log(f"  compiled decode failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); uncompiled instead")
+        settings = replace(settings, compile_blocks=False)
+        check = check_engine(model, reference, settings)
+    result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
+              "prefill": [], "decode": [], "skipped": []}
+    log(f"  check: {result['check']['relative_errors']}")
+    _free()
+    max_prefill = settings.qwen3_engine_max_prefill if name == "qwen3-engine" else max(settings.contexts)
+    prefill_contexts = [c for c in settings.contexts if c <= max_prefill]
+    decode_contexts = prefill_contexts if name == "qwen3-engine" else list(settings.contexts)
+
+    def batch_one():
+        prefill, decode = bench_engine(name, model, shape, settings, batch=1, contexts=decode_contexts,
+                                       prefill_contexts=prefill_contexts, log=log)
+        result["prefill"].extend(prefill)
+        return decode
+
+    _run_guarded(result["decode"], result["skipped"], {"batch": 1}, batch_one, log)
+    longer = [c for c in settings.contexts if c > max(decode_contexts)]
+    for context in longer:  # decode only, over a synthetic cache of its own
+        _run_guarded(result["decode"], result["skipped"], {"batch": 1, "context": context},
+                     lambda c=context: bench_engine(name, model, shape, settings, batch=1, contexts=[c],
+                                                    prefill_contexts=[], log=log)[1], log)
+    large = list(settings.large_batch_contexts)
+    _run_guarded(result["decode"], result["skipped"], {"batch": settings.large_batch},
+                 lambda: bench_engine(name, model, shape, settings, batch=settings.large_batch, contexts=large,
+                                      prefill_contexts=[], log=log)[1], log)
+    return result
+
+
+@torch.no_grad()
+def check_hf_graph(model) -> dict:
+    """HF's graph-captured StaticCache step against its eager DynamicCache step over the same synthetic cache."""
+    context = 512
+    decoder = hf_baseline.HFGraphDecoder(model, batch=1, context=context)
+    cache = hf_baseline.DynamicCache(config=model.config)
+    generator = torch.Generator(device=model.device).manual_seed(context)
+    for index, (keys, values) in enumerate(hf_baseline._synthetic_kv(model, 1, context, generator)):
+        cache.update(keys, values, index)
+    expected = model(decoder.tokens, position_ids=decoder.position_ids.clone(), past_key_values=cache).logits
+    decoder.capture()
+    decoder.step()
+    error = relative_error(decoder.logits.float(), expected.float())
+    if not error <= CHECK_TOLERANCE:
+        raise CheckFailed(f"HF graph decode differs from HF eager decode: {error} > {CHECK_TOLERANCE}")
+    return {"context": context, "relative_error": error, "tolerance": CHECK_TOLERANCE}
+
+
+def bench_hf_default(model, shape, settings, log) -> dict:
+    result = {"system": "qwen3-hf-default", "shape": asdict(shape), "check": "reference (HF Qwen3 itself)",
+              "prefill": [], "decode": [], "skipped": []}
+    for context in [c for c in settings.contexts if c <= settings.hf_max_prefill]:
+        ids = _random_ids(model, 1, context, seed=context)
+        reset_peak_memory(model.device)
+        long = context >= 2**17
+        timing = time_ms(lambda: hf_baseline.hf_prefill(model, ids), device=model.device, warmup=0 if long else 1,
+                         repeats=1 if long else settings.repeats)
+        row = _prefill_row(shape, context, 1, timing["median_ms"], model.device)
+        result["prefill"].append(row)
+        log(f"  prefill T={context:>8d}: {row['ms'] / 1e3:8.3f} s  {row['us_per_token']:7.2f} us/tok  peak "
+            f"{row['peak_gib']} GiB")
+        del ids
+        _free()
+    plan = [(1, c) for c in settings.contexts if c <= settings.hf_max_default_decode]
+    plan += [(settings.large_batch, c) for c in settings.large_batch_contexts]
+    for batch, context in plan:
+        def run(b=batch, c=context):
+            timing = hf_baseline.time_hf_default_decode(model, batch=b, context=c, steps=settings.decode_steps)
+            return [_decode_row(shape, c, b, timing["median_ms"], model.device)]
+
+        _run_guarded(result["decode"], result["skipped"], {"batch": batch, "context": context}, run, log)
+        if result["decode"] and result["decode"][-1]["context"] == context:
+            log(f"  decode  T={context:>8d} B={batch}: {result['decode'][-1]['ms_per_token']:8.3f} ms/tok")
+        _free()
+    return result
+
+
+def bench_hf_graph(model, shape, settings, log) -> dict:
+    result = {"system": "qwen3-hf-graph", "shape": asdict(shape), "check": check_hf_graph(model),
+              "prefill": [], "decode": [], "skipped": []}
+    log(f"  check: {result['check']}")
+    _free()
+    plan = [(1, c) for c in settings.hf_graph_contexts] + [(settings.large_batch, c) for c in settings.large_batch_contexts]
+    for batch, context in plan:
+        def run(b=batch, c=context):
+            decoder = hf_baseline.HFGraphDecoder(model, batch=b, context=c)
+            decoder.capture()
+            steps = max(1, settings.decode_steps // 4)
+
+            def replay():
+                for _ in range(steps):
+                    decoder.step()
+
+            timing = time_ms(replay, device=model.device, warmup=1, repeats=settings.repeats)
+            return [_decode_row(shape, c, b, timing["median_ms"] / steps, model.device)]
+
+        _run_guarded(result["decode"], result["skipped"], {"batch": batch, "context": context}, run, log)
+        if result["decode"] and result["decode"][-1]["context"] == context:
+            log(f"  decode  T={context:>8d} B={batch}: {result['decode'][-1]['ms_per_token']:8.3f} ms/tok")
+        _free()
+    return result
+
+
+def run_model_bench(settings: ModelSettings, *, log=print, save=None) -> dict:
+    """Run the requested systems; `save(results)` is called after each system so that partial results survive."""
+    unknown = sorted(set(settings.systems) - set(SYSTEMS))
+    if unknown:
+        raise ValueError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
+    if "qwen3-hf-graph" in settings.systems and device.type != "cuda":
+        raise ValueError("qwen3-hf-graph needs a CUDA device")
+    results = {"settings": asdict(settings), "systems": {}}
+    log(f"model bench on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
+        f"{settings.dtype}, contexts {list(settings.contexts)}, systems {list(settings.systems)}")
+    if "hypenet" in settings.systems:
+        model = build_hypenet(shapes.hypenet_config(toy=settings.toy), device=device, dtype=dtype)
+        results["systems"]["hypenet"] = bench_engine_system("hypenet", model, model, settings, log)
+        del model
+        _free()
+        save and save(results)
+    qwen3_systems = [s for s in settings.systems if s.startswith("qwen3")]
+    if not qwen3_systems:
+        return results
+    qwen3 = hf_baseline.build_qwen3(shapes.qwen3_hf_config(toy=settings.toy), device=device, dtype=dtype)
+    shape = ModelShape.of(qwen3)
+    if "qwen3-engine" in settings.systems:
+        engine_model = build_hypenet(shapes.qwen3_engine_config(toy=settings.toy), device=device, dtype=dtype)
+        hf_baseline.copy_qwen3_weights_into_hypenet(qwen3, engine_model)
+        results["systems"]["qwen3-engine"] = bench_engine_system("qwen3-engine", engine_model, qwen3, settings, log)
+        del engine_model
+        _free()
+        save and save(results)
+    if "qwen3-hf-default" in settings.systems:
+        log("qwen3-hf-default:")
+        results["systems"]["qwen3-hf-default"] = bench_hf_default(qwen3, shape, settings, log)
+        save and save(results)
+    if "qwen3-hf-graph" in settings.systems:
+        log("qwen3-hf-graph:")
+        results["systems"]["qwen3-hf-graph"] = bench_hf_graph(qwen3, shape, settings, log)
+        save and save(results)
+    return results

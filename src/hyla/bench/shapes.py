@@ -1,0 +1,46 @@
+"""The benchmarked model shapes, as configs: HypeNet-2B (SPEC §1 sizes), the Qwen3-1.7B shape on hyla's own engine
+(every layer RoPE attention), and the Qwen3-1.7B shape for HF transformers; plus toy versions for CPU smoke tests."""
+
+from __future__ import annotations
+
+from hyla.models.configuration import HypeNetConfig
+
+HYPENET_2B_ATTENTION_LAYERS = (2, 3, 6, 8, 9, 21, 25)
+QWEN3_1P7B = dict(
+    vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+    num_key_value_heads=8, head_dim=128, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, max_position_embeddings=1048576,
+)
+TOY = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=4096,
+)
+TOY_ATTENTION_LAYERS = (1,)
+
+
+def hypenet_config(*, toy: bool = False) -> HypeNetConfig:
+    """HypeNet-2B: Lightning everywhere but 7 NoPE attention layers with output gates and logit scaling a = 500."""
+    sizes = TOY if toy else QWEN3_1P7B
+    attention = TOY_ATTENTION_LAYERS if toy else HYPENET_2B_ATTENTION_LAYERS
+    layer_types = ["attention" if i in attention else "lightning" for i in range(sizes["num_hidden_layers"])]
+    return HypeNetConfig(
+        **sizes, layer_types=layer_types, attention_rope=False, attention_qk_norm=True,
+        attention_output_gate=True, attn_logits_scaling_a=500.0,
+    )
+
+
+def qwen3_engine_config(*, toy: bool = False) -> HypeNetConfig:
+    """The Qwen3-1.7B shape as a HypeNetConfig: every layer RoPE attention with q/k norms, no gate, no scaling."""
+    sizes = TOY if toy else QWEN3_1P7B
+    return HypeNetConfig(
+        **sizes, layer_types=["attention"] * sizes["num_hidden_layers"], attention_rope=True,
+        attention_qk_norm=True, attention_output_gate=False, attn_logits_scaling_a=None,
+    )
+
+
+def qwen3_hf_config(*, toy: bool = False):
+    from transformers import Qwen3Config
+
+    sizes = dict(TOY if toy else QWEN3_1P7B)
+    return Qwen3Config(**sizes, attn_implementation="sdpa")

@@ -1,0 +1,48 @@
+"""A preallocated hybrid cache for fast inference: static KV buffers for attention layers, fp32 recurrent states for
+Lightning layers, and the number of cached positions as a device tensor (read inside captured CUDA graphs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class StaticHybridCache:
+    """keys/values: layer index -> [B, Hkv, max_length, D]; states: layer index -> [B, H, D, D] float32 (float64 for a
+    float64 model);
+    length: int64 scalar on the device, positions cached (the same for every row)."""
+
+    keys: dict[int, torch.Tensor]
+    values: dict[int, torch.Tensor]
+    states: dict[int, torch.Tensor]
+    length: torch.Tensor
+    max_length: int
+    batch_size: int
+
+    @classmethod
+    def allocate(cls, config, *, batch_size: int, max_length: int, device, dtype: torch.dtype) -> StaticHybridCache:
+        if batch_size < 1 or max_length < 1:
+            raise ValueError(f"batch_size and max_length must be >= 1, got {batch_size} and {max_length}")
+        kv_shape = (batch_size, config.num_key_value_heads, max_length, config.head_dim)
+        state_shape = (batch_size, config.num_attention_heads, config.head_dim, config.head_dim)
+        state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        keys, values, states = {}, {}, {}
+        for index, kind in enumerate(config.layer_types):
+            if kind == "attention":
+                keys[index] = torch.zeros(kv_shape, device=device, dtype=dtype)
+                values[index] = torch.zeros(kv_shape, device=device, dtype=dtype)
+            else:
+                states[index] = torch.zeros(state_shape, device=device, dtype=state_dtype)
+        length = torch.zeros((), dtype=torch.int64, device=device)
+        return cls(keys, values, states, length, max_length, batch_size)
+
+    def reset(self) -> None:
+        for state in self.states.values():
+            state.zero_()
+        self.length.zero_()
+
+    def num_bytes(self) -> int:
+        tensors = [*self.keys.values(), *self.values.values(), *self.states.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)

@@ -1,0 +1,235 @@
+"""Fast inference for HypeNet-family models: chunked prefill into a static hybrid cache, and single-token decode that
+can be captured once in a CUDA graph (and optionally compiled) for any batch size.
+
+It runs the model's own modules and weights (norms, projections, mixer tails, MLPs); only the sequence mixing is
+re-routed: Lightning layers carry their fp32 state between prefill chunks through `initial_state` and update it with
+one outer product per decode step; attention layers write into the static KV buffers and read them through chunked
+attention (prefill) or split-K flash decoding with a device-side length (decode).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hyla.inference.cache import StaticHybridCache
+from hyla.inference.decode_attention import decode_attention
+from hyla.inference.prefill_attention import ATTENTION_BACKENDS, chunk_attention
+from hyla.layers.context import MixerContext
+from hyla.ops.lightning import lightning_attention
+
+SUPPORTED_LAYER_TYPES = ("lightning", "attention")
+
+
+def lightning_block_decode(block, hidden, position_ids, cos, sin, state, decay, scale):
+    """One Lightning block for one token: S = gamma S + k^T v (fp32, in place), o = scale q S, then the mixer's own
+    tail and the MLP. hidden: [B, 1, hidden]; state: [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay)."""
+    x = block.input_layernorm(hidden)
+    q, k, v = block.mixer._project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    acc = state.dtype
+    state.mul_(decay).add_(k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc))
+    output = torch.matmul(q[:, 0, :, None, :].to(acc), state) * scale
+    hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x)
+    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+
+def attention_block_decode_pre(block, hidden, position_ids, cos, sin, keys, values, position):
+    """Norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache write at `position` ([1]
+    int64 device tensor). Returns (mixer input x, q [B, H, D])."""
+    x = block.input_layernorm(hidden)
+    q, k, v = block.mixer._project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    keys.index_copy_(2, position, k.transpose(1, 2))
+    values.index_copy_(2, position, v.transpose(1, 2))
+    return x, q[:, 0].contiguous()
+
+
+def attention_block_decode_post(block, hidden, x, attention_output):
+    hidden = hidden + block.mixer._output(attention_output[:, None], x)
+    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+
+class InferenceEngine:
+    """engine = InferenceEngine(model, batch_size=1, max_length=2**20); logits = engine.prefill(ids);
+    engine.capture_graph(); logits = engine.decode(next_ids) (or engine.generate_greedy(n))."""
+
+    def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
+                 attention_backend: str = "auto", compile_blocks: bool = False):
+        config = model.config
+        unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
+        if unsupported:
+            raise ValueError(f"the inference engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers, not {unsupported}")
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
+        if attention_backend == "auto":
+            attention_backend = "cudnn" if model.device.type == "cuda" else "torch"
+        if attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be auto or one of {', '.join(ATTENTION_BACKENDS)}")
+        self.model, self.config = model, config
+        self.prefill_chunk, self.attention_backend = prefill_chunk, attention_backend
+        self.device, self.dtype = model.device, model.dtype
+        self.cache = StaticHybridCache.allocate(
+            config, batch_size=batch_size, max_length=max_length, device=self.device, dtype=self.dtype
+        )
+        self.num_cached = 0
+        self.scale = config.head_dim**-0.5
+        log_decay = next((b.mixer.log_decay(self.device) for b in model.model.layers if b.layer_type == "lightning"), None)
+        state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
+        self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
+        self._blocks = self._block_functions(compile_blocks)
+        self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
+        self._logits = None
+        self._graph = None
+
+    @staticmethod
+    def _block_functions(compile_blocks: bool):
+        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
+        if not compile_blocks:
+            return functions
+        import torch._dynamo
+
+        # Every layer of a kind runs the same code on different weights: allow one compiled entry per layer.
+        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+            if hasattr(torch._dynamo.config, name):
+                setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
+        return tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in functions)
+
+    @property
+    def batch_size(self) -> int:
+        return self.cache.batch_size
+
+    def reset(self) -> None:
+        self.cache.reset()
+        self.num_cached = 0
+
+    def _check_room(self, num_new: int) -> None:
+        if self.num_cached + num_new > self.cache.max_length:
+            raise ValueError(f"{self.num_cached} cached + {num_new} new tokens exceed max_length {self.cache.max_length}")
+
+    @torch.no_grad()
+    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Append input_ids [B, T] to the cache, chunk by chunk; returns the last position's logits [B, V]."""
+        if input_ids.shape[0] != self.batch_size:
+            raise ValueError(f"input_ids has batch {input_ids.shape[0]}, the engine was built for {self.batch_size}")
+        self._check_room(input_ids.shape[1])
+        for first in range(0, input_ids.shape[1], self.prefill_chunk):
+            hidden = self._prefill_chunk(input_ids[:, first : first + self.prefill_chunk], self.num_cached)
+            self.num_cached += hidden.shape[1]
+            self.cache.length.fill_(self.num_cached)
+        logits = self.model.lm_head(self.model.model.norm(hidden[:, -1:]))[:, 0]
+        self._tokens.copy_(logits.argmax(-1, keepdim=True))
+        return logits
+
+    def _prefill_chunk(self, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+        model = self.model.model
+        position_ids = torch.arange(start, start + input_ids.shape[1], device=self.device)[None]
+        position_ids = position_ids.expand(input_ids.shape[0], -1)
+        hidden = model.embed_tokens(input_ids)
+        context = MixerContext(position_ids=position_ids, rope=model.rotary_emb(position_ids, hidden.dtype))
+        for index, block in enumerate(model.layers):
+            x = block.input_layernorm(hidden)
+            if block.layer_type == "lightning":
+                mixed = self._lightning_prefill(block.mixer, x, context, index)
+            else:
+                mixed = self._attention_prefill(block.mixer, x, context, index, start)
+            hidden = hidden + mixed
+            hidden = hidden + block.mlp(block.post_attention_layernorm(hidden))
+        return hidden
+
+    def _lightning_prefill(self, mixer, x, context, index):
+        q, k, v = mixer._project(x, context)
+        state = self.cache.states[index]
+        output, final_state = lightning_attention(
+            q, k, v, log_decay=mixer.log_decay(q.device), scale=self.scale, initial_state=state,
+            output_final_state=True,
+        )
+        state.copy_(final_state)
+        return mixer._output(output, x)
+
+    def _attention_prefill(self, mixer, x, context, index, start):
+        q, k, v = mixer._project(x, context)
+        end = start + x.shape[1]
+        keys, values = self.cache.keys[index], self.cache.values[index]
+        keys[:, :, start:end] = k.transpose(1, 2)
+        values[:, :, start:end] = v.transpose(1, 2)
+        output = chunk_attention(q, keys, values, start=start, scale=self.scale, backend=self.attention_backend)
+        return mixer._output(output, x)
+
+    def _decode_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """One token per row at position cache.length; graph-safe (no host reads). Returns logits [B, V]."""
+        model, cache = self.model.model, self.cache
+        lightning_step, attention_pre, attention_post = self._blocks
+        position = cache.length.view(1)
+        position_ids = position.view(1, 1).expand(input_ids.shape[0], 1)
+        hidden = model.embed_tokens(input_ids)
+        cos, sin = model.rotary_emb(position_ids, hidden.dtype)
+        valid_length = cache.length + 1
+        for index, block in enumerate(model.layers):
+            if block.layer_type == "lightning":
+                hidden = lightning_step(block, hidden, position_ids, cos, sin, cache.states[index], self.decay, self.scale)
+                continue
+            keys, values = cache.keys[index], cache.values[index]
+            x, q = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position)
+            output = decode_attention(q, keys, values, valid_length, scale=self.scale)
+            hidden = attention_post(block, hidden, x, output)
+        cache.length.add_(1)
+        return self.model.lm_head(model.norm(hidden))[:, 0]
+
+    def _step(self) -> None:
+        self._logits = self._decode_forward(self._tokens)
+        self._tokens.copy_(self._logits.argmax(-1, keepdim=True))
+
+    @torch.no_grad()
+    def capture_graph(self, *, warmup_steps: int = 2) -> None:
+        """Record one decode step (greedy next token fed back) in a CUDA graph; the cache is left as it was."""
+        if self.device.type != "cuda":
+            raise ValueError("CUDA graphs need the model on a CUDA device")
+        self._check_room(warmup_steps)
+        saved = {i: s.clone() for i, s in self.cache.states.items()}, self.cache.length.clone(), self._tokens.clone()
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup_steps):
+                self._step()
+        torch.cuda.current_stream().wait_stream(stream)
+        self._graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._graph):
+            self._step()
+        states, length, tokens = saved
+        for index, state in states.items():
+            self.cache.states[index].copy_(state)
+        self.cache.length.copy_(length)
+        self._tokens.copy_(tokens)
+
+    @torch.no_grad()
+    def decode(self, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Append one token per row (input_ids [B, 1]; None = the greedy token from the last step) and return the
+        logits [B, V] of the new position. Replays the CUDA graph when one was captured."""
+        self._check_room(1)
+        if input_ids is not None:
+            self._tokens.copy_(input_ids)
+        if self._graph is not None:
+            self._graph.replay()
+        else:
+            self._step()
+        self.num_cached += 1
+        return self._logits
+
+    @torch.no_grad()
+    def generate_greedy(self, num_tokens: int) -> torch.Tensor:
+        """Greedy continuation of the prefilled prompt: [B, num_tokens] token ids."""
+        tokens = []
+        for _ in range(num_tokens):
+            tokens.append(self._tokens.clone())
+            self.decode()
+        return torch.cat(tokens, dim=1)
+
+    def fill_synthetic(self, length: int, *, seed: int = 0) -> None:
+        """Benchmarks only: pretend `length` positions are cached (random unit-scale KV, small random states), so that
+        decode at a long context is timed without paying its prefill."""
+        self._check_room(length - self.num_cached)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        for buffer in (*self.cache.keys.values(), *self.cache.values.values()):
+            buffer[:, :, :length].normal_(generator=generator)
+        for state in self.cache.states.values():
+            state.normal_(std=0.01, generator=generator)
+        self.cache.length.fill_(length)
+        self.num_cached = length

@@ -1,0 +1,67 @@
+"""`hyla bench` on toy shapes on CPU: the code paths run end to end, write their files, and a failed check stops
+the report."""
+
+import json
+
+import pytest
+import torch
+
+from hyla.bench import kernels, model
+from hyla.bench.floors import ModelShape
+from hyla.bench.shapes import hypenet_config, qwen3_engine_config
+from hyla.bench.timing import CheckFailed
+from hyla.cli import main
+
+
+def test_bench_model_toy_writes_results(tmp_path):
+    code = main(["bench", "model", "--toy", "--device", "cpu", "--out", str(tmp_path), "--contexts", "48",
+                 "--systems", "hypenet,qwen3-engine,qwen3-hf-default", "--large-batch", "2",
+                 "--large-batch-contexts", "48", "--no-compile", "--prefill-chunk", "16", "--decode-steps", "2", "--repeats", "1"])
+    assert code == 0
+    results = json.loads((tmp_path / "model.json").read_text())
+    assert set(results["systems"]) == {"hypenet", "qwen3-engine", "qwen3-hf-default"}
+    hypenet = results["systems"]["hypenet"]
+    assert max(hypenet["check"]["relative_errors"].values()) <= model.CHECK_TOLERANCE
+    assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
+    assert (tmp_path / "model.png").stat().st_size > 0 and "Targets" in (tmp_path / "model.md").read_text()
+
+
+def test_bench_kernels_toy_writes_results(tmp_path):
+    code = main(["bench", "kernels", "--device", "cpu", "--out", str(tmp_path), "--lengths", "64,128", "--heads", "2",
+                 "--head-dim", "16", "--repeats", "2"])
+    assert code == 0
+    results = json.loads((tmp_path / "kernels.json").read_text())
+    assert {r["mixer"] for r in results["results"]} == {"lightning", "sdpa"}
+    assert {r["mode"] for r in results["results"]} == {"forward", "forward+backward"}
+
+
+def test_failed_check_refuses_to_report(monkeypatch):
+    broken = kernels.Mixer("broken", lambda q, k, v: (q + k + v) * 1.5, lambda q, k, v: q + k + v)
+    monkeypatch.setattr(kernels, "available_mixers", lambda settings, device: [broken])
+    with pytest.raises(CheckFailed, match="no timings"):
+        kernels.run_kernel_bench(kernels.KernelSettings(lengths=(64,), num_heads=2, head_dim=16, device="cpu"))
+
+
+def test_engine_check_fails_on_a_wrong_reference():
+    torch.manual_seed(0)
+    toy = model.build_hypenet(hypenet_config(toy=True), device="cpu", dtype=torch.float32)
+    other = model.build_hypenet(hypenet_config(toy=True), device="cpu", dtype=torch.float32)
+    with torch.no_grad():
+        other.lm_head.weight.mul_(1.1)
+    settings = model.ModelSettings(toy=True, device="cpu", check_length=20, compile_blocks=False)
+    with pytest.raises(CheckFailed):
+        model.check_engine(toy, other, settings)
+
+
+def test_floors_match_hand_counts():
+    config = qwen3_engine_config()
+    with torch.device("meta"):
+        qwen3 = model.build_hypenet(config, device="meta", dtype=torch.bfloat16)
+    shape = ModelShape.of(qwen3)
+    # 28 layers x (K and V) x 8 heads x 128 dims x 2 bytes
+    assert shape.kv_bytes_per_token() == 28 * 2 * 8 * 128 * 2
+    assert shape.decode_bytes(2**19, 1) == shape.weight_bytes + 2**19 * 28 * 2 * 8 * 128 * 2
+    causal = 2 * (2**19) ** 2 * 16 * 128
+    assert shape.prefill_flops(2**19) == pytest.approx(2 * shape.matmul_params * 2**19 + 28 * causal)
+    hypenet = hypenet_config()
+    assert [i for i, kind in enumerate(hypenet.layer_types) if kind == "attention"] == [2, 3, 6, 8, 9, 21, 25]

@@ -1,0 +1,115 @@
+"""The fast inference path (static cache, chunked prefill, single-token decode) against the model's own forward, and
+its attention pieces against the written-out softmax reference. CPU, pure torch."""
+
+import pytest
+import torch
+
+from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla.inference import InferenceEngine, chunk_attention, decode_attention_reference
+from hyla.inference.prefill_attention import attention_with_lse
+from hyla.ops.attention import softmax_attention_reference
+
+# float64 model and references: the only differences are summation order, far below 1e-9.
+TOL = 1e-9
+
+
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+def tiny_model(**overrides):
+    torch.manual_seed(0)
+    settings = dict(
+        vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, layer_types=["lightning", "attention", "lightning", "attention"],
+        attn_logits_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, attention_gate_init_bias=0.0,
+    )
+    settings.update(overrides)
+    model = HypeNetForCausalLM(HypeNetConfig(**settings)).double().eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if hasattr(module, "init_bias"):
+                module.weight.normal_(0.0, 0.1)
+    return model
+
+
+MODELS = {
+    "hypenet": {},
+    "all-attention-rope": dict(layer_types=["attention"] * 4, attention_rope=True, attn_logits_scaling_a=None,
+                               attention_output_gate=False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("chunk", [7, 64])
+def test_prefill_and_decode_match_model_forward(name, chunk):
+    model = tiny_model(**MODELS[name])
+    tokens = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=chunk)
+    logits = [engine.prefill(tokens[:, :21])]
+    for t in range(21, 29):
+        logits.append(engine.decode(tokens[:, t : t + 1]))
+    assert engine.num_cached == 29 and int(engine.cache.length) == 29
+    assert rel(torch.stack(logits, 1), full[:, 20:]) <= TOL
+
+
+def test_greedy_generation_continues_like_the_model():
+    model = tiny_model()
+    prompt = torch.randint(0, 101, (1, 12), generator=torch.Generator().manual_seed(2))
+    engine = InferenceEngine(model, batch_size=1, max_length=20, prefill_chunk=5)
+    engine.prefill(prompt)
+    generated = engine.generate_greedy(6)
+    sequence = prompt
+    with torch.no_grad():
+        for _ in range(6):
+            next_token = model(sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat([sequence, next_token], dim=1)
+    assert torch.equal(generated, sequence[:, 12:])
+
+
+def test_engine_refuses_overflow_and_unknown_layers():
+    model = tiny_model()
+    engine = InferenceEngine(model, batch_size=1, max_length=8)
+    with pytest.raises(ValueError, match="exceed max_length"):
+        engine.prefill(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="batch"):
+        engine.prefill(torch.zeros(2, 3, dtype=torch.long))
+    model.config.layer_types = ["lightning", "swa", "lightning", "attention"]
+    with pytest.raises(ValueError, match="swa"):
+        InferenceEngine(model, batch_size=1, max_length=8)
+
+
+def test_decode_attention_reference_matches_softmax_over_valid_prefix():
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(3, 8, 16, generator=gen, dtype=torch.float64)
+    keys = torch.randn(3, 2, 50, 16, generator=gen, dtype=torch.float64)
+    values = torch.randn(3, 2, 50, 16, generator=gen, dtype=torch.float64)
+    length = torch.tensor(37)
+    out = decode_attention_reference(q, keys, values, length, scale=0.25)
+    ref = softmax_attention_reference(
+        q[:, None], keys[:, :, :37].transpose(1, 2), values[:, :, :37].transpose(1, 2), scale=0.25
+    )[:, 0]
+    assert rel(out, ref) <= TOL
+
+
+@pytest.mark.parametrize("start", [0, 1, 13])
+def test_chunk_attention_merges_prefix_and_diagonal_exactly(start):
+    gen = torch.Generator().manual_seed(start)
+    chunk, heads, kv_heads, dim = 9, 6, 2, 8
+    q = torch.randn(2, chunk, heads, dim, generator=gen, dtype=torch.float64)
+    keys = torch.randn(2, kv_heads, start + chunk + 4, dim, generator=gen, dtype=torch.float64)
+    values = torch.randn(2, kv_heads, start + chunk + 4, dim, generator=gen, dtype=torch.float64)
+    out = chunk_attention(q, keys, values, start=start, scale=0.3, backend="torch")
+    visible = slice(0, start + chunk)
+    ref = softmax_attention_reference(
+        q, keys[:, :, visible].transpose(1, 2), values[:, :, visible].transpose(1, 2), scale=0.3
+    )
+    assert rel(out, ref) <= TOL
+
+
+def test_attention_with_lse_rejects_unknown_backend():
+    q = torch.randn(1, 2, 3, 4)
+    with pytest.raises(ValueError, match="backend"):
+        attention_with_lse(q, q, q, causal=True, scale=1.0, backend="xformers")
