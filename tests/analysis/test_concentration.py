@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 from torch.func import jacrev
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 from transformers.models.llama import modeling_llama
+from transformers.models.qwen3 import modeling_qwen3
 
 import hyla.layers.attention as attention_layer
 import hyla.layers.lightning as lightning_layer
@@ -104,17 +105,30 @@ def test_lightning_and_attention_closed_forms_equal_jacobian(monkeypatch):
     torch.testing.assert_close(concentration(attention_inputs, all_positions()), expected, atol=ATOL, rtol=0)
 
 
-def tiny_llama(seed: int) -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=100.0)
+HF_FAMILIES = {
+    "llama": (LlamaConfig, LlamaForCausalLM, modeling_llama),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, modeling_qwen3),  # with per-head q/k RMSNorm
+}
+
+
+def tiny_hf_model(family: str, seed: int):
+    config_class, model_class, _ = HF_FAMILIES[family]
+    config = config_class(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, rope_theta=100.0)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
-    return LlamaForCausalLM(config).double().eval()
+    model = model_class(config).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" in name:
+                parameter.uniform_(0.5, 1.5)
+    return model
 
 
-def test_hf_attention_closed_form_equals_jacobian_and_attention_weights(monkeypatch):
-    model = tiny_llama(0)
-    calls = record_calls(monkeypatch, modeling_llama, "eager_attention_forward")
+@pytest.mark.parametrize("family", sorted(HF_FAMILIES))
+def test_hf_attention_closed_form_equals_jacobian_and_attention_weights(monkeypatch, family):
+    model = tiny_hf_model(family, 0)
+    calls = record_calls(monkeypatch, HF_FAMILIES[family][2], "eager_attention_forward")
     input_ids = torch.randint(0, 61, (1, LENGTH), generator=torch.Generator().manual_seed(2))
     captured = captured_layers(model, input_ids)
     monkeypatch.undo()
