@@ -78,15 +78,20 @@ def _reference_log_probability(model, context_ids, continuation_ids) -> float:
 
 
 def test_batched_scores_match_one_at_a_time_forward(smollm2_tokenizer, tiny_llama):
+    question = "Question: what is the capital of France?\nAnswer:"
     pairs = [
-        ("Question: what is the capital of France?\nAnswer:", " Paris"),
+        # Choices of one question share a cached context pass; one-token and longer continuations mix.
+        (question, " Paris"),
+        (question, " the city of Lyon, on the Rhône"),
+        (question, " Nice"),
         ("Hi", " there, how are you doing today?"),
         ("A much longer context that will force the other rows of the batch to be padded on the right.", " ok"),
     ]
-    batched = continuation_scores(tiny_llama, smollm2_tokenizer, pairs, batch_size=3, show_progress=False)
+    batched = continuation_scores(tiny_llama, smollm2_tokenizer, pairs, batch_size=2, show_progress=False)
     for (context, continuation), (log_probability, _) in zip(pairs, batched):
         reference = _reference_log_probability(tiny_llama, *encode_pair(smollm2_tokenizer, context, continuation))
         assert log_probability == pytest.approx(reference, abs=1e-4)
+    assert batched[0][0] != batched[2][0]
 
 
 def test_evaluate_csr_reports_every_metric(smollm2_tokenizer, tiny_llama):

@@ -256,6 +256,9 @@ def plot_heatmap(by_length_depth: dict, title: str, path: Path) -> None:
             grid[depths.index(int(depth)), column] = accuracy
     figure, axes = new_figure(1.2 + 0.9 * len(lengths), 1.2 + 0.35 * len(depths))
     image = axes.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
+    for (row, column), accuracy in np.ndenumerate(grid):
+        if not np.isnan(accuracy):
+            axes.text(column, row, f"{accuracy:.2f}", ha="center", va="center", fontsize=7)
     axes.set_xticks(range(len(lengths)), [_length_label(int(length)) for length in lengths])
     axes.set_yticks(range(len(depths)), [f"{depth}%" for depth in depths])
     axes.set_xlabel("context length (tokens)")
