@@ -1,0 +1,123 @@
+"""Family layers on their own: head-wise layers at ratio 1:0 / 0:1 are the pure mixers, SWA equals attention over
+each query's window, NoPE logit scaling modes, GLA/GDN gate ranges."""
+
+import math
+
+import pytest
+import torch
+
+from hyla import HypeNetConfig
+from hyla.layers.attention import Attention, query_logit_scale
+from hyla.layers.context import MixerContext
+from hyla.layers.gdn import GatedDeltaNet
+from hyla.layers.gla import GatedLinearAttention
+from hyla.layers.headwise import EFFICIENT_MIXERS, HeadwiseHybrid
+from hyla.layers.rope import RotaryEmbedding
+from hyla.layers.swa import RopeAttention, SlidingWindowAttention
+from hyla.models.configuration import HEADWISE_LAYER_TYPES
+
+
+def config(**overrides):
+    kwargs = dict(
+        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, layer_types=["attention"], sliding_window=5, attention_qk_norm=True,
+        attention_output_gate=True,
+    )
+    kwargs.update(overrides)
+    return HypeNetConfig(**kwargs)
+
+
+def context_for(cfg, batch, length, offset=0):
+    positions = torch.arange(offset, offset + length)[None].expand(batch, -1)
+    return MixerContext(position_ids=positions, rope=RotaryEmbedding(cfg)(positions, torch.float64))
+
+
+def randomize(module, seed):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in module.parameters():
+            param.copy_(torch.randn(param.shape, generator=gen, dtype=param.dtype) * 0.3)
+    return module
+
+
+@pytest.mark.parametrize("efficient_type", list(EFFICIENT_MIXERS))
+def test_headwise_ratio_one_to_zero_is_the_pure_efficient_mixer(efficient_type):
+    cfg = config(layer_types=[f"hh_{efficient_type}"], headwise_ratio="1:0")
+    hybrid = randomize(HeadwiseHybrid(cfg, 0, efficient_type=efficient_type), 0).double()
+    assert hybrid.nope is None
+    pure = EFFICIENT_MIXERS[efficient_type](cfg, 0).double()
+    pure.load_state_dict({name.removeprefix("efficient."): p for name, p in hybrid.state_dict().items()})
+    x = torch.randn(2, 19, 32, dtype=torch.float64)
+    ctx = context_for(cfg, 2, 19)
+    assert torch.equal(hybrid(x, ctx), pure(x, ctx))
+
+
+@pytest.mark.parametrize("layer_type", HEADWISE_LAYER_TYPES)
+@pytest.mark.parametrize("scaling", [dict(), dict(attn_logits_scaling_a=16.0)])
+def test_headwise_ratio_zero_to_one_is_the_pure_nope_attention(layer_type, scaling):
+    cfg = config(layer_types=[layer_type], headwise_ratio="0:1", **scaling)
+    hybrid = randomize(HeadwiseHybrid(cfg, 0, efficient_type=layer_type.removeprefix("hh_")), 1).double()
+    assert hybrid.efficient is None
+    pure = Attention(cfg, 0).double()
+    assert not pure.use_rope
+    pure.load_state_dict({name.removeprefix("nope."): p for name, p in hybrid.state_dict().items()})
+    x = torch.randn(2, 19, 32, dtype=torch.float64)
+    ctx = context_for(cfg, 2, 19, offset=3)
+    assert torch.equal(hybrid(x, ctx), pure(x, ctx))
+
+
+def test_headwise_split_follows_the_ratio():
+    cfg = config(num_attention_heads=8, num_key_value_heads=4, hidden_size=64, headwise_ratio="3:1",
+                 layer_types=["hh_gla"])
+    hybrid = HeadwiseHybrid(cfg, 0, efficient_type="gla")
+    assert (hybrid.efficient.num_heads, hybrid.nope.num_heads, hybrid.nope.num_kv_heads) == (6, 2, 1)
+    cfg.eme_window = 16  # the branches read the live config
+    assert hybrid.efficient.config.eme_window == 16
+
+
+def test_sliding_window_attention_equals_attention_over_each_window():
+    cfg = config(sliding_window=5)
+    swa = randomize(SlidingWindowAttention(cfg, 0), 2).double()
+    full = RopeAttention(cfg, 0).double()
+    full.load_state_dict(swa.state_dict())
+    x = torch.randn(1, 23, 32, dtype=torch.float64)
+    out = swa(x, context_for(cfg, 1, 23))
+    for t in range(23):
+        start = max(0, t - 4)
+        alone = full(x[:, start : t + 1], context_for(cfg, 1, t + 1 - start, offset=start))
+        assert torch.allclose(out[:, t], alone[:, -1], rtol=0, atol=1e-12), t
+
+
+def test_rope_attention_has_no_logit_scaling_and_follows_eme_window():
+    cfg = config(attn_logits_scaling_a=16.0)
+    layer = RopeAttention(cfg, 0)
+    assert layer.window() is None and not layer.scales_logits
+    cfg.eme_window = 64
+    assert layer.window() == 64
+    assert SlidingWindowAttention(cfg, 0).window() == cfg.sliding_window
+
+
+def test_per_length_scaling_is_log_length_over_log_train_length():
+    """SPEC §3: c(L) = log L / log L0 for L >= L0; at L0 = 4096, L = 65536 the multiplier is 4/3."""
+    cfg = config(layer_types=["attention"], logit_scaling="per_length", logit_scaling_train_length=4096)
+    positions = torch.tensor([[0, 100, 4095, 65535]])
+    scale = query_logit_scale(cfg, positions)
+    assert scale[0, :3].tolist() == [1.0, 1.0, 1.0]
+    assert scale[0, 3].item() == pytest.approx(4 / 3, rel=1e-15)
+    per_query = query_logit_scale(config(layer_types=["attention"], attn_logits_scaling_a=500.0), positions)
+    assert per_query[0, 3].item() == pytest.approx(math.log(65535 + 500) / math.log(500), rel=1e-15)
+    assert query_logit_scale(config(layer_types=["attention"]), positions) is None
+
+
+def test_gate_ranges():
+    cfg = config(layer_types=["gla"])
+    x = torch.randn(2, 9, 32)
+    gla = GatedLinearAttention(cfg, 0)
+    _, _, _, g = gla._project(x, context_for(cfg, 2, 9))
+    assert g.dtype == torch.float32 and bool((g <= 0).all()) and bool((g > -torch.inf).all())
+    gdn = GatedDeltaNet(cfg, 0)
+    q, k, _, g, beta = gdn._project(x, context_for(cfg, 2, 9))
+    assert torch.allclose(k.norm(dim=-1), torch.ones(2, 9, 4), atol=1e-3)
+    assert bool((g < 0).all()) and bool(((beta > 0) & (beta < 1)).all())
+    a = gdn.A_log.exp()
+    assert bool(((a > 0) & (a <= 16)).all())

@@ -1,0 +1,60 @@
+"""The hybrid family on CUDA: the fla/SDPA path against the reference path, with and without EME, and cached
+decoding on GPU."""
+
+import pytest
+import torch
+
+from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla.ops.dispatch import use_backend
+
+pytestmark = pytest.mark.gpu
+
+LAYER_TYPES = ["gla", "attention", "gdn", "swa", "hh_gla", "attention_rope", "hh_gdn", "hh_lightning"]
+EME = dict(eme_window=128, eme_stride=32, logit_scaling="per_length", logit_scaling_train_length=128)
+
+
+def model(dtype, **overrides):
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=len(LAYER_TYPES),
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_types=LAYER_TYPES, sliding_window=64,
+        headwise_ratio="1:1", attention_output_gate=True, **overrides,
+    )
+    return HypeNetForCausalLM(config).to("cuda", dtype).eval()
+
+
+# fp32: TF32 matmuls in the chunk kernels over 8 layers; bf16: bf16 rounding (as test_hypenet_gpu.py)
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("eme", [False, True])
+def test_fla_model_logits_match_reference(dtype, tol, eme):
+    m = model(dtype, **(EME if eme else {}))
+    tokens = torch.randint(0, 1000, (2, 333), device="cuda")
+    with torch.no_grad():
+        with use_backend("torch"):
+            ref = m(tokens, use_cache=False).logits.float()
+        with use_backend("fla"):
+            fast = m(tokens, use_cache=False).logits.float()
+    assert ((fast - ref).norm() / ref.norm()).item() <= tol
+
+
+@pytest.mark.parametrize("eme", [False, True])
+def test_gpu_cached_decode_matches_full_forward(eme):
+    m = model(torch.float32, **(EME if eme else {}))
+    tokens = torch.randint(0, 1000, (2, 200), device="cuda")
+    with torch.no_grad():
+        full = m(tokens, use_cache=False).logits
+        out = m(tokens[:, :150], use_cache=True)
+        pieces, cache = [out.logits], out.past_key_values
+        for t in range(150, 200):
+            out = m(tokens[:, t : t + 1], past_key_values=cache, use_cache=True)
+            pieces.append(out.logits)
+    assert ((torch.cat(pieces, 1) - full).norm() / full.norm()).item() <= 2e-3
+
+
+def test_training_step_gradients_are_finite():
+    m = model(torch.bfloat16).train()
+    tokens = torch.randint(0, 1000, (2, 257), device="cuda")
+    loss = m(tokens, labels=tokens, use_cache=False).loss
+    loss.backward()
+    for name, param in m.named_parameters():
+        assert param.grad is not None and torch.isfinite(param.grad).all(), name
