@@ -24,25 +24,26 @@ def _register_prepare(verbs: argparse._SubParsersAction) -> None:
         description="Tokenize text into uint16/uint32 shards with a manifest. Sources: a file, folder or glob "
                     "(.txt .md .rst .py, .jsonl[.gz] and .parquet records), 'stdlib' (the Python standard library, "
                     "offline), 'hf:NAME[:CONFIG][:SPLIT]' (streamed) or 'teacher:SPEC' (sampled text).")
-    prepare.add_argument("--tokenizer", required=True, help="teacher spec whose tokenizer to use (e.g. smollm2-135m)")
-    prepare.add_argument("--source", action="append", required=True, metavar="SRC",
-                         help="a text source; repeat to interleave several, one document from each in turn")
-    prepare.add_argument("--out", required=True, help="corpus folder to create")
-    prepare.add_argument("--max-tokens", type=parse_count, default=None, help="stop after N tokens (2000000, 2M)")
-    prepare.add_argument("--text-field", default="text", help="record field holding the text (jsonl, parquet, hf)")
-    prepare.add_argument("--seed", type=int, default=0, help="file order shuffle and teacher sampling seed")
-    prepare.add_argument("--no-shuffle", action="store_true", help="keep files in sorted order")
-    prepare.add_argument("--separator", default=None, help="token closing each document (default: the EOS token)")
-    prepare.add_argument("--shard-tokens", type=parse_count, default=None, help="tokens per shard file (64Mi)")
-    generation = prepare.add_argument_group("teacher:SPEC sources")
-    generation.add_argument("--num-generated", type=parse_count, default=256, help="documents to sample")
-    generation.add_argument("--max-new-tokens", type=int, default=256, help="tokens sampled per document")
-    generation.add_argument("--temperature", type=float, default=0.8)
-    generation.add_argument("--top-p", type=float, default=0.95)
-    generation.add_argument("--generation-batch-size", type=int, default=16, help="prompts sampled together")
-    generation.add_argument("--device", default="cpu", help="device of the sampling teacher")
-    generation.add_argument("--dtype", default="float32", help="dtype of the sampling teacher")
-    prepare.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add = prepare.add_argument
+    add("--tokenizer", required=True, metavar="SPEC", help="teacher whose tokenizer to use (e.g. smollm2-135m)")
+    add("--source", action="append", required=True, metavar="SRC",
+        help="a text source; repeat to interleave several, one document from each in turn")
+    add("--out", required=True, metavar="DIR", help="corpus folder to create")
+    add("--max-tokens", type=parse_count, default=None, metavar="N", help="stop after N tokens (2000000, 2M)")
+    add("--text-field", default="text", metavar="FIELD", help="record field holding the text (jsonl, parquet, hf)")
+    add("--seed", type=int, default=0, metavar="S", help="file order shuffle and teacher sampling seed")
+    add("--no-shuffle", action="store_true", help="keep files in sorted order")
+    add("--separator", default=None, metavar="TOKEN", help="token closing each document (default: the EOS token)")
+    add("--shard-tokens", type=parse_count, default=None, metavar="N", help="tokens per shard file (64Mi)")
+    add("--no-progress", action="store_true", help="no progress bar")
+    generation = prepare.add_argument_group("teacher:SPEC sources").add_argument
+    generation("--num-generated", type=parse_count, default=256, metavar="N", help="documents to sample")
+    generation("--max-new-tokens", type=int, default=256, metavar="N", help="tokens sampled per document")
+    generation("--temperature", type=float, default=0.8, metavar="T")
+    generation("--top-p", type=float, default=0.95, metavar="P")
+    generation("--generation-batch-size", type=int, default=16, metavar="N", help="prompts sampled together")
+    generation("--device", default="cpu", help="device of the sampling teacher")
+    generation("--dtype", default="float32", help="dtype of the sampling teacher")
     prepare.set_defaults(handler=run_prepare)
 
 
