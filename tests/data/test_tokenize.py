@@ -133,3 +133,21 @@ def test_settings_are_checked():
         PrepareSettings(tokenizer="x", sources=())
     with pytest.raises(ValueError, match="--max-tokens must be positive"):
         PrepareSettings(tokenizer="x", sources=("stdlib",), max_tokens=0)
+
+
+def test_a_run_that_finds_its_folder_taken_at_the_end_keeps_the_other_runs_work(tmp_path, tokenizer_dir,
+                                                                                text_folder, monkeypatch):
+    from hyla.data import tokenize
+
+    out = tmp_path / "corpus"
+    real_write_json = tokenize.write_json
+
+    def write_json_then_race(path, data):
+        real_write_json(path, data)
+        out.mkdir()
+        (out / "manifest.json").write_text("{}")
+
+    monkeypatch.setattr(tokenize, "write_json", write_json_then_race)
+    with pytest.raises(ValueError, match="filled by another run"):
+        prepare_corpus(out, _settings(tokenizer_dir, text_folder), show_progress=False)
+    assert _leftovers(tmp_path) == ["corpus"] and os.listdir(out) == ["manifest.json"]

@@ -240,7 +240,10 @@ def staging_folder(out_dir: Path) -> Iterator[Path]:
     staging.mkdir()
     try:
         yield staging
-        os.rename(staging, out_dir)
+        try:
+            os.rename(staging, out_dir)
+        except OSError:
+            raise ValueError(f"{out_dir} was filled by another run meanwhile; run again to use or check it") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
