@@ -149,3 +149,14 @@ def test_sliding_window_attention_fla_matches_reference(length, window):
     ref_grads = torch.autograd.grad((ref * weights.double()).sum(), leaves)
     for name, a, b in zip(("dq", "dk", "dv"), fast_grads, ref_grads):
         assert rel(a, b) <= 2 * TOLERANCE[torch.bfloat16], name  # bf16 gradients: two rounded products deep
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("length", [65, 100])
+def test_strong_gates_stay_finite(name, length):
+    """SPEC §7's hazard (NaN final states of chunk kernels for |log-decay| > ~1.41 on lengths not a multiple of 64),
+    checked for the data-dependent gates with log-gates around -5 per token."""
+    inputs, gate_names = OPS[name][1](2, length, torch.float32, seed=7)
+    inputs["g"] = inputs["g"] * 0 - 5.0 + torch.rand_like(inputs["g"])
+    state = torch.randn(2, HEADS, DIM, DIM, device="cuda") * 0.1
+    compare(name, inputs, gate_names, state, None, torch.float32)
