@@ -152,7 +152,8 @@ def write_documents(writer: ShardWriter, documents: Iterator[tuple[int, str]], t
     per_source = [{"num_documents": 0, "num_tokens": 0} for _ in range(num_sources)]
     budget = max_tokens if max_tokens is not None else float("inf")
     truncated = False
-    with tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing", disable=not show_progress) as bar:
+    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing", disable=not show_progress)
+    try:
         for source_index, tokens in _tokenized(documents, tokenizer, separator_id, writer.dtype):
             room = int(min(budget - writer.num_tokens, len(tokens)))
             truncated = room < len(tokens)
@@ -162,7 +163,9 @@ def write_documents(writer: ShardWriter, documents: Iterator[tuple[int, str]], t
             bar.update(room)
             if writer.num_tokens >= budget:
                 break
-    writer.close()
+    finally:
+        bar.close()
+        writer.close()
     return {"per_source": per_source, "last_document_truncated": truncated}
 
 
