@@ -158,3 +158,17 @@ def test_config_rejects_bad_layer_types():
 def test_default_layout_is_three_lightning_then_attention():
     config = HypeNetConfig(num_hidden_layers=8)
     assert config.layer_types == ["lightning"] * 3 + ["attention"] + ["lightning"] * 3 + ["attention"]
+
+
+def test_cache_rows_can_be_repeated_for_several_continuations():
+    """One cached context, three continuations: each equals the full forward of context + continuation."""
+    model = make_model(2)
+    context = torch.randint(3, 97, (1, 20))
+    continuations = torch.randint(3, 97, (3, 5))
+    with torch.no_grad():
+        cache = model(context, use_cache=True).past_key_values
+        cache.batch_repeat_interleave(3)
+        logits = model(continuations, past_key_values=cache, use_cache=True).logits
+        for row in range(3):
+            full = model(torch.cat([context, continuations[row : row + 1]], 1), use_cache=False).logits[:, 20:]
+            assert (full - logits[row : row + 1]).abs().max().item() <= ATOL

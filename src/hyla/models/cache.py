@@ -68,6 +68,23 @@ class HybridCache(Cache):
         for layer_idx, states in self.window_states.items():
             self.window_states[layer_idx] = [dict(states[i]) for i in beam_idx.tolist()]
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        """Repeat every row `repeats` times (several continuations of one cached context)."""
+        for layer in self.layers:
+            if isinstance(layer, LinearAttentionLayer):
+                if layer.is_recurrent_states_initialized[0]:
+                    layer.recurrent_states[0] = layer.recurrent_states[0].repeat_interleave(repeats, dim=0)
+            elif layer.is_initialized:
+                layer.batch_repeat_interleave(repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        for layer in self.layers:
+            if isinstance(layer, LinearAttentionLayer):
+                if layer.is_recurrent_states_initialized[0]:
+                    layer.recurrent_states[0] = layer.recurrent_states[0][indices]
+            elif layer.is_initialized:
+                layer.batch_select_indices(indices)
+
     def reset(self) -> None:
         super().reset()
         self.seen_tokens = 0

@@ -1,0 +1,67 @@
+"""Stage 1, alignment: every layer gets a Lightning twin built from its attention weights, trained with MSE against
+the attention output on the teacher's own input to that layer. All twins train in one pass while the teacher's
+activations flow on unchanged; only the twins have gradients."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from hyla.convert.transfer import lightning_from_attention
+from hyla.models import HypeNetForCausalLM
+
+
+class MixerRecorder:
+    """Forward hooks on every block's mixer of the teacher: its input (the normed hidden states) and output."""
+
+    def __init__(self, teacher: HypeNetForCausalLM):
+        self.inputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.handles = [
+            block.mixer.register_forward_hook(self._hook(i)) for i, block in enumerate(teacher.model.layers)
+        ]
+
+    def _hook(self, index: int):
+        def record(module, args, output):
+            self.inputs[index], self.outputs[index] = args[0].detach(), output.detach()
+
+        return record
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+class AlignmentTwins(nn.Module):
+    """The trainable twins, one per layer (a ModuleList so that optimizer, checkpoint and FSDP treat them as a model)."""
+
+    def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module):
+        super().__init__()
+        self.teacher = [teacher]  # not a submodule: frozen, not saved with the twins
+        config = teacher.config
+        self.twins = nn.ModuleList(
+            lightning_from_attention(layer.self_attn, config, i) for i, layer in enumerate(hf_teacher.model.layers)
+        )
+
+    def twin_state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"{i}.{k}": v for i, twin in enumerate(self.twins) for k, v in twin.state_dict().items()}
+
+
+def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
+    """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics."""
+    teacher = model.teacher[0]
+    recorder = MixerRecorder(teacher)
+    try:
+        with torch.no_grad():
+            teacher(batch["input_ids"], use_cache=False)
+    finally:
+        recorder.close()
+    first_input = recorder.inputs[0]
+    context = teacher.model._context(first_input, None, None, None, None)
+    losses = []
+    for i, twin in enumerate(model.twins):
+        prediction = twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)
+        losses.append(F.mse_loss(prediction.float(), recorder.outputs[i].float()))
+    total = torch.stack(losses).sum()
+    return total, {f"mse_{i:02d}": loss.item() for i, loss in enumerate(losses)}

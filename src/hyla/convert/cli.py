@@ -1,0 +1,46 @@
+"""`hyla convert`: the HALO conversion of a pretrained Transformer into a HypeNet hybrid."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hyla.convert.presets import PRESETS
+from hyla.convert.stages import STAGES
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "convert",
+        help="convert a Transformer into a HypeNet hybrid (HALO)",
+        description="HALO: align Lightning twins, select attention layers, distil, fine-tune long, choose the "
+        "logit scaling, export an HF folder. Resumable: rerun the same command to continue.",
+    )
+    parser.add_argument("--teacher", required=True, help="HF folder, hub id, GGUF file, or alias (smollm2-135m)")
+    parser.add_argument("--out", required=True, type=Path, help="output folder (stage folders + final model)")
+    parser.add_argument("--preset", default="smoke", choices=PRESETS, help="budget preset (default: smoke)")
+    parser.add_argument("--data", action="append", default=None,
+                        help="text source (repeatable): stdlib, a folder/glob/file, hf:NAME, teacher:SPEC, or a "
+                        "prepared corpus folder (default: stdlib)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="override a plan number, e.g. distill.lr=3e-5, align.tokens=2e6, selection.method=uniform")
+    parser.add_argument("--select", default=None, metavar="METHOD",
+                        help="layer selection: halo, uniform, latter-half, jet-nemotron, or a list like 3,7,11")
+    parser.add_argument("--from-stage", choices=STAGES, help="redo this stage and the ones after it")
+    parser.add_argument("--until-stage", choices=STAGES, help="stop after this stage")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.set_defaults(handler=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from hyla.convert.pipeline import ConvertRequest, convert
+
+    overrides = list(args.overrides)
+    if args.select:
+        overrides.append(f"selection.method={args.select}")
+    convert(ConvertRequest(
+        teacher=args.teacher, out=args.out, preset=args.preset, data=args.data or ["stdlib"], overrides=overrides,
+        from_stage=args.from_stage, until_stage=args.until_stage, device=args.device, seed=args.seed,
+    ))
+    return 0

@@ -1,0 +1,55 @@
+"""The conversion corpus: prepared once into the `data` stage folder, split into a training head and a held-out
+tail (long documents for choosing the logit-scaling constant), never overlapping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from hyla.data.loader import TokenCorpus, TokenLoader
+
+
+class CorpusRange(TokenCorpus):
+    """Tokens [start, stop) of a prepared corpus, seen as a corpus of its own."""
+
+    def __init__(self, corpus: TokenCorpus, start: int, stop: int):
+        if not 0 <= start < stop <= corpus.num_tokens:
+            raise ValueError(f"range [{start}, {stop}) outside the corpus of {corpus.num_tokens} tokens")
+        self.__dict__.update(corpus.__dict__)
+        self.base, self.start, self.num_tokens = corpus, start, stop - start
+        self.manifest = dict(corpus.manifest, corpus_id=f"{corpus.corpus_id}[{start}:{stop}]")
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        if not 0 <= start <= stop <= self.num_tokens:
+            raise IndexError(f"tokens [{start}, {stop}) outside the range of {self.num_tokens}")
+        return self.base.read(self.start + start, self.start + stop)
+
+    def document_starts_within(self, start: int, stop: int) -> np.ndarray:
+        return self.base.document_starts_within(self.start + start, self.start + stop)
+
+
+def split_corpus(path: Path, heldout_tokens: int) -> tuple[CorpusRange, CorpusRange]:
+    """(training head, held-out tail) of the prepared corpus at `path`."""
+    corpus = TokenCorpus(path)
+    if corpus.num_tokens <= 2 * heldout_tokens:
+        raise ValueError(
+            f"{path} holds {corpus.num_tokens} tokens: too few for {heldout_tokens} held-out tokens and training"
+        )
+    cut = corpus.num_tokens - heldout_tokens
+    return CorpusRange(corpus, 0, cut), CorpusRange(corpus, cut, corpus.num_tokens)
+
+
+def training_loader(corpus: TokenCorpus, *, seq_len: int, batch_size: int, seed: int) -> TokenLoader:
+    return TokenLoader(corpus, seq_len=seq_len, batch_size=batch_size, seed=seed)
+
+
+def heldout_sequences(corpus: TokenCorpus, *, length: int, num_docs: int):
+    """`num_docs` consecutive windows of `length` tokens from the held-out tail, as LongTensor [N, length]."""
+    import torch
+
+    available = (corpus.num_tokens - 1) // length
+    if available < 1:
+        raise ValueError(f"the held-out tail has {corpus.num_tokens} tokens, fewer than one window of {length}")
+    windows = [corpus.read(i * length, (i + 1) * length) for i in range(min(num_docs, available))]
+    return torch.from_numpy(np.stack(windows))

@@ -1,0 +1,70 @@
+"""Stage 2 (end-to-end distillation, KL(teacher || student) at T = 1) and stage 3 (long-context fine-tuning with
+next-token cross-entropy). The whole student trains; the teacher is frozen."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch import nn
+
+from hyla.convert.transfer import to_hypenet
+from hyla.models import HypeNetForCausalLM
+
+
+def build_student(hf_teacher: nn.Module, attention_layers: list[int], twins_path, **config_overrides) -> HypeNetForCausalLM:
+    """The hybrid: teacher weights everywhere, NoPE attention (with a new output gate) at `attention_layers`,
+    aligned Lightning twins from stage 1 everywhere else."""
+    num_layers = hf_teacher.config.num_hidden_layers
+    layer_types = ["attention" if i in attention_layers else "lightning" for i in range(num_layers)]
+    student = to_hypenet(hf_teacher, layer_types, attention_rope=False, attention_output_gate=True, **config_overrides)
+    twins = load_file(str(twins_path))
+    for i, block in enumerate(student.model.layers):
+        if block.layer_type != "lightning":
+            continue
+        prefix = f"{i}."
+        block.mixer.load_state_dict({k[len(prefix):]: v for k, v in twins.items() if k.startswith(prefix)})
+    return student
+
+
+class StudentWithTeacher(nn.Module):
+    """What the training loop optimises: the student; the teacher rides along, frozen and outside the state dict."""
+
+    def __init__(self, student: HypeNetForCausalLM, teacher: nn.Module | None = None):
+        super().__init__()
+        self.student = student
+        self.teacher = [teacher] if teacher is not None else []
+
+
+def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over tokens of KL(p_teacher || p_student) at temperature 1."""
+    teacher_logp = F.log_softmax(teacher_logits.float(), dim=-1)
+    student_logp = F.log_softmax(student_logits.float(), dim=-1)
+    per_token = (teacher_logp.exp() * (teacher_logp - student_logp)).sum(-1)
+    return per_token.mean()
+
+
+def distill_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
+    with torch.no_grad():
+        teacher_logits = model.teacher[0](batch["input_ids"], use_cache=False).logits
+    student_logits = model.student(batch["input_ids"], use_cache=False).logits
+    loss = kl_divergence(teacher_logits, student_logits)
+    with torch.no_grad():
+        ce = F.cross_entropy(student_logits.flatten(0, 1).float(), batch["labels"].flatten())
+    return loss, {"student_ce": ce.item()}
+
+
+def finetune_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
+    logits = model.student(batch["input_ids"], use_cache=False).logits
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten()), {}
+
+
+@torch.no_grad()
+def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor) -> float:
+    """Mean next-token loss over [N, T] sequences, one at a time."""
+    losses = []
+    for row in sequences:
+        row = row[None].to(model.device)
+        logits = model(row, use_cache=False).logits
+        losses.append(F.cross_entropy(logits[0, :-1].float(), row[0, 1:]).item())
+    return sum(losses) / len(losses)

@@ -1,0 +1,64 @@
+"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hyla.convert.runners import Run, _student
+from hyla.convert.stages import STAGES, Stage
+from hyla.evals.report import write_atomic, write_json
+
+
+def conversion_report(run: Run) -> dict:
+    report = {"teacher": run.teacher_spec, "teacher_fingerprint": run.stages["data"].fingerprint,
+              "preset": run.plan.preset, "plan": run.plan.to_dict(), "stages": {}}
+    for name in STAGES[:-1]:
+        manifest = run.stages[name].read_manifest()
+        if manifest is not None:
+            report["stages"][name] = manifest["results"]
+    report["total_training_tokens"] = sum(
+        report["stages"].get(name, {}).get("tokens", 0) for name in ("align", "distill", "finetune")
+    )
+    return report
+
+
+def model_card(report: dict) -> str:
+    stages = report["stages"]
+    select = stages.get("select", {})
+    scaling = stages.get("scaling", {})
+    lines = [
+        "---", "library_name: transformers", "tags: [hyla, hypenet, hybrid-linear-attention]", "---", "",
+        f"# HypeNet converted from `{report['teacher']}`", "",
+        "Converted with hyla's HALO pipeline (`hyla convert`). Load with `import hyla` then "
+        "`AutoModelForCausalLM.from_pretrained(folder)`.", "",
+        f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
+        f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
+        f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
+        "| stage | steps | tokens | first loss | last loss |", "|---|---|---|---|---|",
+    ]
+    for name in ("align", "distill", "finetune"):
+        result = stages.get(name, {})
+        lines.append(
+            f"| {name} | {result.get('steps')} | {result.get('tokens', 0):,} | "
+            f"{result.get('first', {}).get('loss', float('nan')):.4g} | {result.get('last', {}).get('loss', float('nan')):.4g} |"
+        )
+    lines += ["", "The full report is in `conversion.json`.", ""]
+    return "\n".join(lines)
+
+
+def run_export(run: Run, stage: Stage) -> dict:
+    student = _student(run, "finetune")
+    student.config.attn_logits_scaling_a = run.stages["scaling"].read_manifest()["results"]["chosen_a"]
+    if run.env.is_main:
+        student.save_pretrained(stage.path, safe_serialization=True)
+        run.tokenizer.save_pretrained(stage.path)
+        report = conversion_report(run)
+        write_json(stage.path / "conversion.json", report)
+        write_atomic(stage.path / "README.md", model_card(report).encode())
+    return {"model": str(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
+            "layer_types": student.config.layer_types}
+
+
+def read_report(out_dir: Path) -> dict:
+    return json.loads((out_dir / f"{STAGES.index('export'):02d}-export" / "conversion.json").read_text())

@@ -1,0 +1,141 @@
+"""`hyla convert`: HALO end to end, as numbered stage folders that hand off by directory (SPEC §2)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hyla.convert.export import run_export
+from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
+from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
+from hyla.convert.select_stage import run_select
+from hyla.convert.stages import STAGES, Stage, settings_hash
+from hyla.train.distributed import init_distributed
+
+RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
+           "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
+
+
+@dataclass
+class ConvertRequest:
+    teacher: str
+    out: Path
+    preset: str = "smoke"
+    data: list[str] = field(default_factory=lambda: ["stdlib"])
+    overrides: list[str] = field(default_factory=list)
+    from_stage: str | None = None
+    until_stage: str | None = None
+    device: str | None = None
+    seed: int = 0
+
+
+def _check_stage_name(name: str | None, flag: str) -> None:
+    if name is not None and name not in STAGES:
+        raise ValueError(f"{flag} {name!r} is not a stage; stages: {', '.join(STAGES)}")
+
+
+def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict]:
+    """What each stage's output depends on, chained so that a change upstream invalidates what follows."""
+    own = {
+        "data": {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed},
+        "align": {"budget": plan.align.__dict__}, "select": {"plan": plan.selection.__dict__},
+        "distill": {"budget": plan.distill.__dict__}, "finetune": {"budget": plan.finetune.__dict__},
+        "scaling": {"plan": plan.scaling.__dict__}, "export": {},
+    }
+    settings, upstream = {}, ""
+    for name in STAGES:
+        settings[name] = {**own[name], "upstream": upstream}
+        upstream = settings_hash(settings[name])
+    return settings
+
+
+def print_plan(run: Run, num_params: int) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    plan, env = run.plan, run.env
+    config = run.hf_teacher.config
+    table = Table(title=f"hyla convert: {run.teacher_spec} -> HypeNet (preset {plan.preset})")
+    for column in ("stage", "tokens", "steps", "seq", "batch", "lr"):
+        table.add_column(column)
+    for name in ("align", "distill", "finetune"):
+        b = getattr(plan, name)
+        table.add_row(name, f"{b.steps * b.seq_len * b.batch_size:,}", str(b.steps), str(b.seq_len),
+                      str(b.batch_size), f"{b.lr:g}->{b.min_lr:g} {b.schedule}")
+    console = Console(stderr=True)
+    console.print(
+        f"teacher {config.model_type}: {num_params / 1e6:.1f}M params, {config.num_hidden_layers} layers, "
+        f"{config.num_attention_heads} heads / {config.num_key_value_heads} KV heads | device {env.device} "
+        f"x{env.world_size} | data {', '.join(run.data_sources)}"
+    )
+    console.print(table)
+    s = plan.selection
+    console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
+                  f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit} | scaling a in "
+                  f"{plan.scaling.candidates} at {plan.scaling.length} tokens")
+
+
+def convert(request: ConvertRequest) -> dict:
+    """Run (or resume) a conversion; returns the results of every stage."""
+    from hyla.convert.teacher import load_teacher, teacher_fingerprint
+
+    _check_stage_name(request.from_stage, "--from-stage")
+    _check_stage_name(request.until_stage, "--until-stage")
+    env = init_distributed(request.device)
+    hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device)
+    num_params = sum(p.numel() for p in hf_teacher.parameters())
+    plan = apply_overrides(make_plan(request.preset, num_params), request.overrides)
+    plan.seed = request.seed
+    fingerprint = teacher_fingerprint(hf_teacher)
+    settings = stage_settings(plan, request)
+    stages = {name: Stage(Path(request.out), name, settings[name], fingerprint) for name in STAGES}
+    log = print if env.is_main else (lambda *a, **k: None)
+    run = Run(request.teacher, hf_teacher, tokenizer, plan, env, stages, request.data, log=log)
+    if env.is_main:
+        print_plan(run, num_params)
+    first = STAGES.index(request.from_stage) if request.from_stage else 0
+    last = STAGES.index(request.until_stage) if request.until_stage else len(STAGES) - 1
+    results = {}
+    for index, name in enumerate(STAGES[: last + 1]):
+        stage = stages[name]
+        if index >= first and env.is_main and request.from_stage:
+            stage.remove()
+        stage.check_compatible()
+        if stage.complete:
+            log(f"[{name}] complete: {stage.path} (skipped)")
+            results[name] = stage.read_manifest()["results"]
+            continue
+        started = time.perf_counter()
+        log(f"[{name}] start -> {stage.path}")
+        stage.begin()
+        results[name] = RUNNERS[name](run, stage)
+        if env.is_main:
+            stage.finish({**results[name], "seconds": round(time.perf_counter() - started, 1)})
+        log(f"[{name}] done in {time.perf_counter() - started:.1f} s")
+    if env.is_main:
+        print_summary(results)
+    return results
+
+
+def print_summary(results: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="conversion summary")
+    table.add_column("stage")
+    table.add_column("result")
+    for name, result in results.items():
+        if name in ("align", "distill", "finetune"):
+            text = (f"{result['steps']} steps, {result['tokens']:,} tokens, loss "
+                    f"{result['first'].get('loss', float('nan')):.4g} -> {result['last'].get('loss', float('nan')):.4g}")
+        elif name == "select":
+            text = f"{result['method']}: attention at {result['chosen']}"
+        elif name == "scaling":
+            text = f"a = {result['chosen_a']}"
+        elif name == "export":
+            text = f"model folder {result['model']}"
+        else:
+            text = f"{result.get('num_tokens', 0):,} tokens in {result.get('corpus')}"
+        table.add_row(name, text)
+    Console(stderr=True).print(table)

@@ -1,0 +1,150 @@
+"""Conversion budgets. `paper` is SPEC §2's token counts per stage for a 1.7B teacher, scaled in proportion to the
+teacher's size below that; `small` is a tenth of `paper`; `smoke` is a fixed toy budget that runs every stage on a
+laptop CPU in minutes. Every number can be overridden with `--set section.field=value`."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+PAPER_TEACHER_PARAMS = 1.7e9
+
+
+@dataclass
+class StageBudget:
+    tokens: int
+    seq_len: int
+    batch_size: int
+    lr: float
+    min_lr: float
+    schedule: str = "cosine"
+    warmup_steps: int = 50
+    checkpoint_every: int = 100
+
+    @property
+    def steps(self) -> int:
+        return max(1, self.tokens // (self.seq_len * self.batch_size))
+
+
+@dataclass
+class SelectionPlan:
+    method: str = "halo"  # halo | uniform | latter-half | jet-nemotron | kl-ls | a list "3,7,11"
+    k: int | None = None  # None: floor(L / 4)
+    niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2"])
+    niah_lengths: list[int] = field(default_factory=lambda: [2048])
+    niah_samples: int = 20
+    csr_tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
+    csr_limit: int = 200
+    batch_size: int = 8
+
+
+@dataclass
+class ScalingPlan:
+    candidates: list[float | None] = field(default_factory=lambda: [None, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0])
+    length: int = 4096
+    num_docs: int = 8
+
+
+@dataclass
+class ConvertPlan:
+    preset: str
+    align: StageBudget
+    distill: StageBudget
+    finetune: StageBudget
+    selection: SelectionPlan
+    scaling: ScalingPlan
+    seed: int = 0
+
+    @property
+    def data_tokens(self) -> int:
+        """Tokens to prepare: the largest stage's draw (stages reuse the corpus) plus the held-out documents."""
+        train = max(b.steps * b.seq_len * b.batch_size for b in (self.align, self.distill, self.finetune))
+        return train + 1 + self.heldout_tokens
+
+    @property
+    def heldout_tokens(self) -> int:
+        return self.scaling.length * self.scaling.num_docs + 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _paper(scale: float) -> dict[str, StageBudget]:
+    def tokens(count: float) -> int:
+        return int(count * scale)
+
+    return {
+        "align": StageBudget(tokens(320e6), 512, 96, 1e-3, 1e-5),
+        "distill": StageBudget(tokens(1e9), 512, 96, 1e-4, 1e-5),
+        "finetune": StageBudget(tokens(1e9), 16384, 4, 1e-5, 1e-5, schedule="constant"),
+    }
+
+
+def _smoke() -> dict[str, StageBudget]:
+    return {
+        "align": StageBudget(20 * 4 * 256, 256, 4, 1e-3, 1e-5, warmup_steps=2, checkpoint_every=10),
+        "distill": StageBudget(16 * 4 * 256, 256, 4, 1e-4, 1e-5, warmup_steps=2, checkpoint_every=8),
+        "finetune": StageBudget(6 * 2 * 1024, 1024, 2, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
+                                checkpoint_every=3),
+    }
+
+
+PRESETS = ("smoke", "small", "paper")
+
+
+def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
+    """The plan of `preset` for a teacher of `teacher_params` parameters."""
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if preset == "smoke":
+        return ConvertPlan(
+            preset, **_smoke(),
+            selection=SelectionPlan(niah_tasks=["SK1"], niah_lengths=[512], niah_samples=2,
+                                    csr_tasks=["arc_easy"], csr_limit=8, batch_size=4),
+            scaling=ScalingPlan(candidates=[None, 20.0, 100.0, 500.0], length=2048, num_docs=1),
+        )
+    scale = min(1.0, teacher_params / PAPER_TEACHER_PARAMS) * (0.1 if preset == "small" else 1.0)
+    return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
+
+
+def _parse_value(text: str, current: Any) -> Any:
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false"):
+            raise ValueError(f"expected true or false, got {text!r}")
+        return text.lower() == "true"
+    if isinstance(current, list):
+        return [None if item in ("none", "off") else _scalar(item) for item in text.split(",") if item]
+    if current is None or isinstance(current, (int, float)):
+        return None if text.lower() in ("none", "off") else _scalar(text)
+    return text
+
+
+def _scalar(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def apply_overrides(plan: ConvertPlan, overrides: list[str]) -> ConvertPlan:
+    """Apply `section.field=value` (or `field=value` for top-level fields) overrides, e.g.
+    `distill.lr=3e-5`, `align.tokens=1e6`, `selection.niah_lengths=2048,4096`, `selection.k=4`."""
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(f"override {item!r} is not of the form section.field=value")
+        key, text = item.split("=", 1)
+        *path, name = key.strip().split(".")
+        target: Any = plan
+        for part in path:
+            if not hasattr(target, part) or not dataclasses.is_dataclass(getattr(target, part)):
+                raise ValueError(f"unknown setting {key!r}; sections: align, distill, finetune, selection, scaling")
+            target = getattr(target, part)
+        if not dataclasses.is_dataclass(target) or name not in {f.name for f in dataclasses.fields(target)}:
+            raise ValueError(f"unknown setting {key!r}")
+        value = _parse_value(text, getattr(target, name))
+        if name == "tokens" and isinstance(value, float):
+            value = int(value)
+        setattr(target, name, value)
+    return plan

@@ -1,0 +1,173 @@
+"""What each conversion stage does, given the shared context of a run (`Run`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file
+
+from hyla.convert.align import AlignmentTwins, alignment_loss
+from hyla.convert.data import heldout_sequences, split_corpus, training_loader
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
+from hyla.convert.presets import ConvertPlan, StageBudget
+from hyla.convert.stages import Stage
+from hyla.convert.transfer import to_hypenet
+from hyla.convert.weights import full_state_dict, load_weights, save_weights
+from hyla.evals.report import write_json
+from hyla.train import LoopSettings, OptimSettings, run_training
+from hyla.train.distributed import Distributed, barrier, shard_model
+
+
+@dataclass
+class Run:
+    """Everything the stages share: the teacher, its tokenizer, the plan, the process group, the stage folders."""
+
+    teacher_spec: str
+    hf_teacher: Any
+    tokenizer: Any
+    plan: ConvertPlan
+    env: Distributed
+    stages: dict[str, Stage]
+    data_sources: list[str]
+    log: Any = print
+    cache: dict = field(default_factory=dict)
+
+    def teacher_equivalent(self):
+        """The teacher as a HypeNet with attention (and RoPE) in every layer: exact logits of the teacher."""
+        if "teacher_eq" not in self.cache:
+            self.cache["teacher_eq"] = to_hypenet(self.hf_teacher, attention_rope=True).to(self.env.device).eval()
+        return self.cache["teacher_eq"]
+
+    def corpus(self):
+        if "corpus" not in self.cache:
+            manifest = self.stages["data"].read_manifest()
+            self.cache["corpus"] = split_corpus(Path(manifest["results"]["corpus"]), self.plan.heldout_tokens)
+        return self.cache["corpus"]
+
+
+def _train(run: Run, stage: Stage, model, loss_fn, budget: StageBudget, blocks) -> dict:
+    if run.env.enabled:
+        shard_model(model, blocks, mixed_precision=run.env.device.type == "cuda")
+    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
+    optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
+                          schedule=budget.schedule)
+    loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=stage.name)
+    result = run_training(model, loss_fn, loader, optim, loop, stage.path, run.env, meta={"stage": stage.name})
+    last = result.metrics[-1] if result.metrics else {}
+    tokens = budget.steps * budget.seq_len * budget.batch_size
+    return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
+            "first": result.metrics[0] if result.metrics else {}, "last": last}
+
+
+def run_data(run: Run, stage: Stage) -> dict:
+    from hyla.data.tokenize import PrepareSettings, prepare_corpus
+
+    sources = run.data_sources
+    if len(sources) == 1 and (Path(sources[0]) / "manifest.json").is_file():
+        corpus = Path(sources[0]).resolve()
+        run.log(f"[data] using the prepared corpus {corpus}")
+    else:
+        corpus = stage.path / "corpus"
+        settings = PrepareSettings(tokenizer=run.teacher_spec, sources=tuple(sources),
+                                   max_tokens=run.plan.data_tokens, seed=run.plan.seed)
+        if run.env.is_main:
+            prepare_corpus(corpus, settings, log=lambda line: run.log(f"[data] {line}"))
+        barrier(run.env)
+    manifest = json.loads((corpus / "manifest.json").read_text())
+    tokens = manifest.get("num_tokens") or sum(s["num_tokens"] for s in manifest["shards"])
+    if tokens < run.plan.data_tokens:
+        run.log(f"[data] note: the corpus has {tokens} tokens, fewer than the {run.plan.data_tokens} the plan draws; "
+                f"training repeats it (epochs)")
+    return {"corpus": str(corpus), "num_tokens": tokens}
+
+
+def run_align(run: Run, stage: Stage) -> dict:
+    twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher).to(run.env.device)
+    for param in twins.parameters():
+        param.data = param.data.float()
+    summary = _train(run, stage, twins, alignment_loss, run.plan.align, list(twins.twins))
+    state = full_state_dict(twins)
+    save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
+    per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
+    first = {k: v for k, v in summary["first"].items() if k.startswith("mse_")}
+    return {**summary, "mse_first": first, "mse_last": per_layer}
+
+
+def load_twins(run: Run) -> dict[int, torch.nn.Module]:
+    """The aligned twins of stage 1, one LightningAttention per layer."""
+    from hyla.convert.transfer import lightning_from_attention
+
+    weights = load_file(str(run.stages["align"].path / "twins.safetensors"))
+    teacher = run.teacher_equivalent()
+    twins = {}
+    for i, layer in enumerate(run.hf_teacher.model.layers):
+        twin = lightning_from_attention(layer.self_attn, teacher.config, i)
+        prefix = f"{i}."
+        twin.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
+        twins[i] = twin.to(run.env.device).eval()
+    return twins
+
+
+def _student(run: Run, weights_stage: str | None) -> Any:
+    chosen = run.stages["select"].read_manifest()["results"]["chosen"]
+    student = build_student(run.hf_teacher, chosen, run.stages["align"].path / "twins.safetensors")
+    if weights_stage is not None:
+        load_weights(student, run.stages[weights_stage].path / "student.safetensors")
+    return student.to(run.env.device).float()
+
+
+def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
+    student = _student(run, weights_stage)
+    pair = StudentWithTeacher(student, teacher)
+    summary = _train(run, stage, pair, loss_fn, budget, list(student.model.layers))
+    state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
+    save_weights(state, stage.path / "student.safetensors", run.env)
+    return summary
+
+
+def run_distill(run: Run, stage: Stage) -> dict:
+    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent())
+
+
+def run_finetune(run: Run, stage: Stage) -> dict:
+    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None)
+
+
+def run_scaling(run: Run, stage: Stage) -> dict:
+    """Choose the logit-scaling constant a: lowest loss on held-out windows longer than stage 3's sequences."""
+    plan = run.plan.scaling
+    if plan.length <= run.plan.finetune.seq_len:
+        run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
+    sequences = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
+    student = _student(run, "finetune").eval()
+    losses = {}
+    for a in plan.candidates:
+        student.config.attn_logits_scaling_a = a
+        losses[str(a)] = mean_loss(student, sequences)
+        run.log(f"[scaling] a={a}: held-out loss {losses[str(a)]:.4f} over {len(sequences)} x {plan.length} tokens")
+    best = min(plan.candidates, key=lambda a: losses[str(a)])
+    if run.env.is_main:
+        _plot_scaling(losses, stage.path / "scaling.png", plan.length)
+    return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences)}
+
+
+def _plot_scaling(losses: dict, path: Path, length: int) -> None:
+    from hyla.evals.report import new_figure, save_figure
+
+    figure, axis = new_figure()
+    labels = list(losses)
+    axis.bar(range(len(labels)), [losses[k] for k in labels])
+    axis.set_xticks(range(len(labels)), ["off" if k == "None" else k for k in labels])
+    axis.set_xlabel("logit scaling a")
+    axis.set_ylabel(f"held-out loss at {length} tokens")
+    low, high = min(losses.values()), max(losses.values())
+    axis.set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
+    save_figure(figure, path)
+
+
+def write_results(stage: Stage, name: str, payload: dict) -> None:
+    write_json(stage.path / name, payload)

@@ -1,0 +1,63 @@
+"""Data parallelism through the standard engine: torchrun sets the environment, FSDP2 (`fully_shard` per block)
+shards the model from outside the model code. A single process runs the same code with world size 1."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    rank: int = 0
+    world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def init_distributed(device: str | None = None) -> Distributed:
+    """Join the process group when started by torchrun (gloo on CPU, nccl on CUDA); otherwise a world of one."""
+    use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return Distributed(device=torch.device("cuda" if use_cuda else "cpu"))
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return Distributed(rank, world_size, torch.device(f"cuda:{local_rank}" if use_cuda else "cpu"))
+
+
+def shard_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, mixed_precision: bool) -> None:
+    """FSDP2: shard each block, then the root (embeddings, final norm, head)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
+    kwargs = {"mp_policy": policy} if policy is not None else {}
+    for block in blocks:
+        fully_shard(block, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def all_reduce_mean(value: torch.Tensor, env: Distributed) -> torch.Tensor:
+    if env.enabled:
+        value = value.detach().clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= env.world_size
+    return value
+
+
+def barrier(env: Distributed) -> None:
+    if env.enabled:
+        dist.barrier()

@@ -1,0 +1,117 @@
+"""The training loop shared by every stage of `hyla convert` and by `hyla train`.
+
+The caller supplies the model (trainable parameters marked with requires_grad), a loss function
+`loss_fn(model, batch) -> (loss, metrics)`, and a resumable batch loader yielding the GLOBAL batch; each process
+takes its slice of rows, so a run gives the same batches at every step whatever the number of processes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from hyla.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hyla.train.distributed import Distributed, all_reduce_mean
+from hyla.train.optim import OptimSettings, build_optimizer
+from hyla.train.progress import StepLog, read_metrics
+
+LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN or infinite: the run stops, keeping its last good checkpoint."""
+
+
+@dataclass
+class LoopSettings:
+    steps: int
+    checkpoint_every: int = 100
+    keep_last: int = 2
+    log_every: int = 1
+    description: str = "train"
+
+
+@dataclass
+class TrainResult:
+    steps: int
+    resumed_from: int
+    metrics: list[dict] = field(default_factory=list)
+
+
+def _local_rows(batch: dict, env: Distributed) -> dict:
+    """This process's rows of the global batch (packed-sequence boundaries are per row and are dropped)."""
+    rows = batch["input_ids"].shape[0]
+    if rows % env.world_size:
+        raise ValueError(f"global batch of {rows} rows does not split over {env.world_size} processes")
+    per = rows // env.world_size
+    local = {k: v[env.rank * per : (env.rank + 1) * per] for k, v in batch.items() if k != "cu_seqlens"}
+    return {k: v.to(env.device) for k, v in local.items()}
+
+
+def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed):
+    # bf16 autocast on GPU (master weights stay float32); CPU runs in the model's own dtype.
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
+        loss, metrics = loss_fn(model, batch)
+    if not torch.isfinite(loss.detach()).all():
+        return loss, metrics, None
+    loss.backward()
+    params = [p for p in model.parameters() if p.requires_grad]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss, metrics, grad_norm
+
+
+def run_training(
+    model: torch.nn.Module,
+    loss_fn: LossFn,
+    loader,
+    optim: OptimSettings,
+    loop: LoopSettings,
+    out_dir: Path,
+    env: Distributed = Distributed(),
+    meta: dict | None = None,
+) -> TrainResult:
+    """Train for `loop.steps` optimizer steps, resuming from the newest checkpoint in `out_dir/checkpoints`."""
+    out_dir = Path(out_dir)
+    checkpoints = out_dir / "checkpoints"
+    optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps)
+    start = 0
+    found = latest_checkpoint(checkpoints)
+    if found is not None:
+        loader.load_state_dict(load_checkpoint(found, model=model, optimizer=optimizer, scheduler=scheduler, env=env))
+        start = found.step
+    log = StepLog(out_dir / "metrics.jsonl", total_steps=loop.steps, start_step=start,
+                  description=loop.description, enabled=env.is_main)
+    model.train()
+    try:
+        for step in range(start, loop.steps):
+            started = time.perf_counter()
+            batch = next(loader)
+            loss, metrics, grad_norm = _step(model, loss_fn, _local_rows(batch, env), optimizer, scheduler, optim, env)
+            loss = all_reduce_mean(loss.detach().float(), env).item()
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"{loop.description}: loss is {loss} at step {step + 1}; finished stages are kept, the last "
+                    f"good checkpoint is {latest_checkpoint(checkpoints).path if latest_checkpoint(checkpoints) else 'none'}"
+                )
+            elapsed = time.perf_counter() - started
+            record = {"step": step + 1, "loss": loss, "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": float(grad_norm), "tok_per_s": batch["input_ids"].numel() / elapsed,
+                      **{k: float(v) for k, v in metrics.items()}}
+            log.log(record)
+            if (step + 1) % loop.checkpoint_every == 0 or step + 1 == loop.steps:
+                save_checkpoint(checkpoints, step + 1, model=model, optimizer=optimizer, scheduler=scheduler,
+                                loader_state=loader.state_dict(), meta=meta or {}, env=env,
+                                keep_last=loop.keep_last)
+    finally:
+        log.close()
+    model.eval()
+    metrics = read_metrics(out_dir / "metrics.jsonl")
+    return TrainResult(steps=loop.steps, resumed_from=start, metrics=metrics)
