@@ -30,7 +30,8 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--task", default="SK2", help="NIAH task of the prompts (SK1-3, MK1-3, MV, MQ)")
     parser.add_argument("--length", type=_length, default=2048, help="tokens per prompt, RULER's definition (2K)")
     parser.add_argument("--num-samples", type=int, default=4, help="prompts to average over")
-    parser.add_argument("--num-depths", type=int, default=11, help="needle depths spread evenly over 0-100%%")
+    parser.add_argument("--num-depths", type=int, default=None,
+                        help="needle depths spread evenly over 0-100%% (default: one per sample)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--normalizer", choices=("length", "visible"), default="length",
                         help="entropy divided by log L (length) or by log(t+1), the keys query t sees (visible)")

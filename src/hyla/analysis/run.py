@@ -31,13 +31,14 @@ from hyla.evals.report import RESULTS_FILE, run_metadata, write_json
 @dataclass
 class ProbeSettings:
     """Which sequences to analyse: NIAH prompts of `task` at `length` tokens (RULER's definition), or windows of
-    `length` tokens of `text_file` when given."""
+    `length` tokens of `text_file` when given. Needle depths: `num_depths` spread evenly over 0-100% (default: one
+    per sample)."""
 
     task: str = "SK2"
     length: int = 2048
     num_samples: int = 4
     seed: int = 42
-    num_depths: int = 11
+    num_depths: int | None = None
     text_file: str | None = None
 
 
@@ -72,7 +73,7 @@ def build_probes(tokenizer: Any, settings: ProbeSettings, *, with_needles: bool)
             raise ValueError("the hit rate needs NIAH prompts: drop the text file")
         return text_probes(tokenizer, settings.text_file, length=settings.length, num_samples=settings.num_samples)
     return niah_probes(tokenizer, task=settings.task, length=settings.length, num_samples=settings.num_samples,
-                       seed=settings.seed, num_depths=settings.num_depths)
+                       seed=settings.seed, num_depths=settings.num_depths or settings.num_samples)
 
 
 def _check_out(out: Path) -> Path:
