@@ -30,6 +30,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--systems", default=None, help="comma list of hypenet, qwen3-engine, qwen3-hf-default, "
                                                        "qwen3-hf-graph (default: all)")
     model.add_argument("--qwen3-engine-max-prefill", type=_count, default=2**19)
+    model.add_argument("--hypenet-max-prefill", type=_count, default=2**20)
+    model.add_argument("--attention-backend", default="auto", choices=("auto", "cudnn", "flash", "torch"),
+                       help="the engine's prefill attention kernel")
     model.add_argument("--hf-max-prefill", type=_count, default=2**17)
     model.add_argument("--hf-graph-contexts", type=_lengths, default=None, help="default 32K,128K,512K")
     model.add_argument("--large-batch", type=int, default=32)
@@ -117,7 +120,8 @@ def run_model(args: argparse.Namespace) -> int:
     settings = ModelSettings(
         contexts=args.contexts or defaults.contexts,
         systems=tuple(args.systems.split(",")) if args.systems else defaults.systems,
-        qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hf_max_prefill=args.hf_max_prefill,
+        qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hypenet_max_prefill=args.hypenet_max_prefill,
+        attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
         decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk, compile_blocks=not args.no_compile,

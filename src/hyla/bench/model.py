@@ -31,6 +31,8 @@ class ModelSettings:
     contexts: tuple[int, ...] = (2**13, 2**15, 2**17, 2**19, 2**20)
     systems: tuple[str, ...] = SYSTEMS
     qwen3_engine_max_prefill: int = 2**19  # its 1M prefill would take ~4 minutes of device time
+    hypenet_max_prefill: int = 2**20
+    attention_backend: str = "auto"  # prefill attention of the engine: auto (cuDNN on CUDA), cudnn, flash, torch
     hf_max_prefill: int = 2**17
     hf_max_default_decode: int = 2**19
     hf_graph_contexts: tuple[int, ...] = (2**15, 2**17, 2**19)
@@ -74,7 +76,7 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     ids = _random_ids(model, 1, length + steps, seed=1)
     expected = reference(ids, use_cache=False).logits[:, length - 1 :].float()
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
-                             compile_blocks=settings.compile_blocks)
+                             compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend)
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -139,7 +141,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
     prefilled context is decoded right after its real prefill; the others over a synthetic cache."""
     device = model.device
     engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
-                             prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks)
+                             prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
+                             attention_backend=settings.attention_backend)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
         prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats))
@@ -174,19 +177,21 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
     try:
         check = check_engine(model, reference, settings)
     except (RuntimeError, AssertionError) as err:
-        if isinstance(err, CheckFailed) or not settings.compile_blocks:
+        if isinstance(err, CheckFailed):
             raise
-        # torch.compile is an optimisation: without it the graph still removes launch gaps, the check decides.
-        log(f"  compiled decode failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); uncompiled instead")
-        settings = replace(settings, compile_blocks=False)
+        # cuDNN attention and torch.compile are optimisations with fallbacks (flash; plain graph); the check decides.
+        log(f"  fast path failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); trying flash, uncompiled")
+        settings = replace(settings, compile_blocks=False,
+                           attention_backend="flash" if model.device.type == "cuda" else "torch")
         check = check_engine(model, reference, settings)
     result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
+              "prefill_attention": settings.attention_backend,
               "prefill": [], "decode": [], "skipped": []}
     log(f"  check: {result['check']['relative_errors']}")
     _free()
-    max_prefill = settings.qwen3_engine_max_prefill if name == "qwen3-engine" else max(settings.contexts)
+    max_prefill = settings.qwen3_engine_max_prefill if name == "qwen3-engine" else settings.hypenet_max_prefill
     prefill_contexts = [c for c in settings.contexts if c <= max_prefill]
-    decode_contexts = prefill_contexts if name == "qwen3-engine" else list(settings.contexts)
+    decode_contexts = prefill_contexts or settings.contexts[:1]
 
     def batch_one():
         prefill, decode = bench_engine(name, model, shape, settings, batch=1, contexts=decode_contexts,
