@@ -7,7 +7,13 @@ import torch
 from safetensors.torch import save_file
 
 from hyla import HypeNetForCausalLM
-from hyla.analysis.displacement import compare_checkpoints, head_slices, load_checkpoint, summarize_displacement
+from hyla.analysis.displacement import (
+    compare_checkpoints,
+    head_slices,
+    load_checkpoint,
+    spectral_norms,
+    summarize_displacement,
+)
 
 
 def save_copy(model: HypeNetForCausalLM, folder, edit=None):
@@ -94,3 +100,12 @@ def test_bad_paths_are_one_clear_error(tmp_path):
         load_checkpoint(tmp_path)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(tmp_path / "missing" / "folder")
+
+
+@pytest.mark.parametrize("shape", [(3, 8, 40), (3, 40, 8), (2, 16, 16)])
+def test_spectral_norms_equal_matrix_norm_ord_2(shape):
+    matrices = torch.randn(*shape, dtype=torch.float64)
+    # √λ_max of the Gram matrix is accurate to ~1e-15 relative in float64; 1e-10 catches any wrong axis or root.
+    torch.testing.assert_close(spectral_norms(matrices), torch.linalg.matrix_norm(matrices, ord=2), rtol=1e-10,
+                               atol=0)
+    assert spectral_norms(torch.zeros(1, 4, 6, dtype=torch.float64)).item() == 0

@@ -95,10 +95,17 @@ def head_slices(weight: torch.Tensor, projection: str, head_dim: int) -> list[to
     return list(slices.transpose(1, 2) if projection == "o" else slices)
 
 
-def relative_displacement(before: torch.Tensor, after: torch.Tensor) -> float:
-    """‖after − before‖₂ / ‖before‖₂ with spectral norms, in float64."""
-    before, after = before.double(), after.double()
-    return float(torch.linalg.matrix_norm(after - before, ord=2) / torch.linalg.matrix_norm(before, ord=2))
+def spectral_norms(matrices: torch.Tensor) -> torch.Tensor:
+    """‖A‖₂ of each matrix of [N, m, n], in float64, as √λ_max of the smaller Gram matrix (A Aᵀ or Aᵀ A): for head
+    slices (64 × hidden) that is a 64 × 64 symmetric eigenproblem, ~50× faster on CPU than an SVD of the slice."""
+    matrices = matrices.double()
+    gram = matrices @ matrices.mT if matrices.shape[-2] <= matrices.shape[-1] else matrices.mT @ matrices
+    return torch.linalg.eigvalsh(gram)[..., -1].clamp(min=0).sqrt()
+
+
+def relative_displacements(before: torch.Tensor, after: torch.Tensor) -> list[float]:
+    """‖after − before‖₂ / ‖before‖₂ for each pair of matrices of [N, m, n]."""
+    return (spectral_norms(after.double() - before.double()) / spectral_norms(before)).tolist()
 
 
 def _compare_projection(before: Checkpoint, after: Checkpoint, layer: int, projection: str) -> list[dict]:
@@ -111,11 +118,13 @@ def _compare_projection(before: Checkpoint, after: Checkpoint, layer: int, proje
             f"{len(old)} heads of {tuple(old[0].shape)}"
         )
     copies = len(new) // len(old)
+    sources = [head // copies for head in range(len(new))]
+    ratios = relative_displacements(torch.stack([old[source] for source in sources]), torch.stack(new))
     layer_type = after.layer_type(layer)
     return [
         {"layer": layer, "layer_type": layer_type, "group": layer_type, "projection": projection, "head": head,
-         "source_head": head // copies, "r": relative_displacement(old[head // copies], slice_)}
-        for head, slice_ in enumerate(new)
+         "source_head": source, "r": ratio}
+        for head, (source, ratio) in enumerate(zip(sources, ratios))
     ]
 
 
