@@ -6,12 +6,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
 from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
 from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_hash
-from hyla.train.distributed import init_distributed
+from hyla.train.distributed import barrier, init_distributed
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -101,6 +103,7 @@ def convert(request: ConvertRequest) -> dict:
         stage = stages[name]
         if index >= first and env.is_main and request.from_stage:
             stage.remove()
+        barrier(env)
         stage.check_compatible()
         if stage.complete:
             log(f"[{name}] complete: {stage.path} (skipped)")
@@ -108,10 +111,15 @@ def convert(request: ConvertRequest) -> dict:
             continue
         started = time.perf_counter()
         log(f"[{name}] start -> {stage.path}")
-        stage.begin()
+        if env.is_main:
+            stage.begin()
+        barrier(env)
+        # Every stage starts from the same random state, whether the run is fresh or resumed.
+        torch.manual_seed(plan.seed * 1000 + index)
         results[name] = RUNNERS[name](run, stage)
         if env.is_main:
             stage.finish({**results[name], "seconds": round(time.perf_counter() - started, 1)})
+        barrier(env)
         log(f"[{name}] done in {time.perf_counter() - started:.1f} s")
     if env.is_main:
         print_summary(results)

@@ -49,9 +49,11 @@ class Run:
         return self.cache["corpus"]
 
 
-def _train(run: Run, stage: Stage, model, loss_fn, budget: StageBudget, blocks) -> dict:
+def _train(run: Run, stage: Stage, model, loss_fn, budget: StageBudget, blocks, root=None) -> dict:
+    """Train `model` for the stage's budget. Under torchrun, `root` (default `model`) and its `blocks` are
+    sharded with FSDP2; `root` must be the module whose forward the loss function calls."""
     if run.env.enabled:
-        shard_model(model, blocks, mixed_precision=run.env.device.type == "cuda")
+        shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
@@ -123,7 +125,7 @@ def _student(run: Run, weights_stage: str | None) -> Any:
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
     student = _student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
-    summary = _train(run, stage, pair, loss_fn, budget, list(student.model.layers))
+    summary = _train(run, stage, pair, loss_fn, budget, list(student.model.layers), root=student)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary
