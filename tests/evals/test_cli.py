@@ -114,3 +114,38 @@ def test_compare_prints_models_side_by_side(capsys, tmp_path):
 def test_compare_missing_results_is_a_user_error(capsys, tmp_path):
     code, _, stderr = _run(capsys, "compare", tmp_path / "nothing")
     assert code == 2 and "no results file" in _error_line(stderr)
+
+
+@pytest.fixture(scope="module")
+def tiny_hypenet_folder(tmp_path_factory, smollm2_tokenizer):
+    """A 2-layer random HypeNet (one Lightning, one NoPE attention layer) over the SmolLM2 vocabulary."""
+    import torch
+
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
+        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id,
+    )
+    folder = tmp_path_factory.mktemp("tiny-hypenet")
+    HypeNetForCausalLM(config).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny_hypenet_folder, tiny_llama_folder):
+    options = ["--tasks", "SK1", "--lengths", "256", "--num-samples", "2", "--num-depths", "2", "--max-new-tokens", "3"]
+    code, _, stderr = _run(capsys, "niah", "--model", tiny_hypenet_folder, "--logit-scaling-a", "500",
+                           "--eme-window", "64", "--out", tmp_path / "hybrid", *options)
+    assert code == 0, stderr
+    applied = _read(tmp_path / "hybrid")["settings"]["applied_overrides"]
+    assert applied == {"attn_logits_scaling_a": 500.0, "eme_window": 64}
+    code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--out", tmp_path / "teacher", *options)
+    assert code == 0
+    code, stdout, _ = _run(capsys, "compare", tmp_path / "teacher", tmp_path / "hybrid")
+    assert code == 0 and "niah/SK1/256" in stdout
+    code, _, stderr = _run(capsys, "ppl", "--model", tiny_hypenet_folder, "--seq-len", "96", "--num-sequences", "1",
+                           "--chunk-size", "40", "--logit-scaling-a", "0.5", "--out", tmp_path / "bad")
+    assert code == 2 and "must be > 1" in _error_line(stderr)

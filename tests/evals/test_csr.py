@@ -80,7 +80,7 @@ def _reference_log_probability(model, context_ids, continuation_ids) -> float:
 def test_batched_scores_match_one_at_a_time_forward(smollm2_tokenizer, tiny_llama):
     question = "Question: what is the capital of France?\nAnswer:"
     pairs = [
-        # Choices of one question share a cached context pass; one-token and longer continuations mix.
+        # Several choices of one question, one-token and longer continuations, in right-padded batches.
         (question, " Paris"),
         (question, " the city of Lyon, on the Rhône"),
         (question, " Nice"),

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 _DEFAULT_OUT_ROOT = Path("runs") / "eval"
+# CLI options passed to hyla.evals.overrides.apply_inference_overrides under the same names
+_OVERRIDE_OPTIONS = ("logit_scaling_a", "logit_scaling", "logit_scaling_train_length", "eme_window", "eme_stride")
 
 
 def _int_list(text: str) -> list[int]:
@@ -40,10 +42,15 @@ def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument(
-        "--logit-scaling-a", type=float, default=None,
-        help="dynamic logit scaling s_t = log(t+a)/log(a) of the attention layers (models with that setting)",
+    overrides = parser.add_argument_group("inference overrides (hyla hybrid models)")
+    overrides.add_argument(
+        "--logit-scaling-a", type=float, default=None, help="per-query logit scaling s_t = log(t+a)/log(a)"
     )
+    overrides.add_argument("--logit-scaling", choices=["per_query", "per_length"], default=None,
+                           help="NoPE logit scaling mode (per_length: c(L) = log L / log L0)")
+    overrides.add_argument("--logit-scaling-train-length", type=int, default=None, help="L0 of c(L)")
+    overrides.add_argument("--eme-window", type=int, default=None, help="EME: SWLA / sliding window W")
+    overrides.add_argument("--eme-stride", type=int, default=None, help="EME: SWLA stride S (default W // 4)")
 
 
 def register(subparsers: Any) -> None:
@@ -61,17 +68,20 @@ def register(subparsers: Any) -> None:
 
 
 def _register_niah(verbs: Any) -> None:
-    from_niah = verbs.add_parser("niah", help="RULER needle-in-a-haystack tasks SK1-3, MK1-3, MV, MQ")
-    _add_model_options(from_niah, required=False)
-    from_niah.add_argument("--tasks", type=_str_list, default=None, help="comma-separated, default all eight")
-    from_niah.add_argument("--lengths", type=_int_list, default=[2048, 4096, 8192], help="e.g. 2K,4K,8K")
-    from_niah.add_argument("--num-samples", type=int, default=10, help="samples per task and length")
-    from_niah.add_argument("--num-depths", type=int, default=11, help="needle depths spread evenly over 0-100%%")
-    from_niah.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens to generate (RULER: 128)")
-    from_niah.add_argument("--from-jsonl", type=Path, default=None, help="score a RULER data or prediction file")
-    from_niah.add_argument("--task-name", default=None, help="task of --from-jsonl (default: from the file name)")
-    from_niah.add_argument("--save-predictions", action="store_true", help="also write predictions.jsonl (RULER)")
-    from_niah.set_defaults(handler=_handle_niah)
+    niah_parser = verbs.add_parser("niah", help="RULER needle-in-a-haystack tasks SK1-3, MK1-3, MV, MQ")
+    _add_model_options(niah_parser, required=False)
+    niah_parser.add_argument("--tasks", type=_str_list, default=None, help="comma-separated, default all eight")
+    niah_parser.add_argument("--lengths", type=_int_list, default=[2048, 4096, 8192], help="e.g. 2K,4K,8K")
+    niah_parser.add_argument("--num-samples", type=int, default=10, help="samples per task and length")
+    niah_parser.add_argument("--num-depths", type=int, default=11, help="needle depths spread evenly over 0-100%%")
+    niah_parser.add_argument("--max-new-tokens", type=int, default=64, help="greedy tokens to generate (RULER: 128)")
+    niah_parser.add_argument(
+        "--tokens-to-generate", type=int, default=128, help="generation budget counted in each length (RULER: 128)"
+    )
+    niah_parser.add_argument("--from-jsonl", type=Path, default=None, help="score a RULER data or prediction file")
+    niah_parser.add_argument("--task-name", default=None, help="task of --from-jsonl (default: from the file name)")
+    niah_parser.add_argument("--save-predictions", action="store_true", help="also write predictions.jsonl (RULER)")
+    niah_parser.set_defaults(handler=_handle_niah)
 
 
 def _register_csr(verbs: Any) -> None:
@@ -130,13 +140,12 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     """Print the settings, load the model with its overrides; returns (model, tokenizer, settings, out_dir)."""
     from hyla.evals.runner import load_for_eval, print_settings
 
-    common = ["model", "dtype", "device", "batch_size", "seed", "logit_scaling_a"]
-    settings = _settings(args, common + names)
+    common = ["model", "dtype", "device", "batch_size", "seed"]
+    settings = _settings(args, common + list(_OVERRIDE_OPTIONS) + names)
     out_dir = _out_dir(args, kind)
     print_settings(kind, {**settings, "out": out_dir})
-    model, tokenizer, applied = load_for_eval(
-        args.model, dtype=args.dtype, device=args.device, logit_scaling_a=args.logit_scaling_a
-    )
+    overrides = {name: getattr(args, name) for name in _OVERRIDE_OPTIONS}
+    model, tokenizer, applied = load_for_eval(args.model, dtype=args.dtype, device=args.device, **overrides)
     return model, tokenizer, {**settings, "applied_overrides": applied}, out_dir
 
 
@@ -152,7 +161,9 @@ def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
     from hyla.evals.runner import save_jsonl
 
-    names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "from_jsonl", "task_name"]
+    names = [
+        "tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate", "from_jsonl", "task_name"
+    ]
     if args.from_jsonl is None:
         # Fail on missing data before spending time loading the model.
         for task in args.tasks or list(niah.TASKS):
@@ -171,7 +182,8 @@ def _handle_niah(args: argparse.Namespace) -> int:
     else:
         result = niah.evaluate_niah(
             model, tokenizer, args.tasks or list(niah.TASKS), args.lengths, args.num_samples,
-            num_depths=args.num_depths, seed=args.seed, keep_inputs=args.save_predictions, **common,
+            num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate, seed=args.seed,
+            keep_inputs=args.save_predictions, **common,
         )
     if args.save_predictions:
         save_jsonl(out_dir / "predictions.jsonl", result["records"])

@@ -39,5 +39,9 @@ def load_model(spec: str, *, dtype: str = "float32", device: str = "cpu") -> tup
 def _load_any_causal_lm(location: str, torch_dtype: Any) -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from hyla.models.hf import register
+
+    # Makes hyla's own model folders (model_type "hypenet") loadable by the Auto classes.
+    register()
     model = AutoModelForCausalLM.from_pretrained(location, dtype=torch_dtype)
     return model, AutoTokenizer.from_pretrained(location)

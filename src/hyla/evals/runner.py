@@ -16,14 +16,17 @@ def model_label(spec: str) -> str:
 
 
 def load_for_eval(
-    spec: str, *, dtype: str = "float32", device: str = "cpu", logit_scaling_a: float | None = None
+    spec: str, *, dtype: str = "float32", device: str = "cpu", **overrides: Any
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, applied overrides) for a model spec, ready to evaluate."""
+    """(model, tokenizer, applied overrides) for a model spec, ready to evaluate.
+
+    `overrides` are inference settings such as `logit_scaling_a` or `eme_window` (see `hyla.evals.overrides`).
+    """
     from hyla.evals.loading import load_model
     from hyla.evals.overrides import apply_inference_overrides
 
     model, tokenizer = load_model(spec, dtype=dtype, device=device)
-    applied = apply_inference_overrides(model, logit_scaling_a=logit_scaling_a)
+    applied = apply_inference_overrides(model, **overrides)
     return model, tokenizer, applied
 
 
