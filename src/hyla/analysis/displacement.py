@@ -86,26 +86,26 @@ def load_checkpoint(spec: str | Path) -> Checkpoint:
     return checkpoint
 
 
-def head_slices(weight: torch.Tensor, projection: str, head_dim: int) -> list[torch.Tensor]:
-    """Per-head slices: `head_dim` rows of q/k/v, `head_dim` columns of o."""
+def head_slices(weight: torch.Tensor, projection: str, head_dim: int) -> torch.Tensor:
+    """[heads, head_dim, in] rows of q/k/v, or [heads, out, head_dim] columns of o (views of `weight`)."""
     matrix = weight.T if projection == "o" else weight
     if matrix.shape[0] % head_dim:
         raise ValueError(f"{projection}_proj has {matrix.shape[0]} head rows, not a multiple of head_dim {head_dim}")
     slices = matrix.reshape(-1, head_dim, matrix.shape[1])
-    return list(slices.transpose(1, 2) if projection == "o" else slices)
+    return slices.transpose(1, 2) if projection == "o" else slices
 
 
 def spectral_norms(matrices: torch.Tensor) -> torch.Tensor:
-    """‖A‖₂ of each matrix of [N, m, n], in float64, as √λ_max of the smaller Gram matrix (A Aᵀ or Aᵀ A): for head
+    """‖A‖₂ of each matrix of [N, m, n] (pass float64), as √λ_max of the smaller Gram matrix (A Aᵀ or Aᵀ A): for head
     slices (64 × hidden) that is a 64 × 64 symmetric eigenproblem, ~50× faster on CPU than an SVD of the slice."""
-    matrices = matrices.double()
     gram = matrices @ matrices.mT if matrices.shape[-2] <= matrices.shape[-1] else matrices.mT @ matrices
     return torch.linalg.eigvalsh(gram)[..., -1].clamp(min=0).sqrt()
 
 
 def relative_displacements(before: torch.Tensor, after: torch.Tensor) -> list[float]:
     """‖after − before‖₂ / ‖before‖₂ for each pair of matrices of [N, m, n]."""
-    return (spectral_norms(after.double() - before.double()) / spectral_norms(before)).tolist()
+    before = before.double()
+    return (spectral_norms(after.double() - before) / spectral_norms(before)).tolist()
 
 
 def _compare_projection(before: Checkpoint, after: Checkpoint, layer: int, projection: str) -> list[dict]:
@@ -119,7 +119,7 @@ def _compare_projection(before: Checkpoint, after: Checkpoint, layer: int, proje
         )
     copies = len(new) // len(old)
     sources = [head // copies for head in range(len(new))]
-    ratios = relative_displacements(torch.stack([old[source] for source in sources]), torch.stack(new))
+    ratios = relative_displacements(old[sources], new)
     layer_type = after.layer_type(layer)
     return [
         {"layer": layer, "layer_type": layer_type, "group": layer_type, "projection": projection, "head": head,
@@ -148,7 +148,8 @@ def summarize_displacement(records: list[dict]) -> dict:
         by_layer[record["layer"]][record["projection"]].append(record["r"])
 
     def means(table):
-        return {key: {projection: sum(values) / len(values) for projection, values in row.items()}
+        return {key: {projection: sum(row[projection]) / len(row[projection])
+                      for projection in PROJECTIONS if projection in row}
                 for key, row in sorted(table.items())}
 
     layer_types = {record["layer"]: record["layer_type"] for record in records}
