@@ -37,6 +37,7 @@ MODELS = {
     "hypenet": {},
     "all-attention-rope": dict(layer_types=["attention"] * 4, attention_rope=True, attn_logits_scaling_a=None,
                                attention_output_gate=False),
+    "rope-layers": dict(layer_types=["lightning", "attention_rope", "attention", "lightning"]),
 }
 
 
@@ -79,6 +80,22 @@ def test_engine_refuses_overflow_and_unknown_layers():
     model.config.layer_types = ["lightning", "swa", "lightning", "attention"]
     with pytest.raises(ValueError, match="swa"):
         InferenceEngine(model, batch_size=1, max_length=8)
+    model.config.layer_types = ["lightning", "attention", "lightning", "attention"]
+    model.config.eme_window = 16
+    with pytest.raises(ValueError, match="EME"):
+        InferenceEngine(model, batch_size=1, max_length=8)
+
+
+@pytest.mark.slow
+def test_compiled_decode_blocks_match_model_forward():
+    # torch.compile traces the same block functions on CPU as on CUDA (inductor emits C++ here, Triton there).
+    model = tiny_model(num_hidden_layers=2, layer_types=["lightning", "attention"])
+    tokens = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=2, max_length=16, prefill_chunk=5, compile_blocks=True)
+    logits = [engine.prefill(tokens[:, :9])] + [engine.decode(tokens[:, t : t + 1]) for t in range(9, 12)]
+    assert rel(torch.stack(logits, 1), full[:, 8:]) <= TOL
 
 
 def test_decode_attention_reference_matches_softmax_over_valid_prefix():

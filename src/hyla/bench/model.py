@@ -8,6 +8,7 @@ graph. Every system is checked against its reference before it is timed; a faile
 
 from __future__ import annotations
 
+import copy
 import gc
 from dataclasses import asdict, dataclass, replace
 
@@ -17,11 +18,12 @@ from hyla.bench import hf_baseline, shapes
 from hyla.bench.floors import ModelShape
 from hyla.bench.timing import CheckFailed, allocated_gib, peak_memory_gib, relative_error, reset_peak_memory, time_ms
 from hyla.inference import InferenceEngine
+from hyla.ops.dispatch import use_backend
 
 SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
 # bf16 weights and activations; the engine and the reference round at different points (chunked attention merged in
 # fp32, fp32 recurrent state vs fla's chunk kernel, split-K decode): ~1e-2 relative on logits, as the model's own
-# GPU test allows for fla vs reference in bf16.
+# GPU test allows for fla vs reference in bf16. See check_engine for the bar actually applied.
 CHECK_TOLERANCE = 2e-2
 MARGIN = 256  # decode positions past the longest context
 
@@ -70,11 +72,20 @@ def _random_ids(model, batch, length, seed):
 
 @torch.no_grad()
 def check_engine(model, reference, settings: ModelSettings) -> dict:
-    """Engine prefill (>= 3 chunks, so merged chunk attention runs) and graph decode against `reference`'s full
-    forward over the same tokens."""
+    """Engine prefill (>= 3 chunks, so merged chunk attention runs) and graph decode against a float32 copy of
+    `reference` over the same tokens. The bar is the reference's own forward in the benchmark dtype: random-weight
+    models at these widths amplify bf16 rounding (measured on CPU, 8 of HypeNet-2B's layers: bf16 forward 3.7% from
+    float32; the engine in float32 within 4e-6 of the model in float32), so the engine may not add more than half
+    again the error the model's own bf16 forward has, nor exceed CHECK_TOLERANCE when that is larger."""
     length, steps = settings.check_length, 8
     ids = _random_ids(model, 1, length + steps, seed=1)
-    expected = reference(ids, use_cache=False).logits[:, length - 1 :].float()
+    exact = copy.deepcopy(reference).float()
+    # Pure-torch mixers for the float32 copy: no kernel compilation and autotuning for a second dtype.
+    with use_backend("torch"):
+        expected = exact(ids, use_cache=False).logits[:, length - 1 :].float()
+    del exact
+    _free()
+    own = reference(ids, use_cache=False).logits[:, length - 1 :].float()
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
                              compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend)
     logits = [engine.prefill(ids[:, :length]).float()]
@@ -84,9 +95,13 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
         logits.append(engine.decode(ids[:, t : t + 1]).float())
     got = torch.stack(logits, dim=1)
     errors = {"prefill": relative_error(got[:, 0], expected[:, 0]), "decode": relative_error(got[:, 1:], expected[:, 1:])}
-    if not max(errors.values()) <= CHECK_TOLERANCE:
-        raise CheckFailed(f"engine logits differ from the reference: {errors} > {CHECK_TOLERANCE}")
-    return {"length": length, "decode_steps": steps, "tolerance": CHECK_TOLERANCE, "relative_errors": errors}
+    reference_error = relative_error(own, expected)
+    bar = max(CHECK_TOLERANCE, 1.5 * reference_error)
+    if not max(errors.values()) <= bar:
+        raise CheckFailed(f"engine logits vs float32 reference: {errors} > {bar:.3g} (the reference's own "
+                          f"{settings.dtype} forward: {reference_error:.3g})")
+    return {"length": length, "decode_steps": steps, "bar": bar, "relative_errors": errors,
+            "reference_own_dtype_error": reference_error}
 
 
 def _prefill_row(shape: ModelShape, context: int, batch: int, ms: float, device) -> dict:

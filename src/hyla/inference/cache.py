@@ -30,7 +30,7 @@ class StaticHybridCache:
         state_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         keys, values, states = {}, {}, {}
         for index, kind in enumerate(config.layer_types):
-            if kind == "attention":
+            if kind in ("attention", "attention_rope"):
                 keys[index] = torch.zeros(kv_shape, device=device, dtype=dtype)
                 values[index] = torch.zeros(kv_shape, device=device, dtype=dtype)
             else:

@@ -17,7 +17,8 @@ from hyla.inference.prefill_attention import ATTENTION_BACKENDS, chunk_attention
 from hyla.layers.context import MixerContext
 from hyla.ops.lightning import lightning_attention
 
-SUPPORTED_LAYER_TYPES = ("lightning", "attention")
+# Global softmax attention (NoPE or RoPE) and Lightning; the other mixers have no fast path here yet.
+SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 
 
 def lightning_block_decode(block, hidden, position_ids, cos, sin, state, decay, scale):
@@ -57,6 +58,9 @@ class InferenceEngine:
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
             raise ValueError(f"the inference engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers, not {unsupported}")
+        if getattr(config, "eme_window", None) is not None:
+            raise ValueError("the inference engine runs global attention and full Lightning state: turn EME "
+                             "(eme_window) off or use the model's own forward")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         if attention_backend == "auto":
