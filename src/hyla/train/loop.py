@@ -80,6 +80,7 @@ def run_training(
 ) -> TrainResult:
     """Train for `loop.steps` optimizer steps, resuming from the newest checkpoint in `out_dir/checkpoints`."""
     out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / "checkpoints"
     optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps)
     start = 0

@@ -1,0 +1,125 @@
+"""`hyla train` from scratch: runs, resumes after SIGKILL to the same weights, LongCE, the schedule."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hyla.cli import main
+from hyla.train.losses import ce_loss, longce_loss
+from hyla.train.optim import OptimSettings, lr_at
+
+CONFIG = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
+          "num_key_value_heads": 2, "layer_types": ["lightning", "lightning", "lightning", "attention"]}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    from hyla.data.tokenize import PrepareSettings, prepare_corpus
+    from tests.convert.conftest import TEXT, build_tokenizer
+
+    root = tmp_path_factory.mktemp("train")
+    build_tokenizer().save_pretrained(root / "tokenizer")
+    texts = root / "texts"
+    texts.mkdir()
+    for i in range(40):
+        (texts / f"doc{i}.txt").write_text(TEXT * (1 + i % 3) + f" document {i}.")
+    settings = PrepareSettings(tokenizer=str(root / "tokenizer"), sources=(str(texts),))
+    prepare_corpus(root / "corpus", settings, show_progress=False)
+    (root / "config.json").write_text(json.dumps(CONFIG))
+    return root
+
+
+def train_args(root: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--config", str(root / "config.json"), "--data", str(root / "corpus"), "--out", str(out),
+            "--steps", "12", "--seq-len", "64", "--batch-size", "4", "--lr", "3e-3", "--warmup-steps", "2",
+            "--checkpoint-every", "1", "--device", "cpu", *extra]
+
+
+def test_training_lowers_the_loss_and_exports_a_model(corpus, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    assert main(train_args(corpus, tmp_path / "run")) == 0
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    assert model.config.layer_types == CONFIG["layer_types"]
+
+
+@pytest.mark.slow
+def test_training_killed_mid_run_resumes_to_the_same_weights(corpus, tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    assert main(train_args(corpus, reference)) == 0
+    process = subprocess.Popen([sys.executable, "-m", "hyla.cli", *train_args(corpus, killed)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
+    deadline = time.time() + 300
+    while not (killed / "checkpoints" / "step-5").exists():
+        assert process.poll() is None and time.time() < deadline
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert main(train_args(corpus, killed)) == 0
+    expected = load_file(reference / "model" / "model.safetensors")
+    actual = load_file(killed / "model" / "model.safetensors")
+    for name in expected:
+        assert torch.equal(expected[name], actual[name]), name
+    curve = lambda out: [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert curve(reference) == curve(killed)
+
+
+def test_bad_config_is_one_clear_error(corpus, tmp_path, capsys):
+    (tmp_path / "bad.json").write_text(json.dumps({**CONFIG, "layer_types": ["lightning", "mamba"] * 2}))
+    args = train_args(corpus, tmp_path / "x")
+    args[args.index("--config") + 1] = str(tmp_path / "bad.json")
+    assert main(args) == 2
+    assert "unknown layer types" in capsys.readouterr().err
+
+
+def _tiny_model():
+    from hyla import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    return HypeNetForCausalLM(HypeNetConfig(vocab_size=50, **CONFIG)).eval()
+
+
+def test_longce_equals_ce_when_the_window_covers_the_sequence():
+    """With a window of the whole sequence, short and full losses coincide: every weight is exp(0) = 1."""
+    model = _tiny_model()
+    batch = {"input_ids": torch.randint(0, 50, (2, 32)), "labels": torch.randint(0, 50, (2, 32))}
+    loss, metrics = longce_loss(model, batch, window=32)
+    expected, _ = ce_loss(model, batch)
+    assert torch.allclose(loss, expected, atol=1e-6)
+    assert metrics["mean_weight"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_longce_weights_follow_the_influence(monkeypatch):
+    """Hand-computed: full losses (1, 2), short losses (1 + ln 2, 2 + 10): weights (2, cap 5) ->
+    (2*1 + 5*2) / (2 + 5) = 12/7."""
+    import hyla.train.losses as losses
+
+    monkeypatch.setattr(losses, "token_losses", lambda model, ids, labels: torch.tensor([[1.0, 2.0]]))
+    monkeypatch.setattr(losses, "short_context_losses",
+                        lambda model, ids, labels, window: torch.tensor([[1.0 + math.log(2.0), 12.0]]))
+    loss, _ = losses.longce_loss(None, {"input_ids": None, "labels": None}, cap=5.0)
+    assert loss.item() == pytest.approx(12 / 7)
+
+
+def test_schedule_warms_up_then_decays_to_min_lr():
+    settings = OptimSettings(lr=1e-3, min_lr=1e-5, warmup_steps=10, schedule="cosine")
+    assert lr_at(0, 100, settings) == pytest.approx(1e-4)
+    assert lr_at(9, 100, settings) == pytest.approx(1e-3)
+    assert lr_at(10, 100, settings) == pytest.approx(1e-3)
+    assert lr_at(55, 100, settings) == pytest.approx((1e-3 + 1e-5) / 2)
+    assert lr_at(100, 100, settings) == pytest.approx(1e-5)
+    constant = OptimSettings(lr=1e-5, min_lr=1e-5, warmup_steps=0, schedule="constant")
+    assert lr_at(7, 100, constant) == 1e-5
