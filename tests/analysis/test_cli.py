@@ -34,6 +34,7 @@ def test_hitrate_writes_the_entropy_vs_hit_rate_plot(tiny_model_folder, tmp_path
     results = read(out)
     assert len(results["samples"]) == 2 and all(len(sample["needle_positions"]) == 7 for sample in results["samples"])
     assert all(0 <= head["hit_rate"] <= 1 for head in results["heads"])
+    assert all(len(head["hit_rate_by_sample"]) == 2 for head in results["heads"])
     assert (out / "entropy_vs_hitrate.png").stat().st_size > 0
 
 

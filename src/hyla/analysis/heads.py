@@ -146,6 +146,8 @@ def head_records(per_probe: list[list[LayerStatistics]]) -> list[dict]:
             record = {"layer": layer.index, "head": head, "layer_type": layer.layer_type, "group": layer.layer_type}
             for name, (means, stds) in columns.items():
                 record[name], record[f"{name}_std"] = means[head], stds[head]
+            if layer.hit_rate is not None:
+                record["hit_rate_by_sample"] = [statistics.hit_rate[head].item() for statistics in layers]
             records.append(record)
     return records
 
