@@ -159,7 +159,7 @@ def _finish(kind: str, args: argparse.Namespace, settings: dict, result: dict, o
 def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals import niah
     from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
-    from hyla.evals.runner import save_jsonl
+    from hyla.evals.runner import print_settings, save_jsonl
 
     names = [
         "tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate", "from_jsonl", "task_name"
@@ -172,6 +172,7 @@ def _handle_niah(args: argparse.Namespace) -> int:
         adjective_noun_lists()
     if args.from_jsonl is not None and args.model is None:
         settings, out_dir, model, tokenizer = _settings(args, names), _out_dir(args, "niah"), None, None
+        print_settings("niah", {**settings, "out": out_dir})
     elif args.model is None:
         raise ValueError("hyla eval niah needs --model (or --from-jsonl with a file that has predictions)")
     else:
