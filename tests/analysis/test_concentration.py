@@ -12,7 +12,7 @@ from transformers.models.qwen3 import modeling_qwen3
 import hyla.layers.attention as attention_layer
 import hyla.layers.lightning as lightning_layer
 from hyla import HypeNetConfig, HypeNetForCausalLM
-from hyla.analysis.capture import capture_heads
+from hyla.analysis.capture import capture_heads, mixer_layers
 from hyla.analysis.concentration import (
     HeadInputs,
     concentration,
@@ -224,3 +224,24 @@ def test_hit_rate_counts_only_top_k_and_never_zero_weights():
     assert top_k_hit_rate(alpha, torch.tensor([3, 4]), top_k=5).item() == 0.0
     with pytest.raises(ValueError):
         top_k_hit_rate(alpha, torch.tensor([], dtype=torch.long), top_k=2)
+
+
+def test_a_mixer_without_a_registered_capture_is_one_clear_error():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mixer = torch.nn.Linear(4, 4)
+
+    class Decoder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Block()])
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = Decoder()
+            self.config = None
+
+    with pytest.raises(ValueError, match="no concentration capture for mixer Linear"):
+        mixer_layers(Model())

@@ -111,7 +111,9 @@ def mixer_layers(model: nn.Module) -> list[MixerLayer]:
     config_types = getattr(model.config, "layer_types", None)
     layers = []
     for index, block in enumerate(blocks):
-        module = getattr(block, "mixer", None) or getattr(block, "self_attn", None)
+        module = getattr(block, "mixer", None)
+        if module is None:
+            module = getattr(block, "self_attn", None)
         if module is None:
             raise ValueError(f"decoder layer {index} of {type(model).__name__} has neither .mixer nor .self_attn")
         layer_type = getattr(block, "layer_type", None) or (config_types[index] if config_types else "attention")
