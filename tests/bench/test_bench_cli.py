@@ -24,6 +24,9 @@ def test_bench_model_toy_writes_results(tmp_path):
     assert max(hypenet["check"]["relative_errors"].values()) <= hypenet["check"]["bar"]
     assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
     assert (tmp_path / "model.png").stat().st_size > 0 and "Targets" in (tmp_path / "model.md").read_text()
+    merged = tmp_path / "merged"
+    assert main(["bench", "report", str(tmp_path / "model.json"), "--out", str(merged)]) == 0
+    assert json.loads((merged / "model.json").read_text())["systems"].keys() == results["systems"].keys()
 
 
 def test_bench_kernels_toy_writes_results(tmp_path):

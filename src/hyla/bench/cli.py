@@ -44,6 +44,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
+    report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
+    report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
+    report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
+    report.set_defaults(handler=run_report)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -139,4 +143,26 @@ def run_model(args: argparse.Namespace) -> int:
     plot_model(results, out / "model.png")
     (out / "model.md").write_text(model_markdown(results, env["command"]))
     print(model_markdown(results, env["command"]))
+    return 0
+
+
+def run_report(args: argparse.Namespace) -> int:
+    from hyla.bench.report import model_markdown, plot_model
+
+    merged = {"systems": {}, "runs": []}
+    for name in args.results:
+        path = Path(name)
+        if not path.is_file():
+            raise FileNotFoundError(f"no results file {path}")
+        results = json.loads(path.read_text())
+        merged["systems"].update(results.get("systems", {}))
+        merged["runs"].append({"file": str(path), "environment": results.get("environment"),
+                               "settings": results.get("settings")})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "model.json", merged)
+    plot_model(merged, out / "model.png")
+    commands = "; ".join(run["environment"]["command"] for run in merged["runs"] if run.get("environment"))
+    (out / "model.md").write_text(model_markdown(merged, commands))
+    print(model_markdown(merged, commands))
     return 0
