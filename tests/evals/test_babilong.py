@@ -67,7 +67,10 @@ def test_answer_follows_from_the_facts_in_the_prompt(smollm2_tokenizer, task):
         # Every fact appears in the prompt, in story order (a fact may repeat, so search after the previous one).
         position = 0
         for fact in sample.facts:
-            position = sample.input.index(fact, position) + len(fact)
+            start = sample.input.index(fact, position)
+            # Each fact stands as a whole sentence, after the end of the previous one.
+            assert sample.input[start - 2 : start] in (">\n", ". ", "? ", "! ", '" ', "' ", ") ")
+            position = start + len(fact)
 
 
 @pytest.mark.parametrize("length", [1024, 4096])

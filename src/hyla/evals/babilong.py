@@ -139,7 +139,10 @@ _STORY_GENERATORS = {"qa1": _qa1, "qa2": _qa2, "qa3": _qa3, "qa4": _qa4, "qa5": 
 
 def _context(facts: list[str], num_words: int, rng: random.Random) -> str:
     sentences = split_sentences(essay_word_prefix(num_words, offset=rng.randrange(len(load_essay_words()))))
-    positions = sorted(rng.randint(0, len(sentences)) for _ in facts)
+    # The background starts and ends mid-sentence (a random word offset, a word budget): facts go between the
+    # fragments, so that no fact is glued to a broken sentence.
+    first, last = (1, len(sentences) - 1) if len(sentences) >= 2 else (0, len(sentences))
+    positions = sorted(rng.randint(first, last) for _ in facts)
     pieces, start = [], 0
     for position, fact in zip(positions, facts):
         pieces += sentences[start:position] + [fact]
