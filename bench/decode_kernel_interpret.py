@@ -1,0 +1,45 @@
+"""Check the split-K decode kernel's logic on CPU through Triton's interpreter (no GPU needed).
+
+Needs triton importable (e.g. `pip install --no-deps --target /tmp/tri triton==3.6.0`), then:
+`TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/decode_kernel_interpret.py`.
+The interpreter holds scalars as 1-element arrays, which numpy 2 refuses to turn into a loop bound; the patch below
+reads the element instead. Compiled kernels are unaffected.
+"""
+
+import torch
+import triton.runtime.interpreter as interpreter
+
+import hyla.inference.decode_triton as decode_triton
+from hyla.inference.decode_attention import decode_attention_reference
+
+_patch_tensor = interpreter._patch_lang_tensor
+
+
+def _patch_with_scalar_index(tensor, scope):
+    _patch_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+
+interpreter._patch_lang_tensor = _patch_with_scalar_index
+decode_triton._num_sms = lambda index: 4  # a few splits per row even for short buffers
+
+
+def main():
+    torch.manual_seed(0)
+    cases = [(1, 4, 2, 300, 1, torch.float32), (1, 4, 2, 300, 300, torch.float32), (2, 4, 2, 500, 277, torch.float16),
+             (2, 2, 2, 200, 65, torch.float32), (3, 8, 2, 130, 129, torch.float16)]
+    for batch, heads, kv_heads, max_length, length, dtype in cases:
+        q = torch.randn(batch, heads, 32).to(dtype)
+        keys = torch.randn(batch, kv_heads, max_length, 32).to(dtype)
+        values = torch.randn(batch, kv_heads, max_length, 32).to(dtype)
+        keys[:, :, length:] = float("nan")  # never to be read
+        values[:, :, length:] = float("nan")
+        out = decode_triton.decode_attention_triton(q, keys, values, torch.tensor(length), scale=32**-0.5)
+        ref = decode_attention_reference(q.double(), keys[:, :, :length].double(), values[:, :, :length].double(),
+                                         length, scale=32**-0.5)
+        error = ((out.double() - ref).norm() / ref.norm()).item()
+        print(f"B={batch} H={heads} Hkv={kv_heads} Tmax={max_length} length={length} {dtype}: relative error {error:.2e}")
+
+
+if __name__ == "__main__":
+    main()
