@@ -9,6 +9,17 @@ from hyla.evals.generation import generate_greedy, left_padded_batch
 from hyla.evals.ppl import bucket_means, default_bucket_edges, long_token_sequences, ppl_by_position, token_losses
 
 
+def _tiny_hypenet(vocab_size: int = 97):
+    """A 2-layer random HypeNet (Lightning + NoPE attention): the evaluations must work for hybrids too."""
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           layer_types=["lightning", "attention"], pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return HypeNetForCausalLM(config).eval()
+
+
 def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm2_tokenizer):
     padding_side = smollm2_tokenizer.padding_side
     input_ids, attention_mask = left_padded_batch(smollm2_tokenizer, ["a b c d e f", "hi"])
@@ -17,10 +28,12 @@ def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm
     assert smollm2_tokenizer.decode(input_ids[1][attention_mask[1].bool()]) == "hi"
 
 
-def test_batched_greedy_generation_equals_one_prompt_at_a_time(smollm2_tokenizer, tiny_llama):
+@pytest.mark.parametrize("model_kind", ["llama", "hypenet"])
+def test_batched_greedy_generation_equals_one_prompt_at_a_time(smollm2_tokenizer, model_kind, request):
+    model = request.getfixturevalue("tiny_llama") if model_kind == "llama" else _tiny_hypenet(len(smollm2_tokenizer))
     prompts = ["The grass is green.", "One of the special magic numbers for x-y is: 1234567. What is it?", "Hi"]
-    batched = generate_greedy(tiny_llama, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=3)
-    single = generate_greedy(tiny_llama, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=1)
+    batched = generate_greedy(model, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=3)
+    single = generate_greedy(model, smollm2_tokenizer, prompts, max_new_tokens=6, batch_size=1)
     assert batched == single
     assert all(text for text in batched)
 
@@ -30,15 +43,18 @@ def test_batch_size_must_be_positive(smollm2_tokenizer, tiny_llama):
         generate_greedy(tiny_llama, smollm2_tokenizer, ["x"], batch_size=0)
 
 
-def test_chunked_losses_equal_one_full_forward(tiny_llama):
+@pytest.mark.parametrize("model_kind", ["llama", "hypenet"])
+def test_chunked_losses_equal_one_full_forward(model_kind, request):
+    # The hybrid model ignores a cache passed without use_cache=True: the last chunk must still set it.
+    model = request.getfixturevalue("tiny_llama") if model_kind == "llama" else _tiny_hypenet()
     torch.manual_seed(1)
-    input_ids = torch.randint(0, tiny_llama.config.vocab_size, (2, 50))
+    input_ids = torch.randint(3, 97, (2, 50))
     with torch.no_grad():
-        log_probs = tiny_llama(input_ids).logits[:, :-1].log_softmax(-1)
+        log_probs = model(input_ids).logits[:, :-1].log_softmax(-1)
     reference = -log_probs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     for chunk_size in (7, 1000):
         # fp32 on CPU: chunked attention over a cache differs from one pass only by summation order.
-        torch.testing.assert_close(token_losses(tiny_llama, input_ids, chunk_size=chunk_size), reference,
+        torch.testing.assert_close(token_losses(model, input_ids, chunk_size=chunk_size), reference,
                                    rtol=1e-5, atol=1e-5)
 
 

@@ -60,11 +60,12 @@ def token_losses(model: Any, input_ids: torch.Tensor, *, chunk_size: int = DEFAU
     input_ids = input_ids.to(device)
     seq_len = input_ids.shape[1]
     losses, past_key_values = [], None
+    # Every chunk, the last included, must run with use_cache: some models ignore a cache passed without it.
+    use_cache = seq_len - 1 > chunk_size
     for start in range(0, seq_len - 1, chunk_size):
         end = min(start + chunk_size, seq_len - 1)
-        use_cache = end < seq_len - 1
         outputs = model(input_ids=input_ids[:, start:end], past_key_values=past_key_values, use_cache=use_cache)
-        past_key_values = outputs.past_key_values if use_cache else None
+        past_key_values = outputs.past_key_values
         log_probs = outputs.logits.float().log_softmax(dim=-1)
         targets = input_ids[:, start + 1 : end + 1]
         losses.append(-log_probs.gather(-1, targets[..., None]).squeeze(-1))
