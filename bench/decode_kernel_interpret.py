@@ -38,7 +38,8 @@ def main():
         ref = decode_attention_reference(q.double(), keys[:, :, :length].double(), values[:, :, :length].double(),
                                          length, scale=32**-0.5)
         error = ((out.double() - ref).norm() / ref.norm()).item()
-        print(f"B={batch} H={heads} Hkv={kv_heads} Tmax={max_length} length={length} {dtype}: relative error {error:.2e}")
+        shape = f"B={batch} H={heads} Hkv={kv_heads} Tmax={max_length} length={length} {dtype}"
+        print(f"{shape}: relative error {error:.2e}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ from hyla.cli import main
 def test_bench_model_toy_writes_results(tmp_path):
     code = main(["bench", "model", "--toy", "--device", "cpu", "--out", str(tmp_path), "--contexts", "48",
                  "--systems", "hypenet,qwen3-engine,qwen3-hf-default", "--large-batch", "2",
-                 "--large-batch-contexts", "48", "--no-compile", "--prefill-chunk", "16", "--decode-steps", "2", "--repeats", "1"])
+                 "--large-batch-contexts", "48", "--no-compile", "--prefill-chunk", "16", "--decode-steps", "2",
+                 "--repeats", "1"])
     assert code == 0
     results = json.loads((tmp_path / "model.json").read_text())
     assert set(results["systems"]) == {"hypenet", "qwen3-engine", "qwen3-hf-default"}
@@ -68,3 +69,19 @@ def test_floors_match_hand_counts():
     assert shape.prefill_flops(2**19) == pytest.approx(2 * shape.matmul_params * 2**19 + 28 * causal)
     hypenet = hypenet_config()
     assert [i for i, kind in enumerate(hypenet.layer_types) if kind == "attention"] == [2, 3, 6, 8, 9, 21, 25]
+
+
+def test_hf_static_cache_step_matches_dynamic_cache_step():
+    # The step that qwen3-hf-graph captures, run eagerly: HF's StaticCache path over the synthetic cache must give
+    # the DynamicCache path's logits (float32: only summation order differs).
+    from hyla.bench import hf_baseline
+    from hyla.bench.shapes import qwen3_hf_config
+
+    qwen3 = hf_baseline.build_qwen3(qwen3_hf_config(toy=True), device="cpu", dtype=torch.float32)
+    decoder = hf_baseline.HFGraphDecoder(qwen3, batch=1, context=16)
+    positions = decoder.position_ids.clone()
+    with torch.no_grad():
+        decoder._step()
+        expected = model._hf_eager_step(qwen3, decoder.tokens, positions, 16, torch.float32)
+    assert int(decoder.position_ids) == 17
+    assert ((decoder.logits.float() - expected).norm() / expected.norm()).item() <= 1e-5

@@ -128,7 +128,8 @@ def run_model(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
-        decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk, compile_blocks=not args.no_compile,
+        decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk,
+        compile_blocks=not args.no_compile,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)

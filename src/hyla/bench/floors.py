@@ -53,7 +53,8 @@ class ModelShape:
 
     def prefill_flops(self, length: int) -> float:
         """Forward FLOPs of a causal prefill of `length` tokens: 2 per matrix parameter per token, causal attention
-        2 T^2 H D per layer (QK^T and PV over the lower triangle), chunked Lightning 4 C D + 4 D^2 per token and head."""
+        2 T^2 H D per layer (QK^T and PV over the lower triangle), chunked Lightning 4 C D + 4 D^2 per token and
+        head."""
         linear = 2.0 * self.matmul_params * length
         attention = self.num_attention_layers * 2.0 * length**2 * self.num_heads * self.head_dim
         lightning = self.num_lightning_layers * length * self.num_heads * (

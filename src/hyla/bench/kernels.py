@@ -62,7 +62,9 @@ def _sdpa(backend_name: str | None):
 
             context = sdpa_kernel(getattr(SDPBackend, backend_name))
         with context:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+            out = F.scaled_dot_product_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+            )
         return out.transpose(1, 2)
 
     return run

@@ -76,7 +76,8 @@ def decode_table(results: dict) -> list[str]:
 
 
 def prefill_table(results: dict) -> list[str]:
-    lines = ["| system | context | seconds | us/token | TFLOP/s | x FLOP floor | peak GiB |", "|---|---|---|---|---|---|---|"]
+    lines = ["| system | context | seconds | us/token | TFLOP/s | x FLOP floor | peak GiB |",
+             "|---|---|---|---|---|---|---|"]
     for system, data in results.get("systems", {}).items():
         for r in sorted(data.get("prefill", []), key=lambda r: r["context"]):
             peak = "" if r.get("peak_gib") is None else f"{r['peak_gib']:.1f}"

@@ -57,7 +57,8 @@ class InferenceEngine:
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
-            raise ValueError(f"the inference engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers, not {unsupported}")
+            supported = ", ".join(SUPPORTED_LAYER_TYPES)
+            raise ValueError(f"the inference engine supports {supported} layers, not {unsupported}")
         if getattr(config, "eme_window", None) is not None:
             raise ValueError("the inference engine runs global attention and full Lightning state: turn EME "
                              "(eme_window) off or use the model's own forward")
@@ -75,7 +76,8 @@ class InferenceEngine:
         )
         self.num_cached = 0
         self.scale = config.head_dim**-0.5
-        log_decay = next((b.mixer.log_decay(self.device) for b in model.model.layers if b.layer_type == "lightning"), None)
+        lightning = [b.mixer for b in model.model.layers if b.layer_type == "lightning"]
+        log_decay = lightning[0].log_decay(self.device) if lightning else None
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         self._blocks = self._block_functions(compile_blocks)
@@ -106,7 +108,9 @@ class InferenceEngine:
 
     def _check_room(self, num_new: int) -> None:
         if self.num_cached + num_new > self.cache.max_length:
-            raise ValueError(f"{self.num_cached} cached + {num_new} new tokens exceed max_length {self.cache.max_length}")
+            raise ValueError(
+                f"{self.num_cached} cached + {num_new} new tokens exceed max_length {self.cache.max_length}"
+            )
 
     @torch.no_grad()
     def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -168,7 +172,8 @@ class InferenceEngine:
         valid_length = cache.length + 1
         for index, block in enumerate(model.layers):
             if block.layer_type == "lightning":
-                hidden = lightning_step(block, hidden, position_ids, cos, sin, cache.states[index], self.decay, self.scale)
+                state = cache.states[index]
+                hidden = lightning_step(block, hidden, position_ids, cos, sin, state, self.decay, self.scale)
                 continue
             keys, values = cache.keys[index], cache.values[index]
             x, q = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position)

@@ -34,7 +34,9 @@ def attention_with_lse_reference(
 
 def _fused_with_lse(q, k, v, *, causal: bool, scale: float, backend: str):
     if backend == "cudnn":
-        result = torch.ops.aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, causal, False, scale=scale)
+        result = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True, 0.0, causal, False, scale=scale
+        )
     else:
         result = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
     output, lse = result[0], result[1]
@@ -51,7 +53,8 @@ def attention_with_lse(
     num_heads, num_kv_heads = q.shape[1], k.shape[1]
     group = num_heads // num_kv_heads
     kv_per_call = num_kv_heads
-    while kv_per_call > 1 and q.shape[0] * kv_per_call * group * max(q.shape[2], k.shape[2]) * q.shape[3] > _MAX_ELEMENTS:
+    longest = max(q.shape[2], k.shape[2])
+    while kv_per_call > 1 and q.shape[0] * kv_per_call * group * longest * q.shape[3] > _MAX_ELEMENTS:
         kv_per_call //= 2
     outputs, lses = [], []
     for first in range(0, num_kv_heads, kv_per_call):
