@@ -35,8 +35,10 @@ def default_layer_types(num_layers: int) -> list[str]:
 @strict
 class HypeNetConfig(PreTrainedConfig):
     r"""
-    layer_types (`list[str]`): the mixer of each layer, "lightning" or "attention". Default: 3 Lightning then 1
-        attention, repeated.
+    layer_types (`list[str]`): the mixer of each layer, one of LAYER_TYPES: "lightning", "gla", "gdn", "swa",
+        "attention" (NoPE unless attention_rope), "attention_rope", or a head-wise hybrid "hh_<lightning|gla|gdn|swa>"
+        (docs/family.md; hyla.models.layouts builds LH/YOCO-like/HH lists). Default: 3 Lightning then 1 attention,
+        repeated.
     attn_logits_scaling_a (`float`, *optional*): the constant a of the per-query logit scaling
         s_t = log(t + a) / log(a) in attention layers; None turns scaling off.
     attention_rope (`bool`): RoPE in attention layers (False = NoPE, the HypeNet design).
