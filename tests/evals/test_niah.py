@@ -201,6 +201,8 @@ def test_from_jsonl_reads_a_ruler_prediction_file(tmp_path):
     result = niah.evaluate_ruler_jsonl(path)
     assert result["summary"] == {"accuracy": 0.5, "SK2/accuracy": 0.5, "SK2/4096": 0.5}
     assert result["overall"]["by_depth"] == {60: 0.5}
+    # Scores 1 and 0: sample standard deviation √0.5, over √2.
+    assert result["overall"]["accuracy_stderr"] == pytest.approx(0.5)
 
 
 def test_evaluate_niah_runs_a_real_hf_model(smollm2_tokenizer, tiny_llama):

@@ -79,11 +79,12 @@ def load_documents(task: str, limit: int | None = None) -> list[ChoiceDocument]:
     return list(documents.values())
 
 
-def _mean_and_stderr(values: list[float]) -> tuple[float, float]:
+def _mean_and_stderr(values: list[float]) -> tuple[float, float | None]:
     num_values = len(values)
     mean = sum(values) / num_values
     if num_values < 2:
-        return mean, float("nan")
+        # Undefined for one document; None keeps results.json strict JSON.
+        return mean, None
     variance = sum((value - mean) ** 2 for value in values) / (num_values - 1)
     return mean, math.sqrt(variance / num_values)
 
@@ -152,7 +153,7 @@ def plot_csr(tasks: dict[str, Any], path: Path) -> None:
     figure, axes = new_figure(1.5 + 1.1 * len(names), 3.5)
     for offset, metric in ((-0.2, "acc"), (0.2, "acc_norm")):
         values = [tasks[name].get(metric, float("nan")) for name in names]
-        errors = [tasks[name].get(f"{metric}_stderr", 0.0) for name in names]
+        errors = [tasks[name].get(f"{metric}_stderr") or 0.0 for name in names]
         axes.bar([i + offset for i in range(len(names))], values, width=0.4, yerr=errors, label=metric, capsize=3)
     axes.set_xticks(range(len(names)), names, rotation=20)
     axes.set_ylim(0.0, 1.0)

@@ -65,10 +65,19 @@ def _mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def _stderr(values: list[float]) -> float | None:
+    # Sample standard deviation / √n, as for CSR; layer selection compares scores against this noise.
+    if len(values) < 2:
+        return None
+    mean = _mean(values)
+    return math.sqrt(sum((value - mean) ** 2 for value in values) / (len(values) - 1) / len(values))
+
+
 def aggregate_scores(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Mean score per task, per length, per depth, and per (length, depth), from per-sample records.
 
-    Each record has `task`, `length` (the target length), `depth_percent` and `score`.
+    Each record has `task`, `length` (the target length), `depth_percent` and `score`. Accuracies come with
+    `accuracy_stderr` (standard error of the mean over samples).
     """
     by_task: dict[str, list[dict]] = defaultdict(list)
     for record in records:
@@ -92,8 +101,10 @@ def _aggregate_one(records: list[dict[str, Any]]) -> dict[str, Any]:
     by_length_depth: dict[int, dict[int, float]] = defaultdict(dict)
     for (length, depth), scores in sorted(by_cell.items()):
         by_length_depth[length][depth] = _mean(scores)
+    scores = [record["score"] for record in records]
     return {
-        "accuracy": _mean([record["score"] for record in records]),
+        "accuracy": _mean(scores),
+        "accuracy_stderr": _stderr(scores),
         "num_samples": len(records),
         "by_length": {length: _mean(scores) for length, scores in sorted(by_length.items())},
         "by_depth": {depth: _mean(scores) for depth, scores in sorted(by_depth.items())},
