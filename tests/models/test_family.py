@@ -75,7 +75,8 @@ def test_packed_documents_equal_separate_forwards(layer_type):
 
 def test_eme_changes_only_what_reaches_beyond_its_window():
     """Below the EME window and below L0 every mixer gives the plain result; past them the result changes."""
-    model = make_model(3, **dict(FAMILY, num_hidden_layers=4, layer_types=["gla", "attention", "gdn", "attention_rope"]))
+    layer_types = ["gla", "attention", "gdn", "attention_rope"]
+    model = make_model(3, **dict(FAMILY, num_hidden_layers=4, layer_types=layer_types))
     tokens = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         plain = model(tokens, use_cache=False).logits
@@ -88,7 +89,8 @@ def test_eme_changes_only_what_reaches_beyond_its_window():
 def test_save_load_keeps_family_fields(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    model = make_model(11, **dict(FAMILY, **EME, num_hidden_layers=4, layer_types=["hh_gdn", "swa", "gla", "attention"]))
+    layer_types = ["hh_gdn", "swa", "gla", "attention"]
+    model = make_model(11, **dict(FAMILY, **EME, num_hidden_layers=4, layer_types=layer_types))
     model.save_pretrained(tmp_path)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     for field in ("layer_types", "headwise_ratio", "sliding_window", *EME):

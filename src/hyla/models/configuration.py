@@ -145,7 +145,8 @@ class HypeNetConfig(PreTrainedConfig):
         if any(kind.startswith("hh_") for kind in self.layer_types):
             self.headwise_split()
         if self.logit_scaling not in LOGIT_SCALING_MODES:
-            raise ValueError(f"logit_scaling must be one of {', '.join(LOGIT_SCALING_MODES)}, got {self.logit_scaling!r}")
+            modes = ", ".join(LOGIT_SCALING_MODES)
+            raise ValueError(f"logit_scaling must be one of {modes}, got {self.logit_scaling!r}")
         if self.logit_scaling == "per_length" and (
             self.logit_scaling_train_length is None or self.logit_scaling_train_length < 2
         ):
