@@ -290,14 +290,15 @@ def tokenizer_identity(tokenizer, spec: str) -> dict[str, Any]:
 
 
 def provenance() -> dict[str, Any]:
-    import importlib.metadata
-
     import transformers
+
+    import hyla
 
     return {
         "command": sys.argv,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "hyla": importlib.metadata.version("hyla"),
+        # The package's own version: also right when hyla runs from a source tree without being installed.
+        "hyla": hyla.__version__,
         "git_sha": _git_sha(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
