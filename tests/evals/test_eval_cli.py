@@ -77,7 +77,9 @@ def test_bad_model_path_fails_with_one_line(capsys, tmp_path):
 ])
 def test_missing_data_package_fails_with_one_line(capsys, monkeypatch, tmp_path, kind, package, hint):
     real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == package else real_find_spec(name, *a)
+    )
     haystack.load_essay_text.cache_clear()
     code, _, stderr = _run(capsys, kind, "--model", tmp_path / "never-loaded", "--out", tmp_path)
     haystack.load_essay_text.cache_clear()

@@ -76,7 +76,9 @@ _TASK_SHAPES = [
 
 
 @pytest.mark.parametrize("task_name, key_pattern, value_pattern, num_needles, num_asked", _TASK_SHAPES)
-def test_prompt_follows_ruler_template(smollm2_tokenizer, task_name, key_pattern, value_pattern, num_needles, num_asked):
+def test_prompt_follows_ruler_template(
+    smollm2_tokenizer, task_name, key_pattern, value_pattern, num_needles, num_asked
+):
     task = TASKS[task_name]
     sample = build_samples(smollm2_tokenizer, task_name, 2048, 1, seed=3)[0]
     singular = task.num_needle_q * task.num_needle_v == 1
@@ -179,7 +181,8 @@ def test_from_jsonl_scores_like_our_scorer(tmp_path, smollm2_tokenizer, needle_o
     path = tmp_path / "niah_multivalue.jsonl"
     path.write_text("".join(json.dumps({**s.ruler_record(), "pred": p}) + "\n" for s, p in zip(samples, predictions)))
     from_file = niah.evaluate_ruler_jsonl(path)
-    assert [r["score"] for r in from_file["records"]] == [niah.score(p, s.outputs) for s, p in zip(samples, predictions)]
+    expected = [niah.score(prediction, sample.outputs) for sample, prediction in zip(samples, predictions)]
+    assert [record["score"] for record in from_file["records"]] == expected
     assert {r["score"] for r in from_file["records"]} >= {0.0, 0.25, 1.0}
 
     # Without predictions the file's prompts are run through the model, exactly as our own samples are.

@@ -31,7 +31,9 @@ OPPOSITE_DIRECTION = {"north": "south", "south": "north", "east": "west", "west"
 
 INSTRUCTIONS = {
     "qa1": "The text hides facts about where people went. Answer with the person's latest location, one word.",
-    "qa2": "The text hides facts about people moving and carrying objects. Answer with the object's location, one word.",
+    "qa2": (
+        "The text hides facts about people moving and carrying objects. Answer with the object's location, one word."
+    ),
     "qa3": "The text hides facts about people moving and carrying objects. Answer with a location, one word.",
     "qa4": "The text hides facts about how rooms are placed. Answer with one word.",
     "qa5": "The text hides facts about people giving objects to each other. Answer with one word.",
@@ -88,7 +90,8 @@ def _qa2(rng: random.Random) -> tuple[list[str], str, str]:
     person, *others = rng.sample(PEOPLE, len(PEOPLE))
     item = rng.choice(OBJECTS)
     first, last = rng.sample(LOCATIONS, 2)
-    story = [_move(rng, person, first), f"{person} {rng.choice(TAKE_VERBS)} the {item} there.", _move(rng, person, last)]
+    take = f"{person} {rng.choice(TAKE_VERBS)} the {item} there."
+    story = [_move(rng, person, first), take, _move(rng, person, last)]
     return _interleave(rng, story, _distractor_moves(rng, others, 4)), f"Where is the {item}?", last
 
 
@@ -226,7 +229,8 @@ def _aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:
     for (task, length), scores in cells.items():
         tasks[task][length] = sum(scores) / len(scores)
     summary = {"accuracy": sum(r["score"] for r in records) / len(records)}
-    summary.update({f"{task}/{length}": value for task, by_length in tasks.items() for length, value in by_length.items()})
+    for task, by_length in tasks.items():
+        summary.update({f"{task}/{length}": value for length, value in by_length.items()})
     return {"summary": summary, "tasks": {task: {"by_length": by_length} for task, by_length in tasks.items()}}
 
 

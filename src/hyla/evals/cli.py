@@ -161,9 +161,8 @@ def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
     from hyla.evals.runner import print_settings, save_jsonl
 
-    names = [
-        "tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate", "from_jsonl", "task_name"
-    ]
+    names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate"]
+    names += ["from_jsonl", "task_name"]
     if args.from_jsonl is None:
         # Fail on missing data before spending time loading the model.
         for task in args.tasks or list(niah.TASKS):
@@ -235,7 +234,8 @@ def _handle_babilong(args: argparse.Namespace) -> int:
     names = ["tasks", "lengths", "num_samples", "max_new_tokens"]
     unknown = [task for task in args.tasks if task not in babilong.TASK_LABELS]
     if unknown:
-        raise ValueError(f"unknown BABILong task(s) {', '.join(unknown)}; choose from {', '.join(babilong.TASK_LABELS)}")
+        known = ", ".join(babilong.TASK_LABELS)
+        raise ValueError(f"unknown BABILong task(s) {', '.join(unknown)}; choose from {known}")
     load_essay_text()
     model, tokenizer, settings, out_dir = _start(args, "babilong", names)
     result = babilong.evaluate_babilong(

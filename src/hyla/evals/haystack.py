@@ -69,7 +69,7 @@ def adjective_noun_lists() -> tuple[tuple[str, ...], tuple[str, ...]]:
     try:
         from wonderwords import random_word
     except ImportError as err:
-        raise FileNotFoundError(f"the word lists for NIAH keys need the wonderwords package: {WORDS_INSTALL_HINT}") from err
+        raise FileNotFoundError(f"NIAH keys need the wonderwords package: {WORDS_INSTALL_HINT}") from err
     adjectives = random_word._get_words_from_text_file("adjectivelist.txt")
     nouns = random_word._get_words_from_text_file("nounlist.txt")
     return tuple(sorted(set(adjectives))), tuple(sorted(set(nouns)))

@@ -15,7 +15,7 @@ from typing import Any
 
 # override name → (config field, what it means), for the error message and the results file
 OVERRIDE_FIELDS = {
-    "logit_scaling_a": ("attn_logits_scaling_a", "dynamic logit scaling s_t = log(t + a) / log(a) of attention queries"),
+    "logit_scaling_a": ("attn_logits_scaling_a", "per-query logit scaling s_t = log(t + a) / log(a)"),
 }
 
 

@@ -82,7 +82,8 @@ def bucket_means(losses: torch.Tensor, bucket_edges: list[int]) -> list[dict[str
         if values.numel() == 0:
             continue
         mean_loss = values.mean().item()
-        buckets.append({"start": start, "end": end, "loss": mean_loss, "perplexity": float(torch.tensor(mean_loss).exp())})
+        perplexity = float(torch.tensor(mean_loss).exp())
+        buckets.append({"start": start, "end": end, "loss": mean_loss, "perplexity": perplexity})
     return buckets
 
 
