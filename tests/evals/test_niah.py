@@ -218,3 +218,33 @@ def test_heatmap_is_written(tmp_path):
     path = tmp_path / "heatmap.png"
     niah.plot_heatmap({"2048": {"0": 1.0, "50": 0.5}, "4096": {"0": 0.0}}, "test", path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_ruler_evaluate_script_gives_our_scores(tmp_path, smollm2_tokenizer):
+    """RULER's own evaluate.py, run on prediction files we write, reports the accuracies our scorer reports."""
+    import csv
+    import os
+    import subprocess
+    import sys
+
+    pytest.importorskip("nltk", reason="RULER's evaluate.py imports nltk")
+    pytest.importorskip("pandas", reason="RULER's evaluate.py imports pandas")
+    data_dir = tmp_path / "predictions"
+    data_dir.mkdir()
+    ours = {}
+    for task in ("SK1", "MV", "MQ"):
+        samples = build_samples(smollm2_tokenizer, task, 1024, 4, seed=6)
+        predictions = [" ".join(sample.outputs[: index + 1]) + " 0000000" for index, sample in enumerate(samples)]
+        ours[TASKS[task].ruler_name] = 100 * sum(map(niah.score, predictions, [s.outputs for s in samples])) / 4
+        lines = [json.dumps({**s.ruler_record(), "pred": p}) for s, p in zip(samples, predictions)]
+        (data_dir / f"{TASKS[task].ruler_name}.jsonl").write_text("\n".join(lines) + "\n")
+    # evaluate.py downloads nltk's punkt when it cannot find it; an empty folder of that name keeps it offline.
+    nltk_data = tmp_path / "nltk_data"
+    (nltk_data / "tokenizers" / "punkt").mkdir(parents=True)
+    script = ruler_package_dir() / "eval" / "evaluate.py"
+    subprocess.run([sys.executable, str(script), "--data_dir", str(data_dir), "--benchmark", "synthetic"],
+                   cwd=tmp_path, env={**os.environ, "NLTK_DATA": str(nltk_data)}, check=True, capture_output=True)
+    tasks_row, scores_row, _ = list(csv.reader((data_dir / "summary.csv").open()))[1:]
+    ruler = {task: float(value) for task, value in zip(tasks_row[1:], scores_row[1:])}
+    assert ruler == {task: pytest.approx(round(score, 2)) for task, score in ours.items()}
+    assert len(set(ruler.values())) > 1
