@@ -248,3 +248,71 @@ def test_ruler_evaluate_script_gives_our_scores(tmp_path, smollm2_tokenizer):
     ruler = {task: float(value) for task, value in zip(tasks_row[1:], scores_row[1:])}
     assert ruler == {task: pytest.approx(round(score, 2)) for task, score in ours.items()}
     assert len(set(ruler.values())) > 1
+
+
+_TENACITY_SHIM = '''
+def retry(*args, **kwargs):
+    return lambda function: function
+
+
+class _Wait:
+    def __add__(self, other):
+        return self
+
+
+def stop_after_attempt(attempts):
+    return None
+
+
+def wait_fixed(seconds):
+    return _Wait()
+
+
+def wait_random(low, high):
+    return _Wait()
+'''
+
+
+def _run_ruler_generator(tmp_path, tokenizer_dir, task, num_samples: int):
+    """Run RULER's own niah.py as prepare.py would; returns the data file it writes."""
+    import os
+    import subprocess
+    import sys
+
+    from long_context_eval.data.synthetic.constants import TASKS as RULER_TASKS
+
+    pytest.importorskip("nltk", reason="RULER's niah.py imports nltk")
+    # RULER's tokenizer module imports tenacity for API retries that an HF tokenizer never uses.
+    shim_dir = tmp_path / "shims"
+    shim_dir.mkdir(exist_ok=True)
+    (shim_dir / "tenacity.py").write_text(_TENACITY_SHIM)
+    template = RULER_TASKS["niah"]["template"] + RULER_TASKS["niah"]["answer_prefix"]
+    args = {"type_haystack": task.type_haystack, "type_needle_k": task.type_needle_k,
+            "type_needle_v": task.type_needle_v, "num_needle_k": task.num_needle_k,
+            "num_needle_v": task.num_needle_v, "num_needle_q": task.num_needle_q}
+    command = [sys.executable, str(ruler_package_dir() / "data" / "synthetic" / "niah.py"),
+               "--save_dir", str(tmp_path / "ruler"), "--save_name", task.ruler_name, "--tokenizer_path",
+               str(tokenizer_dir), "--tokenizer_type", "hf", "--max_seq_length", "1024", "--tokens_to_generate", "128",
+               "--num_samples", str(num_samples), "--template", template]
+    command += [item for name, value in args.items() for item in (f"--{name}", str(value))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim_dir), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run(command, env=env, check=True, capture_output=True, cwd=tmp_path)
+    return tmp_path / "ruler" / task.ruler_name / "validation.jsonl"
+
+
+@pytest.mark.parametrize("task_name", ["SK1", "MK3"])
+def test_samples_made_by_ruler_scripts_score_like_ours(tmp_path, smollm2_tokenizer, needle_oracle, silent_model,
+                                                        task_name):
+    """RULER's own generator: its prompts fit our template, and --from-jsonl scores them (oracle 1, silent 0)."""
+    tokenizer_dir = tmp_path / "tokenizer"
+    smollm2_tokenizer.save_pretrained(tokenizer_dir)
+    task = TASKS[task_name]
+    path = _run_ruler_generator(tmp_path, tokenizer_dir, task, num_samples=3)
+    rows = niah.read_ruler_jsonl(path)
+    assert len(rows) == 3
+    for row in rows:
+        assert _expected_prompt_pattern(task.type_needle_v, singular=True).fullmatch(row["input"])
+    perfect = niah.evaluate_ruler_jsonl(path, needle_oracle, smollm2_tokenizer, batch_size=3)
+    assert perfect["summary"] == {"accuracy": 1.0, f"{task_name}/accuracy": 1.0, f"{task_name}/1024": 1.0}
+    silent = niah.evaluate_ruler_jsonl(path, silent_model, smollm2_tokenizer, batch_size=3)
+    assert silent["summary"]["accuracy"] == 0.0
