@@ -26,6 +26,9 @@ def run_linear_op(
     """o [B, T, H, V] of `op` (the `lightning_attention` contract) over this call's tokens, continuing from and
     updating the cache slot `layer_idx`. token_inputs: per-token gate tensors [B, T, ...]; constants: the rest."""
     token_inputs = token_inputs or {}
+    # Under autocast the projections come out in bf16 but the q/k RMSNorms (float32 weights) in float32; the fused
+    # kernels need one dtype: take the value projection's.
+    q, k = q.to(v.dtype), k.to(v.dtype)
     cache = context.cache
     if config.eme_window is not None:
         if context.cu_seqlens is not None:
