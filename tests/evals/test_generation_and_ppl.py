@@ -93,3 +93,14 @@ def test_long_token_sequences_reads_user_files(smollm2_tokenizer, tmp_path):
         long_token_sequences(smollm2_tokenizer, 1000, 3, [text_file])
     with pytest.raises(FileNotFoundError):
         long_token_sequences(smollm2_tokenizer, 10, 1, [tmp_path / "missing.txt"])
+
+
+def test_atomic_writes_make_ordinary_files(tmp_path):
+    import os
+
+    from hyla.evals.report import write_json
+
+    write_json(tmp_path / "results.json", {"a": 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask

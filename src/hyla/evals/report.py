@@ -29,6 +29,10 @@ def write_atomic(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(handle, "wb") as tmp_file:
             tmp_file.write(data)
+        # mkstemp creates files readable by the owner only; results are ordinary files (0666 less the umask).
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)
