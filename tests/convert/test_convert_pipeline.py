@@ -160,3 +160,14 @@ def test_two_gloo_processes_match_one_process(tiny_teacher, tmp_path):
     assert len(one) == len(two) == 8
     for a, b in zip(one, two):
         assert abs(a - b) <= 1e-4 * abs(a), (one, two)
+
+
+def test_kl_ls_selection_keeps_the_layer_with_the_lowest_kl(tiny_teacher, tmp_path):
+    out = tmp_path / "run"
+    args = convert_args(tiny_teacher, out, "--set", "selection.kl_ls_steps=2", select="kl-ls")
+    assert main(["convert", "select", *args[1:]]) == 0
+    kl = {int(k): v for k, v in json.loads((out / "02-select" / "kl_by_layer.json").read_text()).items()}
+    assert sorted(kl) == [0, 1, 2, 3]
+    chosen = manifest(out, "select")["results"]["chosen"]
+    assert chosen == [min(kl, key=kl.get)]
+    assert not (out / "03-distill").exists()  # `convert select` stops after selection

@@ -16,6 +16,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="HALO: align Lightning twins, select attention layers, distil, fine-tune long, choose the "
         "logit scaling, export an HF folder. Resumable: rerun the same command to continue.",
     )
+    parser.add_argument("verb", nargs="?", choices=("run", "select"), default="run",
+                        help="run: the whole pipeline (default); select: stop after layer selection (its report: "
+                        "OUT/02-select/selection.json, .png)")
     parser.add_argument("--teacher", required=True, help="HF folder, hub id, GGUF file, or alias (smollm2-135m)")
     parser.add_argument("--out", required=True, type=Path, help="output folder (stage folders + final model)")
     parser.add_argument("--preset", default="smoke", choices=PRESETS, help="budget preset (default: smoke)")
@@ -25,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a plan number, e.g. distill.lr=3e-5, align.tokens=2e6, selection.method=uniform")
     parser.add_argument("--select", default=None, metavar="METHOD",
-                        help="layer selection: halo, uniform, latter-half, jet-nemotron, or a list like 3,7,11")
+                        help="layer selection: halo, jet-nemotron, kl-ls, uniform, latter-half, or a list like 3,7,11")
     parser.add_argument("--from-stage", choices=STAGES, help="redo this stage and the ones after it")
     parser.add_argument("--until-stage", choices=STAGES, help="stop after this stage")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
@@ -41,6 +44,7 @@ def _run(args: argparse.Namespace) -> int:
         overrides.append(f"selection.method={args.select}")
     convert(ConvertRequest(
         teacher=args.teacher, out=args.out, preset=args.preset, data=args.data or ["stdlib"], overrides=overrides,
-        from_stage=args.from_stage, until_stage=args.until_stage, device=args.device, seed=args.seed,
+        from_stage=args.from_stage, until_stage="select" if args.verb == "select" else args.until_stage,
+        device=args.device, seed=args.seed,
     ))
     return 0

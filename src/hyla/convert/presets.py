@@ -38,6 +38,7 @@ class SelectionPlan:
     csr_tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
     csr_limit: int = 200
     batch_size: int = 8
+    kl_ls_steps: int = 50  # KL-LS: distillation steps per single-attention student (at the distill stage's shape)
 
 
 @dataclass
@@ -103,7 +104,7 @@ def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
         return ConvertPlan(
             preset, **_smoke(),
             selection=SelectionPlan(niah_tasks=["SK1"], niah_lengths=[512], niah_samples=2,
-                                    csr_tasks=["arc_easy"], csr_limit=6, batch_size=4),
+                                    csr_tasks=["arc_easy"], csr_limit=6, batch_size=4, kl_ls_steps=2),
             scaling=ScalingPlan(candidates=[None, 20.0, 500.0], length=2048, num_docs=1),
         )
     scale = min(1.0, teacher_params / PAPER_TEACHER_PARAMS) * (0.1 if preset == "small" else 1.0)

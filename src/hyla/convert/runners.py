@@ -49,16 +49,16 @@ class Run:
         return self.cache["corpus"]
 
 
-def _train(run: Run, stage: Stage, model, loss_fn, budget: StageBudget, blocks, root=None) -> dict:
-    """Train `model` for the stage's budget. Under torchrun, `root` (default `model`) and its `blocks` are
-    sharded with FSDP2; `root` must be the module whose forward the loss function calls."""
+def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None) -> dict:
+    """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
+    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls."""
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
-    loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=stage.name)
-    result = run_training(model, loss_fn, loader, optim, loop, stage.path, run.env, meta={"stage": stage.name})
+    loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name)
+    result = run_training(model, loss_fn, loader, optim, loop, folder, run.env, meta={"stage": name})
     last = result.metrics[-1] if result.metrics else {}
     tokens = budget.steps * budget.seq_len * budget.batch_size
     return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
@@ -91,7 +91,7 @@ def run_align(run: Run, stage: Stage) -> dict:
     twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher).to(run.env.device)
     for param in twins.parameters():
         param.data = param.data.float()
-    summary = _train(run, stage, twins, alignment_loss, run.plan.align, list(twins.twins))
+    summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins))
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
@@ -125,7 +125,7 @@ def _student(run: Run, weights_stage: str | None) -> Any:
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
     student = _student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
-    summary = _train(run, stage, pair, loss_fn, budget, list(student.model.layers), root=student)
+    summary = train_budget(run, stage.path, stage.name, pair, loss_fn, budget, list(student.model.layers), root=student)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary

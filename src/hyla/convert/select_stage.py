@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 from hyla.convert.runners import Run, load_twins
@@ -26,22 +27,60 @@ def run_select(run: Run, stage: Stage) -> dict:
     method, layers = _method_and_layers(str(plan.method))
     num_layers = run.hf_teacher.config.num_hidden_layers
     scores = SelectionScores(num_layers)
+    kl_by_layer = None
     if method == "kl-ls":
-        raise ValueError("selection method kl-ls is available as a library rule (hyla.convert.selection.kl_ls_select) "
-                         "but the pipeline does not run its per-layer distillations yet; choose halo, jet-nemotron, "
-                         "uniform, latter-half or a layer list")
+        kl_by_layer = kl_ls_scores(run, stage)
     if method in SCORED_METHODS:
         if run.env.is_main:
             scores = _score(run, stage, plan)
         barrier(run.env)
         scores = SelectionScores.from_dict(json.loads((stage.path / "scores.json").read_text()))
-    report = build_report(scores, method, None if method == "user" else plan.k, layers=layers, settings=run.plan.selection.__dict__)
+    report = build_report(scores, method, None if method == "user" else plan.k, layers=layers,
+                          kl_by_layer=kl_by_layer, settings=run.plan.selection.__dict__)
     if run.env.is_main:
         report.write_json(stage.path / "selection.json")
         report.print_table()
         if scores.recall:
             report.plot(stage.path / "selection.png")
     return {"method": method, "k": report.k, "chosen": sorted(report.chosen), "ranked": report.chosen}
+
+
+def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
+    """KL-LS (SPEC §2): for each layer i, the all-Lightning student with only layer i restored to attention,
+    distilled for `selection.kl_ls_steps` steps; the layer's score is the KL to the teacher it reaches on a
+    held-out batch. Each layer's short run has its own folder, so an interrupted selection resumes."""
+    import torch
+
+    from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, kl_divergence
+    from hyla.convert.runners import train_budget
+
+    budget = dataclasses.replace(
+        run.plan.distill, tokens=run.plan.selection.kl_ls_steps * run.plan.distill.seq_len * run.plan.distill.batch_size,
+        warmup_steps=0, checkpoint_every=max(1, run.plan.selection.kl_ls_steps),
+    )
+    heldout = run.corpus()[1]
+    length = min(budget.seq_len, heldout.num_tokens - 1)
+    batch = torch.from_numpy(heldout.read(0, length))[None].to(run.env.device)
+    teacher = run.teacher_equivalent()
+    kl_by_layer = {}
+    for layer in range(run.hf_teacher.config.num_hidden_layers):
+        folder = stage.path / "kl-ls" / f"layer-{layer:03d}"
+        result_file = folder / "kl.json"
+        if result_file.exists():
+            kl_by_layer[layer] = json.loads(result_file.read_text())["kl"]
+            continue
+        student = build_student(run.hf_teacher, [layer], run.stages["align"].path / "twins.safetensors")
+        student = student.to(run.env.device).float()
+        train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), distill_loss, budget,
+                     list(student.model.layers), root=student)
+        with torch.no_grad():
+            kl = kl_divergence(teacher(batch, use_cache=False).logits, student.eval()(batch, use_cache=False).logits)
+        kl_by_layer[layer] = kl.item()
+        if run.env.is_main:
+            write_json(result_file, {"layer": layer, "kl": kl_by_layer[layer], "steps": budget.steps})
+        run.log(f"[select] kl-ls layer {layer}: KL {kl_by_layer[layer]:.4f} after {budget.steps} steps")
+    write_json(stage.path / "kl_by_layer.json", {str(k): v for k, v in kl_by_layer.items()})
+    return kl_by_layer
 
 
 def _score(run: Run, stage: Stage, plan) -> SelectionScores:
