@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hyla.evals.report import new_figure, save_figure
+from hyla.outputs import new_figure, save_figure
 
 # Fixed colours per known layer type, so that plots of different models read alike; others cycle.
 _LAYER_TYPE_COLORS = {"attention": "tab:blue", "lightning": "tab:orange", "full_attention": "tab:blue",

@@ -25,7 +25,8 @@ from hyla.analysis.plots import (
     plot_entropy_vs_hit_rate,
 )
 from hyla.analysis.probes import niah_probes, text_probes
-from hyla.evals.report import RESULTS_FILE, run_metadata, write_json
+from hyla.evals.report import RESULTS_FILE
+from hyla.outputs import run_metadata, write_json
 
 
 @dataclass

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hyla.convert.runners import Run, _student
 from hyla.convert.stages import STAGES, Stage
-from hyla.evals.report import write_atomic, write_json
+from hyla.outputs import write_atomic, write_json
 
 
 def conversion_report(run: Run) -> dict:

@@ -17,7 +17,7 @@ from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
 from hyla.convert.weights import full_state_dict, load_weights, save_weights
-from hyla.evals.report import write_json
+from hyla.outputs import write_json
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.distributed import Distributed, barrier, shard_model
 
@@ -158,7 +158,7 @@ def run_scaling(run: Run, stage: Stage) -> dict:
 
 
 def _plot_scaling(losses: dict, path: Path, length: int) -> None:
-    from hyla.evals.report import new_figure, save_figure
+    from hyla.outputs import new_figure, save_figure
 
     figure, axis = new_figure()
     labels = list(losses)

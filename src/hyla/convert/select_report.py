@@ -57,7 +57,7 @@ class SelectionReport:
         return {**header, **payload, **extra}
 
     def write_json(self, path: str | Path) -> Path:
-        from hyla.evals.report import write_atomic
+        from hyla.outputs import write_atomic
 
         path = Path(path)
         write_atomic(path, (json.dumps(self.to_json(), indent=2, allow_nan=False) + "\n").encode())
@@ -197,7 +197,7 @@ def plot_selection(report: SelectionReport, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from hyla.evals.report import save_figure
+    from hyla.outputs import save_figure
 
     scores, layers = report.scores, report.scores.layers
     figure, (score_axes, halo_axes) = plt.subplots(

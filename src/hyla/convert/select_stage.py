@@ -9,7 +9,7 @@ from hyla.convert.runners import Run, load_twins
 from hyla.convert.select_report import build_report
 from hyla.convert.selection import SelectionScores, default_scorers, normalize_method, score_replacements
 from hyla.convert.stages import Stage
-from hyla.evals.report import write_json
+from hyla.outputs import write_json
 from hyla.train.distributed import barrier
 
 SCORED_METHODS = ("halo", "jet-nemotron")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hyla.evals.report import run_metadata, write_json
+from hyla.outputs import run_metadata, write_json
 
 STAGES = ("data", "align", "select", "distill", "finetune", "scaling", "export")
 MANIFEST = "manifest.json"

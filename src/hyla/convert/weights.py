@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import save
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-from hyla.evals.report import write_atomic
+from hyla.outputs import write_atomic
 from hyla.train.distributed import Distributed, barrier
 
 

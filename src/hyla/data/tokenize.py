@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -29,6 +28,7 @@ import numpy as np
 
 from hyla.data.generated import GenerationSettings
 from hyla.data.sources import Source, interleave, open_source
+from hyla.outputs import git_sha
 
 FORMAT = "hyla.token-corpus"
 FORMAT_VERSION = 1
@@ -299,7 +299,7 @@ def provenance() -> dict[str, Any]:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # The package's own version: also right when hyla runs from a source tree without being installed.
         "hyla": hyla.__version__,
-        "git_sha": _git_sha(),
+        "git_sha": git_sha(),
         "python": sys.version.split()[0],
         "numpy": np.__version__,
         "transformers": transformers.__version__,
@@ -330,12 +330,3 @@ def _process_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def _git_sha() -> str | None:
-    try:
-        result = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=5)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return result.stdout.strip() or None

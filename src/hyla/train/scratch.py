@@ -82,7 +82,7 @@ def train(request: TrainRequest) -> dict:
 
 def _export(model, folder: Path, request: TrainRequest, metrics: list[dict]) -> None:
     from hyla.convert.weights import full_state_dict, without_shared
-    from hyla.evals.report import run_metadata, write_json
+    from hyla.outputs import run_metadata, write_json
 
     state = without_shared(full_state_dict(model))
     fresh = HypeNetForCausalLM(model.config)
