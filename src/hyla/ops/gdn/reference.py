@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.ops.gla.reference import run_by_segment
-from hyla.ops.lightning.reference import DEFAULT_CHUNK_SIZE
+from hyla.ops.recurrence import DEFAULT_CHUNK_SIZE, run_by_segment
 
 
 def _recurrent_step(q, k, v, g, beta, state):

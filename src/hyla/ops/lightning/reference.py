@@ -11,54 +11,16 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_CHUNK_SIZE = 64
-
-
-def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _segments(q: torch.Tensor, cu_seqlens: torch.Tensor | None) -> list[slice]:
-    """Time slices of the packed sequences of a batch of one (one slice covering all when not packed)."""
-    if cu_seqlens is None:
-        return [slice(None)]
-    if q.shape[0] != 1:
-        raise ValueError(f"packed sequences (cu_seqlens) need batch size 1, got {q.shape[0]}")
-    bounds = cu_seqlens.tolist()
-    if bounds[0] != 0 or bounds[-1] != q.shape[1] or any(b > e for b, e in zip(bounds, bounds[1:])):
-        raise ValueError(f"cu_seqlens must rise from 0 to T={q.shape[1]}, got {bounds}")
-    return [slice(b, e) for b, e in zip(bounds, bounds[1:])]
+from hyla.ops.recurrence import DEFAULT_CHUNK_SIZE, accumulation_dtype, run_by_segment
 
 
 def _run(step, q, k, v, log_decay, scale, initial_state, output_final_state, cu_seqlens):
-    """Apply `step(q, k, v, log_decay, state) -> (o, state)` ([B, T, H, D] tensors, state [B, H, K, V]) to the
-    whole batch, or to each packed sequence as a batch of one."""
-    batch, _, num_heads, key_dim = q.shape
-    value_dim = v.shape[-1]
-    acc = accumulation_dtype(q.dtype)
-    scale = key_dim**-0.5 if scale is None else scale
-    segments = _segments(q, cu_seqlens)
-    num_states = batch if cu_seqlens is None else len(segments)
-    if initial_state is not None and tuple(initial_state.shape) != (num_states, num_heads, key_dim, value_dim):
-        raise ValueError(
-            f"initial_state must be [{num_states}, {num_heads}, {key_dim}, {value_dim}], "
-            f"got {list(initial_state.shape)}"
-        )
-    states = (
-        initial_state.to(acc)
-        if initial_state is not None
-        else q.new_zeros(num_states, num_heads, key_dim, value_dim, dtype=acc)
+    """`step(q, k, v, g, state)` with the fixed per-head log-decay g, through the shared batching/packing driver."""
+    g = log_decay.to(device=q.device, dtype=accumulation_dtype(q.dtype))
+    return run_by_segment(
+        lambda q, k, v, state: step(q, k, v, g, state), q, k, v, (),
+        scale=scale, initial_state=initial_state, output_final_state=output_final_state, cu_seqlens=cu_seqlens,
     )
-    g = log_decay.to(device=q.device, dtype=acc)
-    outputs, final_states = [], []
-    for index, time in enumerate(segments):
-        state = states if cu_seqlens is None else states[index : index + 1]
-        o, state = step(q[:, time].to(acc) * scale, k[:, time].to(acc), v[:, time].to(acc), g, state)
-        outputs.append(o.to(v.dtype))
-        final_states.append(state)
-    output = torch.cat(outputs, dim=1)
-    final_state = torch.cat(final_states) if output_final_state else None
-    return output, final_state
 
 
 def _recurrent_step(q, k, v, g, state):
