@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hyla.convert.runners import Run, _student
+from hyla.convert.runners import Run, load_student
 from hyla.convert.stages import STAGES, Stage
 from hyla.outputs import write_atomic, write_json
 
@@ -48,7 +48,7 @@ def model_card(report: dict) -> str:
 
 
 def run_export(run: Run, stage: Stage) -> dict:
-    student = _student(run, "finetune")
+    student = load_student(run, "finetune")
     student.config.attn_logits_scaling_a = run.stages["scaling"].read_manifest()["results"]["chosen_a"]
     if run.env.is_main:
         student.save_pretrained(stage.path, safe_serialization=True)

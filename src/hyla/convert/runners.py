@@ -17,7 +17,6 @@ from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
 from hyla.convert.weights import full_state_dict, load_weights, save_weights
-from hyla.outputs import write_json
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.distributed import Distributed, barrier, shard_model
 
@@ -114,7 +113,8 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     return twins
 
 
-def _student(run: Run, weights_stage: str | None) -> Any:
+def load_student(run: Run, weights_stage: str | None) -> Any:
+    """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins)."""
     chosen = run.stages["select"].read_manifest()["results"]["chosen"]
     student = build_student(run.hf_teacher, chosen, run.stages["align"].path / "twins.safetensors")
     if weights_stage is not None:
@@ -123,7 +123,7 @@ def _student(run: Run, weights_stage: str | None) -> Any:
 
 
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
-    student = _student(run, weights_stage)
+    student = load_student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
     summary = train_budget(run, stage.path, stage.name, pair, loss_fn, budget, list(student.model.layers), root=student)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
@@ -145,7 +145,7 @@ def run_scaling(run: Run, stage: Stage) -> dict:
     if plan.length <= run.plan.finetune.seq_len:
         run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
     sequences = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
-    student = _student(run, "finetune").eval()
+    student = load_student(run, "finetune").eval()
     losses = {}
     for a in plan.candidates:
         student.config.attn_logits_scaling_a = a
@@ -169,7 +169,3 @@ def _plot_scaling(losses: dict, path: Path, length: int) -> None:
     low, high = min(losses.values()), max(losses.values())
     axis.set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
     save_figure(figure, path)
-
-
-def write_results(stage: Stage, name: str, payload: dict) -> None:
-    write_json(stage.path / name, payload)
