@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.cli import main
+from offline_models import save_tiny_teacher
 
 TINY_PLAN = [
     "align.tokens=2048", "align.seq_len=64", "align.batch_size=4", "align.checkpoint_every=2",
@@ -118,8 +119,6 @@ def test_bad_inputs_stop_with_one_clear_line(tiny_teacher, tmp_path, capsys):
 
 
 def test_stage_folder_from_another_teacher_is_refused(tiny_teacher, tmp_path, capsys):
-    from tests.convert.conftest import save_tiny_teacher
-
     out = tmp_path / "run"
     assert main(convert_args(tiny_teacher, out, "--until-stage", "align")) == 0
     other = save_tiny_teacher(tmp_path / "other", seed=1)

@@ -14,6 +14,8 @@ from transformers import (
     Qwen3Config,
 )
 
+from offline_models import train_bpe_tokenizer
+
 from hyla.convert import teacher as teacher_module
 from hyla.convert.teacher import SUPPORTED_FAMILIES, load_teacher, load_tokenizer, resolve_teacher, teacher_fingerprint
 
@@ -30,15 +32,8 @@ CONFIGS = {
 
 
 def _tokenizer():
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(["a tiny teacher for tests, with words and words again"] * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    return train_bpe_tokenizer(["a tiny teacher for tests, with words and words again"] * 4, vocab_size=VOCAB_SIZE,
+                               special_tokens=["<eos>"], byte_decoder=False, eos_token="<eos>")
 
 
 def _save_teacher(folder, config, seed: int = 0):

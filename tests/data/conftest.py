@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from offline_models import train_bpe_tokenizer
 
 SAMPLE_TEXT = (
     "The quick brown fox jumps over the lazy dog. A stitch in time saves nine. "
@@ -15,16 +16,8 @@ SAMPLE_TEXT = (
 
 def build_tokenizer(vocab_size: int = 400):
     """A byte-level BPE tokenizer (any text encodes) with <eos> = id 0 and <pad> = id 1."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<eos>", "<pad>", "<sep>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    backend.train_from_iterator([SAMPLE_TEXT] * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>", pad_token="<pad>")
+    return train_bpe_tokenizer([SAMPLE_TEXT] * 4, vocab_size=vocab_size, special_tokens=["<eos>", "<pad>", "<sep>"],
+                               eos_token="<eos>", pad_token="<pad>")
 
 
 @pytest.fixture(scope="session")

@@ -26,10 +26,10 @@ CONFIG = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "n
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
-    from tests.convert.conftest import TEXT, build_tokenizer
+    from offline_models import TEXT, teacher_tokenizer
 
     root = tmp_path_factory.mktemp("train")
-    build_tokenizer().save_pretrained(root / "tokenizer")
+    teacher_tokenizer().save_pretrained(root / "tokenizer")
     texts = root / "texts"
     texts.mkdir()
     for i in range(40):
