@@ -170,3 +170,26 @@ def test_kl_ls_selection_keeps_the_layer_with_the_lowest_kl(tiny_teacher, tmp_pa
     chosen = manifest(out, "select")["results"]["chosen"]
     assert chosen == [min(kl, key=kl.get)]
     assert not (out / "03-distill").exists()  # `convert select` stops after selection
+
+
+def test_student_design_options_reach_twins_and_export(tiny_teacher, tmp_path, capsys):
+    """`model.*` settings (the ablations of seed 000's Tables 3-4) change the twins and the exported hybrid; flipping
+    attention RoPE keeps the aligned twins and redoes only the stages after them."""
+    out = tmp_path / "run"
+    design = ["--set", "model.lightning_rope=false", "--set", "model.lightning_qk_norm=false"]
+    assert main(convert_args(tiny_teacher, out, *design, "--until-stage", "distill")) == 0
+    twins = load_file(str(out / "01-align" / "twins.safetensors"))
+    assert twins and not any("q_norm" in name or "k_norm" in name for name in twins)
+    capsys.readouterr()
+    flipped = [*design, "--set", "model.attention_rope=true"]
+    assert main(convert_args(tiny_teacher, out, *flipped)) == 2  # distill was made with NoPE attention
+    assert "--from-stage distill" in capsys.readouterr().err
+    assert main(convert_args(tiny_teacher, out, *flipped, "--from-stage", "distill")) == 0
+    printed = capsys.readouterr().out
+    assert "[align] complete" in printed and "[distill] start" in printed
+    config = json.loads((out / "06-export" / "config.json").read_text())
+    assert (config["lightning_rope"], config["lightning_qk_norm"], config["attention_rope"]) == (False, False, True)
+    with pytest.raises(ValueError, match="sections: .*model"):
+        from hyla.convert.presets import apply_overrides, make_plan
+
+        apply_overrides(make_plan("quick", 135_000_000), ["modle.attention_rope=true"])

@@ -96,6 +96,8 @@ def test_apply_inference_overrides_sets_the_config_field():
     assert apply_inference_overrides(model, logit_scaling_a=500.0) == {"attn_logits_scaling_a": 500.0}
     assert model.config.attn_logits_scaling_a == 500.0
     assert apply_inference_overrides(model, logit_scaling_a=None) == {}
+    assert apply_inference_overrides(model, logit_scaling_a="off") == {"attn_logits_scaling_a": None}
+    assert model.config.attn_logits_scaling_a is None
     with pytest.raises(ValueError, match="unknown inference override"):
         apply_inference_overrides(model, window=4096)
 

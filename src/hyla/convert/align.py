@@ -36,10 +36,11 @@ class MixerRecorder:
 class AlignmentTwins(nn.Module):
     """The trainable twins, one per layer (a ModuleList so that optimizer, checkpoint and FSDP treat them as a model)."""
 
-    def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module):
+    def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config=None):
+        """`config`: what the twins are built with (default: the teacher-equivalent's, Lightning defaults)."""
         super().__init__()
         self.teacher = [teacher]  # not a submodule: frozen, not saved with the twins
-        config = teacher.config
+        config = config if config is not None else teacher.config
         self.twins = nn.ModuleList(
             lightning_from_attention(layer.self_attn, config, i) for i, layer in enumerate(hf_teacher.model.layers)
         )

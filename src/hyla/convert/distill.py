@@ -12,12 +12,16 @@ from hyla.convert.transfer import to_hypenet
 from hyla.models import HypeNetForCausalLM
 
 
-def build_student(hf_teacher: nn.Module, attention_layers: list[int], twins_path, **config_overrides) -> HypeNetForCausalLM:
-    """The hybrid: teacher weights everywhere, NoPE attention (with a new output gate) at `attention_layers`,
-    aligned Lightning twins from stage 1 everywhere else."""
+def build_student(
+    hf_teacher: nn.Module, attention_layers: list[int], twins_path, *, attention_rope: bool = False, **config_overrides
+) -> HypeNetForCausalLM:
+    """The hybrid: teacher weights everywhere, attention (NoPE unless `attention_rope`, with a new output gate) at
+    `attention_layers`, aligned Lightning twins from stage 1 everywhere else. `config_overrides` must match what the
+    twins were built with (lightning_rope, lightning_qk_norm)."""
     num_layers = hf_teacher.config.num_hidden_layers
     layer_types = ["attention" if i in attention_layers else "lightning" for i in range(num_layers)]
-    student = to_hypenet(hf_teacher, layer_types, attention_rope=False, attention_output_gate=True, **config_overrides)
+    student = to_hypenet(hf_teacher, layer_types, attention_rope=attention_rope, attention_output_gate=True,
+                         **config_overrides)
     twins = load_file(str(twins_path))
     for i, block in enumerate(student.model.layers):
         if block.layer_type != "lightning":

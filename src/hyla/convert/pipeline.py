@@ -37,12 +37,26 @@ def _check_stage_name(name: str | None, flag: str) -> None:
         raise ValueError(f"{flag} {name!r} is not a stage; stages: {', '.join(STAGES)}")
 
 
+def prepared_corpus(sources: list[str]) -> Path | None:
+    """The corpus folder when the only source is one prepared by `hyla data prepare`, else None."""
+    if len(sources) == 1 and (Path(sources[0]) / "manifest.json").is_file():
+        return Path(sources[0]).resolve()
+    return None
+
+
 def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict]:
     """What each stage's output depends on, chained so that a change upstream invalidates what follows."""
+    if prepared_corpus(request.data) is not None:
+        # A prepared corpus is used as it is: the stage budgets do not change it.
+        data = {"corpus": str(prepared_corpus(request.data)), "heldout": plan.heldout_tokens, "seed": plan.seed}
+    else:
+        data = {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed}
     own = {
-        "data": {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed},
-        "align": {"budget": plan.align.__dict__}, "select": {"plan": plan.selection.__dict__},
-        "distill": {"budget": plan.distill.__dict__}, "finetune": {"budget": plan.finetune.__dict__},
+        "data": data,
+        "align": {"budget": plan.align.__dict__, "twins": plan.twin_options()},
+        "select": {"plan": plan.selection.__dict__},
+        "distill": {"budget": plan.distill.__dict__, "attention_rope": plan.model.attention_rope},
+        "finetune": {"budget": plan.finetune.__dict__},
         "scaling": {"plan": plan.scaling.__dict__}, "export": {},
     }
     settings, upstream = {}, ""
@@ -73,6 +87,9 @@ def print_plan(run: Run, num_params: int) -> None:
     )
     console.print(table)
     s = plan.selection
+    model = plan.model
+    console.print(f"student: Lightning RoPE {'on' if model.lightning_rope else 'off'}, Lightning q/k norm "
+                  f"{'on' if model.lightning_qk_norm else 'off'}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
                   f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit} | scaling a in "
                   f"{plan.scaling.candidates} at {plan.scaling.length} tokens")

@@ -1,6 +1,7 @@
 """Conversion budgets. `paper` is SPEC §2's token counts per stage for a 1.7B teacher, scaled in proportion to the
-teacher's size below that; `small` is a tenth of `paper`; `smoke` is a fixed toy budget that runs every stage on a
-laptop CPU in minutes. Every number can be overridden with `--set section.field=value`."""
+teacher's size below that; `small` is a tenth of `paper`; `quick` is a fixed ~44M-token budget sized for one GPU and a
+~100M-parameter teacher (about ten minutes on an H200 for SmolLM2-135M); `smoke` is a fixed toy budget that runs every
+stage on a laptop CPU in minutes. Every number can be overridden with `--set section.field=value`."""
 
 from __future__ import annotations
 
@@ -49,6 +50,15 @@ class ScalingPlan:
 
 
 @dataclass
+class ArchitecturePlan:
+    """The student's design choices (SPEC §1 defaults); the ablations of seed 000's Tables 3-4 flip them."""
+
+    lightning_rope: bool = True  # RoPE on the Lightning layers' q/k
+    lightning_qk_norm: bool = True  # RMSNorm on the Lightning layers' q/k
+    attention_rope: bool = False  # keep RoPE in the attention layers (HypeNet: NoPE)
+
+
+@dataclass
 class ConvertPlan:
     preset: str
     align: StageBudget
@@ -56,6 +66,7 @@ class ConvertPlan:
     finetune: StageBudget
     selection: SelectionPlan
     scaling: ScalingPlan
+    model: ArchitecturePlan = field(default_factory=ArchitecturePlan)
     seed: int = 0
 
     @property
@@ -67,6 +78,14 @@ class ConvertPlan:
     @property
     def heldout_tokens(self) -> int:
         return self.scaling.length * self.scaling.num_docs + 1
+
+    def twin_options(self) -> dict[str, bool]:
+        """The Lightning layers' config fields (what the aligned twins are built with)."""
+        return {"lightning_rope": self.model.lightning_rope, "lightning_qk_norm": self.model.lightning_qk_norm}
+
+    def student_options(self) -> dict[str, bool]:
+        """Config fields of the hybrid beyond the teacher's sizes."""
+        return {**self.twin_options(), "attention_rope": self.model.attention_rope}
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -93,7 +112,17 @@ def _smoke() -> dict[str, StageBudget]:
     }
 
 
-PRESETS = ("smoke", "small", "paper")
+def _quick() -> dict[str, StageBudget]:
+    # ~44M tokens: about ten minutes of one H200 for a ~135M teacher (docs/results/smollm2-135m.md).
+    return {
+        "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
+        "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),
+        "finetune": StageBudget(8_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
+                                checkpoint_every=40),
+    }
+
+
+PRESETS = ("smoke", "quick", "small", "paper")
 
 
 def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
@@ -106,6 +135,13 @@ def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
             selection=SelectionPlan(niah_tasks=["SK1"], niah_lengths=[512], niah_samples=2,
                                     csr_tasks=["arc_easy"], csr_limit=6, batch_size=4, kl_ls_steps=2),
             scaling=ScalingPlan(candidates=[None, 20.0, 500.0], length=2048, num_docs=1),
+        )
+    if preset == "quick":
+        return ConvertPlan(
+            preset, **_quick(),
+            selection=SelectionPlan(niah_lengths=[2048], niah_samples=16, csr_tasks=["hellaswag", "arc_easy"],
+                                    csr_limit=100, batch_size=16),
+            scaling=ScalingPlan(length=32768, num_docs=4),
         )
     scale = min(1.0, teacher_params / PAPER_TEACHER_PARAMS) * (0.1 if preset == "small" else 1.0)
     return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
@@ -132,7 +168,8 @@ def _scalar(text: str) -> Any:
 
 def apply_overrides(plan: ConvertPlan, overrides: list[str]) -> ConvertPlan:
     """Apply `section.field=value` (or `field=value` for top-level fields) overrides, e.g.
-    `distill.lr=3e-5`, `align.tokens=1e6`, `selection.niah_lengths=2048,4096`, `selection.k=4`."""
+    `distill.lr=3e-5`, `align.tokens=1e6`, `selection.niah_lengths=2048,4096`, `selection.k=4`,
+    `model.lightning_rope=false`."""
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} is not of the form section.field=value")
@@ -141,7 +178,7 @@ def apply_overrides(plan: ConvertPlan, overrides: list[str]) -> ConvertPlan:
         target: Any = plan
         for part in path:
             if not hasattr(target, part) or not dataclasses.is_dataclass(getattr(target, part)):
-                raise ValueError(f"unknown setting {key!r}; sections: align, distill, finetune, selection, scaling")
+                raise ValueError(f"unknown setting {key!r}; sections: align, distill, finetune, selection, scaling, model")
             target = getattr(target, part)
         if not dataclasses.is_dataclass(target) or name not in {f.name for f in dataclasses.fields(target)}:
             raise ValueError(f"unknown setting {key!r}")

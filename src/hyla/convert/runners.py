@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,20 @@ class Run:
             self.cache["teacher_eq"] = to_hypenet(self.hf_teacher, attention_rope=True).to(self.env.device).eval()
         return self.cache["teacher_eq"]
 
+    def twin_config(self):
+        """The config the Lightning twins are built with: the teacher's sizes, the plan's Lightning options."""
+        if "twin_config" not in self.cache:
+            config = copy.deepcopy(self.teacher_equivalent().config)
+            for name, value in self.plan.twin_options().items():
+                setattr(config, name, value)
+            self.cache["twin_config"] = config
+        return self.cache["twin_config"]
+
+    def build_student(self, attention_layers: list[int]):
+        """The hybrid with attention at `attention_layers` and the stage-1 twins elsewhere (not yet on the device)."""
+        return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
+                             **self.plan.student_options())
+
     def corpus(self):
         if "corpus" not in self.cache:
             manifest = self.stages["data"].read_manifest()
@@ -67,9 +82,11 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
 def run_data(run: Run, stage: Stage) -> dict:
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
 
+    from hyla.convert.pipeline import prepared_corpus
+
     sources = run.data_sources
-    if len(sources) == 1 and (Path(sources[0]) / "manifest.json").is_file():
-        corpus = Path(sources[0]).resolve()
+    if prepared_corpus(sources) is not None:
+        corpus = prepared_corpus(sources)
         run.log(f"[data] using the prepared corpus {corpus}")
     else:
         corpus = stage.path / "corpus"
@@ -87,7 +104,7 @@ def run_data(run: Run, stage: Stage) -> dict:
 
 
 def run_align(run: Run, stage: Stage) -> dict:
-    twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher).to(run.env.device)
+    twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher, run.twin_config()).to(run.env.device)
     for param in twins.parameters():
         param.data = param.data.float()
     summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins))
@@ -103,10 +120,10 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     from hyla.convert.transfer import lightning_from_attention
 
     weights = load_file(str(run.stages["align"].path / "twins.safetensors"))
-    teacher = run.teacher_equivalent()
+    config = run.twin_config()
     twins = {}
     for i, layer in enumerate(run.hf_teacher.model.layers):
-        twin = lightning_from_attention(layer.self_attn, teacher.config, i)
+        twin = lightning_from_attention(layer.self_attn, config, i)
         prefix = f"{i}."
         twin.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
         twins[i] = twin.to(run.env.device).eval()
@@ -116,7 +133,7 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
 def load_student(run: Run, weights_stage: str | None) -> Any:
     """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins)."""
     chosen = run.stages["select"].read_manifest()["results"]["chosen"]
-    student = build_student(run.hf_teacher, chosen, run.stages["align"].path / "twins.safetensors")
+    student = run.build_student(chosen)
     if weights_stage is not None:
         load_weights(student, run.stages[weights_stage].path / "student.safetensors")
     return student.to(run.env.device).float()

@@ -51,7 +51,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
     held-out batch. Each layer's short run has its own folder, so an interrupted selection resumes."""
     import torch
 
-    from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, kl_divergence
+    from hyla.convert.distill import StudentWithTeacher, distill_loss, kl_divergence
     from hyla.convert.runners import train_budget
 
     budget = dataclasses.replace(
@@ -69,8 +69,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
         if result_file.exists():
             kl_by_layer[layer] = json.loads(result_file.read_text())["kl"]
             continue
-        student = build_student(run.hf_teacher, [layer], run.stages["align"].path / "twins.safetensors")
-        student = student.to(run.env.device).float()
+        student = run.build_student([layer]).to(run.env.device).float()
         train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), distill_loss, budget,
                      list(student.model.layers), root=student)
         with torch.no_grad():

@@ -31,6 +31,15 @@ def _parse_length(item: str) -> int:
     return int(item)
 
 
+def _scaling_a(text: str) -> float | str:
+    if text.strip().lower() in ("off", "none"):
+        return "off"
+    try:
+        return float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a number > 1 or 'off', got {text!r}") from err
+
+
 def _str_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
@@ -44,7 +53,8 @@ def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--seed", type=int, default=42)
     overrides = parser.add_argument_group("inference overrides (hyla hybrid models)")
     overrides.add_argument(
-        "--logit-scaling-a", type=float, default=None, help="per-query logit scaling s_t = log(t+a)/log(a)"
+        "--logit-scaling-a", type=_scaling_a, default=None, metavar="A|off",
+        help="per-query logit scaling s_t = log(t+a)/log(a) with this a; 'off' evaluates without scaling",
     )
     overrides.add_argument("--logit-scaling", choices=["per_query", "per_length"], default=None,
                            help="NoPE logit scaling mode (per_length: c(L) = log L / log L0)")

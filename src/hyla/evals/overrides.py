@@ -4,6 +4,7 @@
 runs, so the teacher and its hybrid are measured by the same command with the same flags. Each override names a
 config field; a model that lacks the field cannot honour it, and that is an error rather than a silent no-op.
 - `logit_scaling_a` sets `attn_logits_scaling_a` (dynamic logit scaling s_t = log(t + a) / log(a), SPEC §1);
+  the value "off" sets it to None (no scaling);
 - the EME settings (`eme_window`, `eme_stride`, `logit_scaling`, `logit_scaling_train_length`, SPEC §3) go through
   `hyla.models.eme.apply_eme_overrides`, which checks them together with the model config.
 A new override is a row of `OVERRIDE_FIELDS` (or of the EME table) plus a CLI option in `hyla.evals.cli`.
@@ -50,7 +51,9 @@ def _set_config_field(model: Any, name: str, value: Any) -> dict[str, Any]:
         known = sorted(set(OVERRIDE_FIELDS) | _eme_override_names())
         raise ValueError(f"unknown inference override {name!r}; known: {', '.join(known)}")
     field, meaning = OVERRIDE_FIELDS[name]
-    if name == "logit_scaling_a" and not value > 1:
+    if name == "logit_scaling_a" and value == "off":
+        value = None  # evaluate without the scaling the model was saved with
+    elif name == "logit_scaling_a" and not value > 1:
         # s_t = log(t + a) / log(a) needs log(a) > 0.
         raise ValueError(f"--logit-scaling-a must be > 1, got {value}")
     config = getattr(model, "config", None)

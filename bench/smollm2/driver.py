@@ -1,0 +1,301 @@
+"""The SmolLM2-135M -> HypeNet conversion and its evaluation, as one dependency graph of `hyla` commands that share
+one GPU (docs/results/smollm2-135m.md). Started by bench/smollm2/h200.sh; `--smoke` runs the same graph on CPU with
+a tiny teacher and toy sizes, to check the plumbing.
+
+    python bench/smollm2/driver.py --teacher /root/keep/smol.gguf --text /root/keep/text --run /root/keep/run
+
+Jobs run as subprocesses (at most --parallel at once), in priority order, once their dependencies have finished;
+a failed job skips the jobs that need it. Each job logs to RUN/logs/NAME.log; RUN/status.json is rewritten at every
+change. Rerunning the driver skips the jobs that finished (conversions resume from their checkpoints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+HYLA = [sys.executable, "-m", "hyla.cli"]
+TASKS = ["SK1", "SK2", "SK3"]
+
+
+@dataclass
+class Sizes:
+    """Everything that differs between the GPU run and the CPU smoke run."""
+
+    device: str
+    preset: str
+    main: list[str]  # --set overrides of the main conversion
+    ablation: list[str]  # --set overrides of every ablation (same budget for all of them)
+    short: list[str]  # NIAH lengths run 4 at a time
+    long: list[str]  # NIAH lengths run 1 at a time (the ablations' lengths)
+    samples: int  # NIAH samples per task and length (teacher, main hybrid)
+    ablation_samples: int
+    csr_limit: int
+    ppl_len: str
+    ppl_sequences: int
+    max_new_tokens: int = 40
+    corpus_tokens: str = "200000000"
+    parallel: int = 14
+    train_slots: int = 4  # conversions at once (each holds ~20-30 GB of GPU memory while distilling)
+
+
+GPU = Sizes(
+    device="cuda", preset="quick",
+    main=[],
+    ablation=["distill.tokens=8e6", "finetune.tokens=2e6"],
+    short=["4K", "8K", "16K"], long=["32K", "64K"], samples=25, ablation_samples=20, csr_limit=500,
+    ppl_len="64K", ppl_sequences=4,
+)
+SMOKE_PLAN = ["align.tokens=2048", "align.seq_len=64", "align.batch_size=4", "align.checkpoint_every=4",
+              "align.warmup_steps=1", "distill.tokens=2048", "distill.seq_len=64", "distill.batch_size=4",
+              "distill.checkpoint_every=4", "distill.warmup_steps=1", "finetune.tokens=1024", "finetune.seq_len=256",
+              "finetune.batch_size=2", "finetune.checkpoint_every=2", "scaling.length=512", "scaling.num_docs=1",
+              "scaling.candidates=none,20,500", "selection.niah_lengths=512", "selection.niah_samples=1",
+              "selection.csr_tasks=arc_easy", "selection.csr_limit=4"]
+SMOKE = Sizes(
+    device="cpu", preset="smoke", main=SMOKE_PLAN, ablation=SMOKE_PLAN + ["distill.tokens=1024"],
+    short=["512"], long=["1K"], samples=1, ablation_samples=1, csr_limit=3, ppl_len="1K", ppl_sequences=1,
+    max_new_tokens=8, corpus_tokens="300000", parallel=3, train_slots=2,
+)
+
+# name -> (conversion overrides beyond the ablation budget, how its stages 00-02 are obtained)
+ABLATIONS = {
+    "abl-halo": ([], "copy-select"),
+    "abl-uniform": (["selection.method=uniform"], "copy-align"),
+    "abl-attn-rope": (["model.attention_rope=true"], "copy-select"),
+    "abl-no-rnn-rope": (["model.lightning_rope=false"], "own-align"),
+    "abl-no-rnn-qknorm": (["model.lightning_qk_norm=false"], "own-align"),
+}
+
+
+@dataclass
+class Job:
+    name: str
+    command: Callable[[], list[str] | None]  # built when the job starts (it may read earlier results)
+    needs: list[str] = field(default_factory=list)
+    kind: str = "eval"  # "train" jobs have their own limit (GPU memory)
+    state: str = "waiting"  # waiting, running, done, failed, skipped
+    started: float | None = None
+    ended: float | None = None
+    returncode: int | None = None
+    process: subprocess.Popen | None = None
+
+
+class Graph:
+    def __init__(self, run: Path, parallel: int, train_slots: int):
+        self.run, self.parallel, self.train_slots, self.jobs = run, parallel, train_slots, {}
+        (run / "logs").mkdir(parents=True, exist_ok=True)
+        self.started = time.time()
+
+    def add(self, name: str, command, needs=(), kind: str = "eval") -> None:
+        missing = [need for need in needs if need not in self.jobs]
+        if missing:
+            raise ValueError(f"job {name} needs unknown jobs {missing}")
+        self.jobs[name] = Job(name, command, list(needs), kind)
+        if (self.run / "logs" / f"{name}.done").exists():
+            self.jobs[name].state = "done"
+
+    def log(self, text: str) -> None:
+        line = f"[{time.time() - self.started:7.1f} s] {text}"
+        print(line, flush=True)
+        with open(self.run / "driver.log", "a") as handle:
+            handle.write(line + "\n")
+
+    def write_status(self) -> None:
+        status = {name: {"state": job.state, "needs": job.needs, "returncode": job.returncode,
+                         "seconds": None if job.started is None else round((job.ended or time.time()) - job.started, 1)}
+                  for name, job in self.jobs.items()}
+        path = self.run / "status.json"
+        path.with_suffix(".tmp").write_text(json.dumps(status, indent=1))
+        path.with_suffix(".tmp").replace(path)
+
+    def _start(self, job: Job) -> None:
+        command = job.command()
+        job.started = time.time()
+        if command is None:  # a step done in the driver itself
+            job.state, job.ended, job.returncode = "done", time.time(), 0
+            (self.run / "logs" / f"{job.name}.done").touch()
+            self.log(f"done    {job.name}")
+            return
+        log = open(self.run / "logs" / f"{job.name}.log", "a")
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        job.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        job.state = "running"
+        self.log(f"start   {job.name}")
+
+    def run_all(self) -> bool:
+        while True:
+            changed = False
+            for job in self.jobs.values():
+                if job.state == "running" and job.process.poll() is not None:
+                    job.ended, job.returncode = time.time(), job.process.returncode
+                    job.state = "done" if job.returncode == 0 else "failed"
+                    if job.state == "done":
+                        (self.run / "logs" / f"{job.name}.done").touch()
+                    self.log(f"{job.state:7s} {job.name} ({job.ended - job.started:.0f} s, exit {job.returncode})")
+                    changed = True
+            for job in self.jobs.values():
+                if job.state == "waiting" and any(self.jobs[n].state in ("failed", "skipped") for n in job.needs):
+                    job.state = "skipped"
+                    self.log(f"skipped {job.name} (a job it needs did not finish)")
+                    changed = True
+            running = sum(job.state == "running" for job in self.jobs.values())
+            training = sum(job.state == "running" and job.kind == "train" for job in self.jobs.values())
+            for job in self.jobs.values():
+                if running >= self.parallel:
+                    break
+                if job.kind == "train" and training >= self.train_slots:
+                    continue
+                if job.state == "waiting" and all(self.jobs[n].state == "done" for n in job.needs):
+                    try:
+                        self._start(job)
+                    except Exception as err:  # noqa: BLE001 - a job that cannot start fails alone
+                        job.state, job.ended, job.returncode = "failed", time.time(), -1
+                        self.log(f"failed  {job.name}: {type(err).__name__}: {err}")
+                    running += job.state == "running"
+                    training += job.state == "running" and job.kind == "train"
+                    changed = True
+            if changed:
+                self.write_status()
+            if all(job.state in ("done", "failed", "skipped") for job in self.jobs.values()):
+                self.log("all jobs finished")
+                return all(job.state == "done" for job in self.jobs.values())
+            time.sleep(2)
+
+
+def chosen_layers(folder: Path) -> str:
+    manifest = json.loads((folder / "02-select" / "manifest.json").read_text())
+    return ",".join(str(layer) for layer in manifest["results"]["chosen"])
+
+
+def copy_stages(source: Path, target: Path, stages: list[str]) -> None:
+    target.mkdir(parents=True, exist_ok=True)
+    for stage in stages:
+        if not (target / stage).exists():
+            shutil.copytree(source / stage, target / stage, ignore=shutil.ignore_patterns("checkpoints"))
+
+
+def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
+    run = args.run
+    graph = Graph(run, args.parallel or sizes.parallel, sizes.train_slots)
+    corpus, teacher_hf = run / "corpus", run / "teacher-hf"
+    device = ["--device", sizes.device]
+    dtype = ["--dtype", "bfloat16" if sizes.device == "cuda" else "float32"]
+
+    def sets(items: list[str]) -> list[str]:
+        return [part for item in items for part in ("--set", item)]
+
+    def convert(out: Path, items: list[str], *extra: str) -> list[str]:
+        return HYLA + ["convert", "--teacher", args.teacher, "--out", str(out), "--preset", sizes.preset,
+                       "--data", str(corpus), *device, *sets(items), *extra]
+
+    sources = ["--source", str(args.text)] if args.text else []
+    graph.add("corpus", lambda: HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib",
+                                        "--out", str(corpus), "--max-tokens", sizes.corpus_tokens])
+    graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
+                                        args.teacher, str(teacher_hf), sizes.device])
+    if args.gpu_tests:
+        graph.add("gpu-tests", lambda: [sys.executable, "-m", "pytest", "tests/ops/test_gla_gdn_swa_gpu.py",
+                                        "tests/models/test_family_gpu.py", "-q", "-m", "gpu", "-rA", "-p",
+                                        "no:cacheprovider"])
+
+    # Conversions: the HALO run (stages 00-02 shared), then the main budget and the ablations.
+    halo = run / "main"
+    graph.add("convert-select", lambda: convert(halo, sizes.main, "--until-stage", "select"),
+              needs=["corpus", "teacher-check"], kind="train")
+    for name, (extra, origin) in ABLATIONS.items():
+        if origin == "own-align":
+            graph.add(f"{name}-align", lambda n=name, e=extra: convert(run / n, sizes.ablation + e, "--until-stage",
+                                                                      "align"), needs=["corpus", "teacher-check"], kind="train")
+    graph.add("convert-main", lambda: convert(halo, sizes.main), needs=["convert-select"], kind="train")
+    for name, (extra, origin) in ABLATIONS.items():
+        def start(n=name, e=extra, o=origin):
+            if o == "copy-select":
+                copy_stages(halo, run / n, ["00-data", "01-align", "02-select"])
+            elif o == "copy-align":
+                copy_stages(halo, run / n, ["00-data", "01-align"])
+            items = sizes.ablation + e
+            if o == "own-align":  # the HALO run's attention layers, so that only the design differs
+                items = items + [f"selection.method={chosen_layers(halo)}"]
+            return convert(run / n, items)
+
+        needs = ["convert-select"] + ([f"{name}-align"] if origin == "own-align" else [])
+        graph.add(f"convert-{name}", start, needs=needs, kind="train")
+
+    # Evaluations: the same harness and flags for the teacher and every hybrid.
+    def niah(model: Path | str, out: str, lengths: list[str], samples: int, batch: int, tasks=TASKS, extra=()):
+        return HYLA + ["eval", "niah", "--model", str(model), "--out", str(run / "evals" / out), *device, *dtype,
+                       "--tasks", ",".join(tasks), "--lengths", ",".join(lengths), "--num-samples", str(samples),
+                       "--batch-size", str(batch), "--max-new-tokens", str(sizes.max_new_tokens), *extra]
+
+    def csr(model, out, extra=()):
+        return HYLA + ["eval", "csr", "--model", str(model), "--out", str(run / "evals" / out), *device, *dtype,
+                       "--limit", str(sizes.csr_limit), "--batch-size", "32", *extra]
+
+    def ppl(model, out, extra=()):
+        return HYLA + ["eval", "ppl", "--model", str(model), "--out", str(run / "evals" / out), *device, *dtype,
+                       "--seq-len", sizes.ppl_len, "--num-sequences", str(sizes.ppl_sequences), *extra]
+
+    models = {"teacher": (teacher_hf, "teacher-check", [("", ())]),
+              "main": (halo / "06-export", "convert-main", [("", ()), ("-off", ("--logit-scaling-a", "off"))])}
+    for label, (model, need, variants) in models.items():
+        for suffix, extra in variants:
+            for task in TASKS:
+                graph.add(f"niah-{label}{suffix}-{task}-long", lambda m=model, o=f"niah-{label}{suffix}-{task}-long",
+                          t=task, e=extra: niah(m, o, sizes.long, sizes.samples, 1, [t], e), needs=[need])
+                graph.add(f"niah-{label}{suffix}-{task}-short", lambda m=model, o=f"niah-{label}{suffix}-{task}-short",
+                          t=task, e=extra: niah(m, o, sizes.short, sizes.samples, 4, [t], e), needs=[need])
+            graph.add(f"csr-{label}{suffix}", lambda m=model, o=f"csr-{label}{suffix}", e=extra: csr(m, o, e),
+                      needs=[need])
+            graph.add(f"ppl-{label}{suffix}", lambda m=model, o=f"ppl-{label}{suffix}", e=extra: ppl(m, o, e),
+                      needs=[need])
+    for name in ABLATIONS:
+        model = run / name / "06-export"
+        graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.long, sizes.ablation_samples, 1),
+                  needs=[f"convert-{name}"])
+        graph.add(f"csr-{name}", lambda m=model, o=f"csr-{name}": csr(m, o), needs=[f"convert-{name}"])
+    if args.family_lh:
+        graph.add("family-lh", lambda: ["bash", "bench/family_lh/run.sh", str(corpus), str(run / "family-lh")]
+                  + (["--smoke"] if args.smoke else []), needs=["corpus"])
+    return graph
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--teacher", required=True, help="teacher GGUF file or HF folder")
+    parser.add_argument("--text", type=Path, default=None, help="folder of training text (besides the stdlib)")
+    parser.add_argument("--run", type=Path, required=True, help="working folder (checkpoints, logs, results)")
+    parser.add_argument("--smoke", action="store_true", help="toy sizes on CPU (plumbing check)")
+    parser.add_argument("--parallel", type=int, default=None, help="jobs at once (default 14 on GPU, 3 smoke)")
+    parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
+    parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
+    parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
+    args = parser.parse_args()
+    sizes = SMOKE if args.smoke else GPU
+    os.environ.setdefault("OMP_NUM_THREADS", "2")
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    graph = build_graph(args, sizes)
+    if args.only:
+        wanted, stack = set(), args.only.split(",")
+        while stack:
+            name = stack.pop()
+            if name not in wanted:
+                wanted.add(name)
+                stack.extend(graph.jobs[name].needs)
+        graph.jobs = {name: job for name, job in graph.jobs.items() if name in wanted}
+    graph.log(f"driver: {len(graph.jobs)} jobs, {graph.parallel} at once, sizes {'smoke' if args.smoke else 'gpu'}")
+    graph.write_status()
+    return 0 if graph.run_all() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# SmolLM2-135M -> HypeNet on one H200, with evaluation of teacher and hybrids (docs/results/smollm2-135m.md).
+# The machine keeps files ~30 s after a call and takes 64 MiB per call, so the work is chained calls started back
+# to back (inputs from `bash bench/smollm2/pack_inputs.sh`):
+#   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a"]          bash bench/smollm2/h200.sh part1
+#   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b", ".whl"]  bash bench/smollm2/h200.sh start
+#   call 3+ (no carry)                                          bash bench/smollm2/h200.sh wait
+# `start` unpacks everything under /root/keep, copies the repository there, starts bench/smollm2/driver.py in its
+# own session (it outlives the call) and then waits like `wait`: up to WAIT_S seconds (default 540) or until the
+# driver ends, then writes $OUT/summary.json, plots and results.tar.gz (bench/smollm2/summarize.py).
+set -uo pipefail
+keep=/root/keep
+mode=${1:?usage: h200.sh part1|start|wait}
+wait_s=${WAIT_S:-540}
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false
+
+collect() {
+  local start=$SECONDS
+  while [ $((SECONDS - start)) -lt "$wait_s" ]; do
+    if ! pgrep -f "bench/smollm2/driver.py" >/dev/null; then echo "driver finished"; break; fi
+    sleep 15
+    if [ $(( (SECONDS - start) % 120 )) -lt 15 ]; then tail -n 4 $keep/run/driver.log; nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader; fi
+  done
+  cd $keep/repo && PYTHONPATH=$keep/site:$keep/repo/src python3 bench/smollm2/summarize.py $keep/run "$OUT" 2>&1 | tail -n 60
+  cp $keep/run/driver.log "$OUT/" 2>/dev/null
+  grep -c "" $keep/run/driver.log; tail -n 25 $keep/run/driver.log
+}
+
+case $mode in
+part1)
+  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
+  nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  ;;
+start)
+  cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
+  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
+  tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
+  rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
+  mkdir -p $keep/run
+  cd $keep/repo
+  PYTHONPATH=$keep/site:$keep/repo/src setsid nohup python3 bench/smollm2/driver.py --teacher $keep/smol.gguf \
+    --text $keep/text --run $keep/run ${DRIVER_ARGS:---gpu-tests --family-lh} > $keep/run/driver.out 2>&1 < /dev/null &
+  sleep 5; cat $keep/run/driver.out
+  collect
+  ;;
+wait)
+  [ -d $keep/run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
+  collect
+  ;;
+*) echo "usage: h200.sh part1|start|wait" >&2; exit 2 ;;
+esac
