@@ -3,11 +3,13 @@ teacher-equivalent HypeNet (every layer attention with RoPE, SPEC §1) reproduce
 
     python bench/smollm2/teacher_check.py TEACHER OUT_FOLDER DEVICE
 
-Writes OUT_FOLDER (model + tokenizer) and OUT_FOLDER/../teacher-check.json; exits 1 when the logits differ by more
-than 1e-3 relative to their scale (float32, TF32 off)."""
+Writes OUT_FOLDER (model + tokenizer) and OUT_FOLDER/../teacher-check.json; exits 1 when the HypeNet's logits, or
+those of the saved folder reloaded, differ from the teacher's by more than 1e-3 relative to their scale (float32,
+TF32 off), or the saved tokenizer differs."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -16,6 +18,21 @@ import torch
 
 from hyla.convert.teacher import load_teacher, teacher_fingerprint
 from hyla.convert.transfer import to_hypenet
+
+
+def save_plain(model, folder: Path) -> None:
+    """Save a model loaded from GGUF (de-quantized, but flagged as quantized) as a plain float HF folder."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or any(name != "lm_head.weight" for name in missing):
+        raise RuntimeError(f"state dict mismatch: missing {missing}, unexpected {unexpected}")
+    plain.tie_weights()
+    plain.save_pretrained(folder)
 
 
 def main() -> int:
@@ -34,10 +51,18 @@ def main() -> int:
     ok = diff <= 1e-3 * scale
     if not (out / "config.json").exists():
         tmp = out.with_name(out.name + ".tmp")
-        model.save_pretrained(tmp)
+        save_plain(model, tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(out)
+    from hyla.evals.loading import load_model
+
+    saved, saved_tokenizer = load_model(str(out), dtype="float32", device=device)
+    with torch.no_grad():
+        saved_diff = (saved(ids).logits.float() - expected).abs().max().item()
+    same_tokens = saved_tokenizer("The grass is green.").input_ids == tokenizer("The grass is green.").input_ids
+    ok = ok and saved_diff <= 1e-3 * scale and same_tokens and saved_tokenizer.eos_token_id == tokenizer.eos_token_id
     report = {"teacher": spec, "max_abs_logit_diff": diff, "logit_scale": scale, "relative": diff / scale,
+              "saved_folder_max_abs_logit_diff": saved_diff, "saved_tokenizer_matches": same_tokens,
               "tolerance_relative": 1e-3, "passed": ok, "fingerprint": teacher_fingerprint(model),
               "tokens": list(ids.shape), "device": device}
     (out.parent / "teacher-check.json").write_text(json.dumps(report, indent=1))
