@@ -45,6 +45,14 @@ start)
   sleep 5; cat $keep/run/driver.out
   collect
   ;;
+restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished
+  pkill -f "bench/smollm2/driver.py"; pkill -f "hyla.cli convert"; sleep 3
+  cp -r bench/smollm2 $keep/repo/bench/ && cd $keep/repo && mkdir -p $keep/run
+  PYTHONPATH=$keep/site:$keep/repo/src setsid nohup python3 bench/smollm2/driver.py --teacher $keep/smol.gguf \
+    --text $keep/text --run $keep/run ${DRIVER_ARGS:-} >> $keep/run/driver.out 2>&1 < /dev/null &
+  sleep 5; tail -n 3 $keep/run/driver.log
+  collect
+  ;;
 wait)
   [ -d $keep/run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
   collect

@@ -56,3 +56,26 @@ def test_window_needs_causal_attention():
         softmax_attention(q, k, v, window=2, causal=False)
     with pytest.raises(ValueError, match="window"):
         softmax_attention(q, k, v, window=0)
+
+
+def test_fla_path_gets_one_dtype(monkeypatch):
+    """Under autocast, RoPE leaves q and k in float32 while v is bf16; fla's parallel_attn needs them equal (it failed
+    on the H200 with "Both operands must be same dtype"). The call is checked with a stand-in for the kernel."""
+    import sys
+    import types
+
+    import hyla.ops.attention as attention
+
+    seen = {}
+
+    def parallel_attn(q, k, v, scale=None, window_size=None):
+        seen.update(dtypes=(q.dtype, k.dtype, v.dtype), window=window_size)
+        return v.new_zeros(q.shape)
+
+    fake = types.ModuleType("fla.ops.attn")
+    fake.parallel_attn = parallel_attn
+    monkeypatch.setitem(sys.modules, "fla.ops.attn", fake)
+    monkeypatch.setattr(attention, "resolve_backend", lambda tensor: "fla")
+    q, k, v = qkv(1, 16, 16)
+    out = softmax_attention(q.float(), k.float(), v.bfloat16(), window=4)
+    assert seen == {"dtypes": (torch.bfloat16,) * 3, "window": 4} and out.dtype == torch.bfloat16

@@ -47,7 +47,8 @@ def softmax_attention(
         elif attention_mask is None and query_length == key_length and resolve_backend(q) == "fla":
             from fla.ops.attn import parallel_attn
 
-            return parallel_attn(q, k, v, scale=scale, window_size=window)
+            # Under autocast q and k leave RoPE in float32 while v is bf16; fla's kernel needs one dtype.
+            return parallel_attn(q.to(v.dtype), k.to(v.dtype), v, scale=scale, window_size=window)
     mask = attention_mask
     is_causal = False
     if causal:
