@@ -75,12 +75,13 @@ def train(request: TrainRequest) -> dict:
     out = Path(request.out)
     result = run_training(model, loss_fn, loader, optim, loop, out, env, meta={"request": {k: str(v) for k, v in asdict(request).items()}})
     if env.is_main:
-        _export(model, out / "model", request, result.metrics)
+        _export(model, out / "model", request, result.metrics, corpus.manifest.get("tokenizer", {}).get("spec"))
     return {"steps": result.steps, "resumed_from": result.resumed_from,
             "last": result.metrics[-1] if result.metrics else {}}
 
 
-def _export(model, folder: Path, request: TrainRequest, metrics: list[dict]) -> None:
+def _export(model, folder: Path, request: TrainRequest, metrics: list[dict], tokenizer_spec: str | None) -> None:
+    """The HF model folder, with the corpus's tokenizer so that `generate` and `hyla eval` work on it directly."""
     from hyla.convert.weights import full_state_dict, without_shared
     from hyla.outputs import run_metadata, write_json
 
@@ -88,5 +89,13 @@ def _export(model, folder: Path, request: TrainRequest, metrics: list[dict]) -> 
     fresh = HypeNetForCausalLM(model.config)
     fresh.load_state_dict(state, strict=False)
     fresh.save_pretrained(folder, safe_serialization=True)
+    if tokenizer_spec:
+        from hyla.convert.teacher import load_tokenizer
+
+        try:
+            load_tokenizer(tokenizer_spec).save_pretrained(folder)
+        except (OSError, ValueError, ImportError) as err:
+            print(f"hyla train: note: the corpus tokenizer {tokenizer_spec!r} could not be saved with the model "
+                  f"({type(err).__name__}: {err}); copy it into {folder} before evaluating")
     write_json(folder / "training.json", {**run_metadata({k: str(v) for k, v in asdict(request).items()}),
                                           "final": metrics[-1] if metrics else {}})
