@@ -24,7 +24,12 @@ HEADS, DIM = 4, 64
 
 
 def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+    """Relative L2 error; where the reference is exactly zero (the gate gradient at t = 1 without an initial state,
+    which multiplies a zero state), the root-mean-square of the difference instead."""
+    difference, reference = (a.double() - b.double()).norm(), b.double().norm()
+    if reference == 0:
+        return (difference / a.numel() ** 0.5).item()
+    return (difference / reference).item()
 
 
 def gla_inputs(batch, length, dtype, seed):
@@ -65,6 +70,12 @@ def run_with_grads(op, inputs, state, cu_seqlens, backend):
 
 
 def compare(name, inputs, gate_names, state, cu_seqlens, dtype):
+    if name == "gdn":
+        from hyla.ops.gdn.gpu import fla_backward_blocker
+
+        if fla_backward_blocker():
+            # hyla then differentiates its own chunked form: comparing it with the reference tests nothing of fla.
+            pytest.skip(fla_backward_blocker())
     op = OPS[name][0]
     ref = run_with_grads(op, inputs, state, cu_seqlens, "torch")
     fast = run_with_grads(op, inputs, state, cu_seqlens, "fla")
