@@ -12,6 +12,7 @@ change. Rerunning the driver skips the jobs that finished (conversions resume fr
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -83,6 +84,7 @@ class Job:
     command: Callable[[], list[str] | None]  # built when the job starts (it may read earlier results)
     needs: list[str] = field(default_factory=list)
     kind: str = "eval"  # "train" jobs have their own limit (GPU memory)
+    after: list[str] = field(default_factory=list)  # jobs that must have ended, whether or not they succeeded
     state: str = "waiting"  # waiting, running, done, failed, skipped
     started: float | None = None
     ended: float | None = None
@@ -156,7 +158,8 @@ class Graph:
                     break
                 if job.kind == "train" and training >= self.train_slots:
                     continue
-                if job.state == "waiting" and all(self.jobs[n].state == "done" for n in job.needs):
+                ended = all(self.jobs[n].state in ("done", "failed", "skipped") for n in job.after)
+                if job.state == "waiting" and ended and all(self.jobs[n].state == "done" for n in job.needs):
                     try:
                         self._start(job)
                     except Exception as err:  # noqa: BLE001 - a job that cannot start fails alone
@@ -264,6 +267,11 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
         graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.long, sizes.ablation_samples, 1),
                   needs=[f"convert-{name}"])
         graph.add(f"csr-{name}", lambda m=model, o=f"csr-{name}": csr(m, o), needs=[f"convert-{name}"])
+    if args.evals_after_training:
+        trainings = [name for name, job in graph.jobs.items() if job.kind == "train"]
+        for job in graph.jobs.values():
+            if job.kind == "eval" and job.name.split("-")[0] in ("niah", "csr", "ppl"):
+                job.after = trainings
     if args.family_lh:
         graph.add("family-lh", lambda: ["bash", "bench/family_lh/run.sh", str(corpus), str(run / "family-lh")]
                   + (["--smoke"] if args.smoke else []), needs=["corpus"])
@@ -279,11 +287,19 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=None, help="jobs at once (default 14 on GPU, 3 smoke)")
     parser.add_argument("--train-slots", type=int, default=None,
                         help="conversions at once (default 4 as in the recorded run, where 4 ran out of memory: use 2)")
+    parser.add_argument("--main-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="extra --set for the main conversion (repeatable), e.g. distill.tokens=40e6")
+    parser.add_argument("--ablation-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                        help="extra --set for every ablation conversion (repeatable)")
+    parser.add_argument("--evals-after-training", action="store_true",
+                        help="start the evaluations only when every conversion has ended (timings not shared)")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
     args = parser.parse_args()
-    sizes = SMOKE if args.smoke else GPU
+    sizes = dataclasses.replace(SMOKE if args.smoke else GPU)
+    sizes.main = sizes.main + args.main_set
+    sizes.ablation = sizes.ablation + args.ablation_set
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     graph = build_graph(args, sizes)
