@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from hyla.outputs import write_json
+
 HYLA = [sys.executable, "-m", "hyla.cli"]
 TASKS = ["SK1", "SK2", "SK3"]
 
@@ -116,9 +118,7 @@ class Graph:
         status = {name: {"state": job.state, "needs": job.needs, "returncode": job.returncode,
                          "seconds": None if job.started is None else round((job.ended or time.time()) - job.started, 1)}
                   for name, job in self.jobs.items()}
-        path = self.run / "status.json"
-        path.with_suffix(".tmp").write_text(json.dumps(status, indent=1))
-        path.with_suffix(".tmp").replace(path)
+        write_json(self.run / "status.json", status)
 
     def _start(self, job: Job) -> None:
         command = job.command()

@@ -26,6 +26,15 @@ collect() {
   grep -c "" $keep/run/driver.log; tail -n 25 $keep/run/driver.log
 }
 
+# Start the driver in a session of its own (it outlives the call) over $keep/run; $1: extra driver arguments.
+launch() {
+  mkdir -p $keep/run && cd $keep/repo || exit 1
+  # shellcheck disable=SC2086 # $1 holds several arguments
+  PYTHONPATH=$keep/site:$keep/repo/src setsid nohup python3 bench/smollm2/driver.py --teacher $keep/smol.gguf \
+    --text $keep/text --run $keep/run $1 >> $keep/run/driver.out 2>&1 < /dev/null &
+  sleep 5; tail -n 3 $keep/run/driver.out
+}
+
 case $mode in
 part1)
   mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
@@ -38,19 +47,13 @@ start)
   mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
-  mkdir -p $keep/run
-  cd $keep/repo
-  PYTHONPATH=$keep/site:$keep/repo/src setsid nohup python3 bench/smollm2/driver.py --teacher $keep/smol.gguf \
-    --text $keep/text --run $keep/run ${DRIVER_ARGS:---gpu-tests --family-lh} > $keep/run/driver.out 2>&1 < /dev/null &
-  sleep 5; cat $keep/run/driver.out
+  launch "${DRIVER_ARGS:---gpu-tests --family-lh}"
   collect
   ;;
 restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished
   pkill -f "bench/smollm2/driver.py"; pkill -f "hyla.cli convert"; sleep 3
-  cp -r bench/smollm2 $keep/repo/bench/ && cd $keep/repo && mkdir -p $keep/run
-  PYTHONPATH=$keep/site:$keep/repo/src setsid nohup python3 bench/smollm2/driver.py --teacher $keep/smol.gguf \
-    --text $keep/text --run $keep/run ${DRIVER_ARGS:-} >> $keep/run/driver.out 2>&1 < /dev/null &
-  sleep 5; tail -n 3 $keep/run/driver.log
+  cp -r bench/smollm2 $keep/repo/bench/ || exit 1
+  launch "${DRIVER_ARGS:-}"
   collect
   ;;
 wait)

@@ -15,6 +15,8 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
+from hyla.outputs import write_json
+
 CSR_METRIC = {"hellaswag": "acc_norm", "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm",
               "winogrande": "acc", "lambada": "acc"}
 STAGES = ["00-data", "01-align", "02-select", "03-distill", "04-finetune", "05-scaling", "06-export"]
@@ -192,7 +194,7 @@ def main() -> int:
     summary["status"] = read_json(run / "status.json")
     summary["corpus"] = {k: v for k, v in (read_json(run / "corpus" / "manifest.json") or {}).items()
                          if k in ("num_tokens", "counts", "sources", "num_documents")}
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    write_json(out / "summary.json", summary)
     try:
         plot(summary, out)
     except Exception as err:  # noqa: BLE001 - the JSON matters more than the plots

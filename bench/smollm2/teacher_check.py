@@ -18,6 +18,7 @@ import torch
 
 from hyla.convert.teacher import load_teacher, teacher_fingerprint
 from hyla.convert.transfer import to_hypenet
+from hyla.outputs import write_json
 
 
 def save_plain(model, folder: Path) -> None:
@@ -65,7 +66,7 @@ def main() -> int:
               "saved_folder_max_abs_logit_diff": saved_diff, "saved_tokenizer_matches": same_tokens,
               "tolerance_relative": 1e-3, "passed": ok, "fingerprint": teacher_fingerprint(model),
               "tokens": list(ids.shape), "device": device}
-    (out.parent / "teacher-check.json").write_text(json.dumps(report, indent=1))
+    write_json(out.parent / "teacher-check.json", report)
     print(json.dumps({k: report[k] for k in ("max_abs_logit_diff", "relative", "passed")}))
     return 0 if ok else 1
 

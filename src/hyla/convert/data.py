@@ -10,6 +10,13 @@ import numpy as np
 from hyla.data.loader import TokenCorpus, TokenLoader
 
 
+def prepared_corpus(sources: list[str]) -> Path | None:
+    """The corpus folder when the only source is one prepared by `hyla data prepare`, else None."""
+    if len(sources) == 1 and (Path(sources[0]) / "manifest.json").is_file():
+        return Path(sources[0]).resolve()
+    return None
+
+
 class CorpusRange(TokenCorpus):
     """Tokens [start, stop) of a prepared corpus, seen as a corpus of its own."""
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from hyla.convert.data import prepared_corpus
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
 from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
@@ -35,13 +36,6 @@ class ConvertRequest:
 def _check_stage_name(name: str | None, flag: str) -> None:
     if name is not None and name not in STAGES:
         raise ValueError(f"{flag} {name!r} is not a stage; stages: {', '.join(STAGES)}")
-
-
-def prepared_corpus(sources: list[str]) -> Path | None:
-    """The corpus folder when the only source is one prepared by `hyla data prepare`, else None."""
-    if len(sources) == 1 and (Path(sources[0]) / "manifest.json").is_file():
-        return Path(sources[0]).resolve()
-    return None
 
 
 def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict]:

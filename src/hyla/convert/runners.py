@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
-from hyla.convert.data import heldout_sequences, split_corpus, training_loader
+from hyla.convert.data import heldout_sequences, prepared_corpus, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
@@ -81,8 +81,6 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
 
 def run_data(run: Run, stage: Stage) -> dict:
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
-
-    from hyla.convert.pipeline import prepared_corpus
 
     sources = run.data_sources
     if prepared_corpus(sources) is not None:
