@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.cli import main
+from killable import kill_when, start_blocking
 from offline_models import save_tiny_teacher
 
 TINY_PLAN = [
@@ -70,47 +69,13 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     assert capsys.readouterr().out.count("(skipped)") == 7
 
 
-# Runs `hyla convert` in a child whose training loop blocks once it has saved checkpoint `step-N` into a folder
-# under `stage`, so the SIGKILL lands while that stage is unfinished however fast the machine is (the tiny
-# stage takes ~0.2 s).
-_BLOCK_AFTER_CHECKPOINT = """
-import sys, time
-import hyla.train.loop as loop
-from hyla.cli import main
-save, stage, block_at = loop.save_checkpoint, sys.argv[1], int(sys.argv[2])
-def save_then_block(folder, step, **kwargs):
-    target = save(folder, step, **kwargs)
-    if stage in folder.parts and step >= block_at:
-        time.sleep(3600)
-    return target
-loop.save_checkpoint = save_then_block
-sys.exit(main(sys.argv[3:]))
-"""
-
-
-def _run_in_background(args: list[str], *, stage: str, block_after_step: int) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    return subprocess.Popen([sys.executable, "-c", _BLOCK_AFTER_CHECKPOINT, stage, str(block_after_step),
-                             *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-
 @pytest.mark.slow
 def test_sigkill_during_distillation_then_rerun_gives_the_same_weights(tiny_teacher, tmp_path):
     stop = ["--until-stage", "distill", "--set", "distill.checkpoint_every=1"]
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     assert main(convert_args(tiny_teacher, reference, *stop)) == 0
-    process = _run_in_background(convert_args(tiny_teacher, killed, *stop), stage="03-distill",
-                                  block_after_step=3)
-    checkpoints = killed / "03-distill" / "checkpoints"
-    deadline = time.time() + 300
-    try:
-        while not (checkpoints / "step-3").exists():
-            assert process.poll() is None, "the run ended before it could be killed"
-            assert time.time() < deadline, "no step-3 checkpoint after 300 s"
-            time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+    process = start_blocking(convert_args(tiny_teacher, killed, *stop), stage="03-distill", block_after_step=3)
+    kill_when(process, killed / "03-distill" / "checkpoints" / "step-3")
     assert not (killed / "03-distill" / "manifest.json").exists()
     assert main(convert_args(tiny_teacher, killed, *stop)) == 0
     assert manifest(killed, "distill")["results"]["resumed_from_step"] >= 3

@@ -4,11 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +13,7 @@ from safetensors.torch import load_file
 from hyla.cli import main
 from hyla.train.losses import ce_loss, longce_loss
 from hyla.train.optim import OptimSettings, lr_at
+from killable import kill_when, start_blocking
 
 CONFIG = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4,
           "num_key_value_heads": 2, "layer_types": ["lightning", "lightning", "lightning", "attention"]}
@@ -66,14 +62,8 @@ def test_training_lowers_the_loss_and_exports_a_model(corpus, tmp_path):
 def test_training_killed_mid_run_resumes_to_the_same_weights(corpus, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     assert main(train_args(corpus, reference)) == 0
-    process = subprocess.Popen([sys.executable, "-m", "hyla.cli", *train_args(corpus, killed)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ))
-    deadline = time.time() + 300
-    while not (killed / "checkpoints" / "step-5").exists():
-        assert process.poll() is None and time.time() < deadline
-        time.sleep(0.02)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
+    process = start_blocking(train_args(corpus, killed), block_after_step=5)
+    kill_when(process, killed / "checkpoints" / "step-5")
     assert main(train_args(corpus, killed)) == 0
     expected = load_file(reference / "model" / "model.safetensors")
     actual = load_file(killed / "model" / "model.safetensors")
