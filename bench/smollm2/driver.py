@@ -190,6 +190,7 @@ def copy_stages(source: Path, target: Path, stages: list[str]) -> None:
 
 def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     run = args.run
+    ablations = {name: spec for name, spec in ABLATIONS.items() if name in args.ablations}
     graph = Graph(run, args.parallel or sizes.parallel, args.train_slots or sizes.train_slots)
     corpus, teacher_hf = run / "corpus", run / "teacher-hf"
     device = ["--device", sizes.device]
@@ -216,12 +217,12 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     halo = run / "main"
     graph.add("convert-select", lambda: convert(halo, sizes.main, "--until-stage", "select"),
               needs=["corpus", "teacher-check"], kind="train")
-    for name, (extra, origin) in ABLATIONS.items():
+    for name, (extra, origin) in ablations.items():
         if origin == "own-align":
             graph.add(f"{name}-align", lambda n=name, e=extra: convert(run / n, sizes.ablation + e, "--until-stage",
                                                                       "align"), needs=["corpus", "teacher-check"], kind="train")
     graph.add("convert-main", lambda: convert(halo, sizes.main), needs=["convert-select"], kind="train")
-    for name, (extra, origin) in ABLATIONS.items():
+    for name, (extra, origin) in ablations.items():
         def start(n=name, e=extra, o=origin):
             if o == "copy-select":
                 copy_stages(halo, run / n, ["00-data", "01-align", "02-select"])
@@ -262,7 +263,7 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                       needs=[need])
             graph.add(f"ppl-{label}{suffix}", lambda m=model, o=f"ppl-{label}{suffix}", e=extra: ppl(m, o, e),
                       needs=[need])
-    for name in ABLATIONS:
+    for name in ablations:
         model = run / name / "06-export"
         graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.long, sizes.ablation_samples, 1),
                   needs=[f"convert-{name}"])
@@ -278,7 +279,24 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     return graph
 
 
-def main() -> int:
+def keep_only(graph: Graph, names: list[str]) -> None:
+    """Drop every job but `names` and what they need, transitively (their `after` orderings stay as they are)."""
+    unknown = sorted(set(names) - set(graph.jobs))
+    if unknown:
+        raise SystemExit(f"driver: unknown jobs {unknown}; the graph has {', '.join(graph.jobs)}")
+    wanted, stack = set(), list(names)
+    while stack:
+        name = stack.pop()
+        if name not in wanted:
+            wanted.add(name)
+            stack.extend(graph.jobs[name].needs)
+    graph.jobs = {name: job for name, job in graph.jobs.items() if name in wanted}
+    for job in graph.jobs.values():
+        job.after = [name for name in job.after if name in wanted]
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes]:
+    """The command line, and the sizes it selects (with --main-set / --ablation-set applied)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--teacher", required=True, help="teacher GGUF file or HF folder")
     parser.add_argument("--text", type=Path, default=None, help="folder of training text (besides the stdlib)")
@@ -291,26 +309,32 @@ def main() -> int:
                         help="extra --set for the main conversion (repeatable), e.g. distill.tokens=40e6")
     parser.add_argument("--ablation-set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="extra --set for every ablation conversion (repeatable)")
+    parser.add_argument("--ablations", default="all",
+                        help=f"ablation conversions to run: all, none, or some of {','.join(ABLATIONS)} (default all)")
     parser.add_argument("--evals-after-training", action="store_true",
                         help="start the evaluations only when every conversion has ended (timings not shared)")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    names = {"all": list(ABLATIONS), "none": []}.get(args.ablations, args.ablations.split(","))
+    unknown = sorted(set(names) - set(ABLATIONS))
+    if unknown:
+        parser.error(f"unknown ablations {unknown}; choose from {', '.join(ABLATIONS)}")
+    args.ablations = names
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)
     sizes.main = sizes.main + args.main_set
     sizes.ablation = sizes.ablation + args.ablation_set
+    return args, sizes
+
+
+def main() -> int:
+    args, sizes = parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "2")
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     graph = build_graph(args, sizes)
     if args.only:
-        wanted, stack = set(), args.only.split(",")
-        while stack:
-            name = stack.pop()
-            if name not in wanted:
-                wanted.add(name)
-                stack.extend(graph.jobs[name].needs)
-        graph.jobs = {name: job for name, job in graph.jobs.items() if name in wanted}
+        keep_only(graph, args.only.split(","))
     graph.log(f"driver: {len(graph.jobs)} jobs, {graph.parallel} at once, sizes {'smoke' if args.smoke else 'gpu'}")
     graph.write_status()
     return 0 if graph.run_all() else 1

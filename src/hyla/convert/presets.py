@@ -1,6 +1,6 @@
 """Conversion budgets. `paper` is SPEC §2's token counts per stage for a 1.7B teacher, scaled in proportion to the
 teacher's size below that; `small` is a tenth of `paper`; `quick` is a fixed ~44M-token budget sized for one GPU and a
-~100M-parameter teacher (about ten minutes on an H200 for SmolLM2-135M); `smoke` is a fixed toy budget that runs every
+~100M-parameter teacher (at the stage throughputs measured for SmolLM2-135M on a shared H200, ~16 minutes); `smoke` is a fixed toy budget that runs every
 stage on a laptop CPU in minutes. Every number can be overridden with `--set section.field=value`."""
 
 from __future__ import annotations
@@ -113,7 +113,8 @@ def _smoke() -> dict[str, StageBudget]:
 
 
 def _quick() -> dict[str, StageBudget]:
-    # ~44M tokens: about ten minutes of one H200 for a ~135M teacher (docs/results/smollm2-135m.md).
+    # ~44M tokens. At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
+    # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU it has not been timed.
     return {
         "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
         "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),

@@ -1,0 +1,61 @@
+"""The job graph of bench/smollm2/driver.py (built, not run): ablation choice, evaluation ordering, --only."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "smollm2"))
+import driver  # noqa: E402
+
+
+def graph_of(tmp_path: Path, *extra: str) -> driver.Graph:
+    args, sizes = driver.parse_args(["--teacher", "t.gguf", "--run", str(tmp_path / "run"), "--smoke", *extra])
+    return driver.build_graph(args, sizes)
+
+
+def test_every_ablation_by_default_and_none_on_request(tmp_path):
+    every = graph_of(tmp_path)
+    for name in driver.ABLATIONS:
+        assert {f"convert-{name}", f"niah-{name}", f"csr-{name}"} <= every.jobs.keys()
+    none = graph_of(tmp_path, "--ablations", "none")
+    assert not [name for name in none.jobs if "abl-" in name]
+    assert {"convert-main", "niah-main-SK1-long", "niah-teacher-SK3-short", "csr-main-off"} <= none.jobs.keys()
+    some = graph_of(tmp_path, "--ablations", "abl-uniform,abl-no-rnn-rope")
+    assert {name for name in some.jobs if name.startswith("convert-abl")} == {
+        "convert-abl-uniform", "convert-abl-no-rnn-rope"}
+    assert "abl-no-rnn-rope-align" in some.jobs
+
+
+def test_unknown_ablation_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        graph_of(tmp_path, "--ablations", "abl-nope")
+    assert "unknown ablations ['abl-nope']" in capsys.readouterr().err
+
+
+def test_main_set_reaches_the_main_conversion_only(tmp_path):
+    graph = graph_of(tmp_path, "--ablations", "abl-uniform", "--main-set", "distill.seq_len=2048")
+    main_command = graph.jobs["convert-main"].command()
+    assert "distill.seq_len=2048" in main_command
+    (tmp_path / "run" / "main" / "00-data").mkdir(parents=True)  # the ablation copies stages 00-01 on start
+    (tmp_path / "run" / "main" / "01-align").mkdir()
+    assert "distill.seq_len=2048" not in graph.jobs["convert-abl-uniform"].command()
+
+
+def test_evaluations_wait_for_every_conversion_when_asked(tmp_path):
+    graph = graph_of(tmp_path, "--ablations", "abl-uniform", "--evals-after-training")
+    trainings = {name for name, job in graph.jobs.items() if job.kind == "train"}
+    assert trainings == {"convert-select", "convert-main", "convert-abl-uniform"}
+    assert set(graph.jobs["niah-teacher-SK1-short"].after) == trainings
+    assert not graph_of(tmp_path).jobs["niah-teacher-SK1-short"].after
+
+
+def test_only_keeps_the_jobs_named_and_what_they_need(tmp_path):
+    graph = graph_of(tmp_path, "--evals-after-training")
+    driver.keep_only(graph, ["csr-main"])
+    assert set(graph.jobs) == {"csr-main", "convert-main", "convert-select", "corpus", "teacher-check"}
+    assert set(graph.jobs["csr-main"].after) == {"convert-main", "convert-select"}
+    with pytest.raises(SystemExit, match="unknown jobs"):
+        driver.keep_only(graph, ["csr-nothing"])
