@@ -23,7 +23,9 @@ def _register_prepare(verbs: argparse._SubParsersAction) -> None:
         "prepare", help="tokenize text sources into a corpus folder",
         description="Tokenize text into uint16/uint32 shards with a manifest. Sources: a file, folder or glob "
                     "(.txt .md .rst .py, .jsonl[.gz] and .parquet records), 'stdlib' (the Python standard library, "
-                    "offline), 'hf:NAME[:CONFIG][:SPLIT]' (streamed) or 'teacher:SPEC' (sampled text).")
+                    "offline), 'hf:NAME[:CONFIG][:SPLIT]' (streamed), 'teacher:SPEC' (sampled text) or "
+                    "'recall:SPEC' / 'recall@MIN-MAX:SPEC' (key-value facts and a question about one of them, "
+                    "in MIN-MAX characters of SPEC's text).")
     add = prepare.add_argument
     add("--tokenizer", required=True, metavar="SPEC", help="teacher whose tokenizer to use (e.g. smollm2-135m)")
     add("--source", action="append", required=True, metavar="SRC",

@@ -6,7 +6,9 @@ Source specs (`hyla data prepare --source`):
   per record, taken from the `text_field`;
 - `stdlib`: the `.py` files of the running Python's standard library (~31 MB, PSF license): the offline default;
 - `hf:NAME[:CONFIG][:SPLIT]`: a Hugging Face dataset, streamed (needs the `datasets` package and internet);
-- `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`).
+- `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`);
+- `recall:SPEC` or `recall@MIN-MAX:SPEC`: synthetic recall documents (key-value facts and a question about one of
+  them) built on the text of the source SPEC (see `hyla.data.recall`).
 
 File lists are sorted, then shuffled with the seed (unless `shuffle_files` is off) so that a token budget takes a
 sample spread over the whole source rather than its alphabetical head.
@@ -28,7 +30,7 @@ from hyla.data.generated import GenerationSettings
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
-SOURCE_FORMS = "a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]' or 'teacher:SPEC'"
+SOURCE_FORMS = "a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC' or 'recall:SPEC'"
 
 
 @dataclass
@@ -49,6 +51,17 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                       lambda: _file_documents(files, text_field))
     if spec.startswith("hf:"):
         return _open_hf_dataset(spec, text_field)
+    if spec.startswith("recall:") or spec.startswith("recall@"):
+        from hyla.data.recall import parse_recall_spec, recall_documents
+
+        recall = parse_recall_spec(spec)
+        inner = open_source(recall.inner, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
+                            generation=generation)
+        return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters of haystack) on "
+                      f"{inner.description}",
+                      lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
+                                                                    min_chars=recall.min_chars,
+                                                                    max_chars=recall.max_chars)))
     if spec.startswith("teacher:"):
         from hyla.convert.teacher import load_teacher_config
         from hyla.data.generated import teacher_documents

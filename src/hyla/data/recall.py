@@ -1,0 +1,127 @@
+"""Synthetic recall documents: another source's text as a haystack, with a few key-value facts inserted in it and a
+question about one of them, answered, at the end (`hyla data prepare --source recall:SPEC`).
+
+A converted hybrid must relearn in-context retrieval once its attention layers lose RoPE (docs/results); ordinary
+text asks for it rarely. These documents ask for it in every one, in the middle of real text, and in a distillation
+the teacher's own prediction of the answer is the signal. Their wording is this module's own and differs from
+RULER's NIAH templates (`hyla.evals.niah_samples`: "One of the special magic numbers for KEY is: VALUE." and "What
+is the special magic number for KEY mentioned in the provided text?"), and their keys are made-up names, not
+RULER's adjective-noun pairs; so NIAH scores after training on them measure transfer, not the memory of a template.
+
+A document: haystack lines (consecutive text of the wrapped source, cut to a length drawn uniformly from
+[min_chars, max_chars]), 1-4 facts of one kind ("The access code for Koravin is 48213.") at random line positions,
+each about a different key, then "Question: What is the access code for Koravin?\nAnswer: The access code for
+Koravin is 48213." Generation is sequential under one seeded RNG, so the same source and seed give the same
+documents.
+
+Spec: `recall:SPEC` (haystack lengths 2,000-14,000 characters) or `recall@MIN-MAX:SPEC` (characters), where SPEC is
+any other source spec.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+DEFAULT_CHARS = (2000, 14000)
+MAX_FACTS = 4
+_SPEC = re.compile(r"recall(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+
+_SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
+              "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
+_FACT_TEMPLATES = ("The {kind} for {key} is {value}.", "Remember that {key} has the {kind} {value}.",
+                   "Note: the {kind} of {key} is {value}.", "For the record, {key} uses the {kind} {value}.")
+_QUESTION = "Question: What is the {kind} for {key}?\nAnswer: The {kind} for {key} is {value}."
+
+
+def _digits(rng: random.Random, low: int, high: int) -> str:
+    return str(rng.randint(10 ** (low - 1), 10**high - 1))
+
+
+def _serial(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_uppercase, k=2)) + "-" + _digits(rng, 4, 5)
+
+
+def _ticket(rng: random.Random) -> str:
+    return "".join(rng.choices("0123456789abcdef", k=8))
+
+
+def _password(rng: random.Random) -> str:
+    return _name(rng).lower() + _digits(rng, 2, 2)
+
+
+_KINDS = (("access code", lambda rng: _digits(rng, 4, 8)), ("room number", lambda rng: _digits(rng, 3, 4)),
+          ("serial number", _serial), ("ticket id", _ticket), ("password", _password))
+
+
+def _name(rng: random.Random) -> str:
+    return "".join(rng.choices(_SYLLABLES, k=rng.randint(2, 3))).capitalize()
+
+
+@dataclass(frozen=True)
+class RecallSpec:
+    inner: str
+    min_chars: int = DEFAULT_CHARS[0]
+    max_chars: int = DEFAULT_CHARS[1]
+
+
+def parse_recall_spec(spec: str) -> RecallSpec:
+    """`recall:SPEC` or `recall@MIN-MAX:SPEC` -> RecallSpec; ValueError with the expected form otherwise."""
+    match = _SPEC.fullmatch(spec)
+    if match is None or not match.group(3).strip():
+        raise ValueError(f"source {spec}: expected recall:SPEC or recall@MIN-MAX:SPEC (haystack characters)")
+    low, high, inner = match.groups()
+    if low is None:
+        return RecallSpec(inner)
+    if not 0 < int(low) <= int(high):
+        raise ValueError(f"source {spec}: need 0 < MIN <= MAX characters, got {low}-{high}")
+    return RecallSpec(inner, int(low), int(high))
+
+
+@dataclass
+class RecallDoc:
+    text: str
+    kind: str
+    keys: list[str]
+    values: list[str]
+    asked: int  # index into keys/values of the fact the question asks for
+
+
+def make_document(haystack: str, rng: random.Random) -> RecallDoc:
+    """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer."""
+    kind, value_of = rng.choice(_KINDS)
+    count = rng.randint(1, MAX_FACTS)
+    keys: list[str] = []
+    while len(keys) < count:
+        key = _name(rng)
+        if key not in keys:
+            keys.append(key)
+    values = [value_of(rng) for _ in keys]
+    lines = haystack.split("\n")
+    for key, value in zip(keys, values):
+        fact = rng.choice(_FACT_TEMPLATES).format(kind=kind, key=key, value=value)
+        lines.insert(rng.randint(0, len(lines)), fact)
+    asked = rng.randrange(count)
+    question = _QUESTION.format(kind=kind, key=keys[asked], value=values[asked])
+    return RecallDoc("\n".join(lines).rstrip() + "\n\n" + question, kind, keys, values, asked)
+
+
+def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
+                     max_chars: int = DEFAULT_CHARS[1]) -> Iterator[RecallDoc]:
+    """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
+    [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped."""
+    rng = random.Random(f"hyla-recall-{seed}")
+    pending = ""
+    target = rng.randint(min_chars, max_chars)
+    for text in texts:
+        pending += text if not pending else "\n" + text
+        while len(pending) >= target:
+            cut = pending.rfind("\n", 0, target)
+            cut = cut if cut > target // 2 else target
+            haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
+            if haystack.strip():
+                yield make_document(haystack, rng)
+            target = rng.randint(min_chars, max_chars)

@@ -1,0 +1,97 @@
+"""Synthetic recall documents (`recall:SPEC`): facts, question and answer agree; lengths; seeds; the source spec."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from hyla.data.recall import MAX_FACTS, make_document, parse_recall_spec, recall_documents
+from hyla.data.sources import open_source
+from hyla.evals.niah_samples import NEEDLE_TEMPLATE
+
+LINES = [f"Line {i} of some ordinary text about nothing in particular." for i in range(4000)]
+QUESTION = re.compile(r"Question: What is the (.+) for (\w+)\?\nAnswer: The (.+) for (\w+) is (\S+)\.\Z")
+
+
+def texts(count: int = 40, lines_per_text: int = 100):
+    return ("\n".join(LINES[i * lines_per_text:(i + 1) * lines_per_text]) for i in range(count))
+
+
+def test_the_answer_is_the_value_stated_for_the_asked_key_and_only_there():
+    docs = list(recall_documents(texts(), seed=0, min_chars=3000, max_chars=9000))
+    assert len(docs) > 20
+    kinds = set()
+    for doc in docs:
+        kinds.add(doc.kind)
+        body, question = doc.text.rsplit("\n\n", 1)
+        match = QUESTION.fullmatch(question)
+        assert match, question
+        kind, key, kind_again, key_again, value = match.groups()
+        assert kind == kind_again == doc.kind and key == key_again == doc.keys[doc.asked]
+        assert value == doc.values[doc.asked]
+        assert 1 <= len(doc.keys) <= MAX_FACTS and len(set(doc.keys)) == len(doc.keys)
+        # Every fact is one line of the body, naming its key and its value; the haystack lines are untouched.
+        lines = body.split("\n")
+        for key, val in zip(doc.keys, doc.values):
+            facts = [line for line in lines if key in line]
+            assert len(facts) == 1 and facts[0].endswith(f"{val}.") and doc.kind in facts[0]
+        haystack = [line for line in lines if not any(key in line for key in doc.keys)]
+        assert all(line in LINES for line in haystack)
+        assert 3000 // 2 <= len("\n".join(haystack)) <= 9000
+    assert len(kinds) >= 4  # the kinds of value vary across documents
+
+
+def test_haystack_is_consecutive_source_text_and_generation_is_seeded():
+    first = list(recall_documents(texts(), seed=3, min_chars=2000, max_chars=4000))
+    again = list(recall_documents(texts(), seed=3, min_chars=2000, max_chars=4000))
+    other = list(recall_documents(texts(), seed=4, min_chars=2000, max_chars=4000))
+    assert [d.text for d in first] == [d.text for d in again]
+    assert [d.text for d in first] != [d.text for d in other]
+    haystack = [line for doc in first for line in doc.text.rsplit("\n\n", 1)[0].split("\n")
+                if not any(key in line for key in doc.keys)]
+    assert haystack == LINES[: len(haystack)]  # in order, nothing skipped between documents
+
+
+def test_wording_differs_from_the_niah_evaluation():
+    doc = make_document("some text\nmore text", random.Random(0))
+    needle_prefix = NEEDLE_TEMPLATE.split("{")[0].strip()
+    assert needle_prefix and needle_prefix not in doc.text
+    assert "special magic" not in doc.text
+
+
+def test_spec_forms_and_errors(tmp_path):
+    assert parse_recall_spec("recall:stdlib").inner == "stdlib"
+    spec = parse_recall_spec("recall@100-200:/data/text")
+    assert (spec.inner, spec.min_chars, spec.max_chars) == ("/data/text", 100, 200)
+    for bad in ("recall:", "recall@5:stdlib", "recall@200-100:stdlib"):
+        with pytest.raises(ValueError, match="recall"):
+            parse_recall_spec(bad)
+    with pytest.raises(FileNotFoundError, match="source not found"):
+        open_source(f"recall:{tmp_path / 'missing'}")
+
+
+def test_recall_source_wraps_another_source(tmp_path):
+    folder = tmp_path / "text"
+    folder.mkdir()
+    for index in range(3):
+        (folder / f"d{index}.txt").write_text("\n".join(LINES[index * 200:(index + 1) * 200]))
+    source = open_source(f"recall@1000-2000:{folder}")
+    assert "recall documents (1000-2000 characters of haystack) on 3 files" in source.description
+    docs = list(source.documents())
+    assert len(docs) >= 10 and all("\n\nQuestion: What is the " in doc for doc in docs)
+
+
+def test_prepare_interleaves_recall_documents_with_plain_text(tmp_path, tokenizer_dir, text_folder, capsys):
+    import json
+
+    from hyla.cli import main
+
+    out = tmp_path / "corpus"
+    argv = ["data", "prepare", "--tokenizer", str(tokenizer_dir), "--out", str(out), "--no-progress",
+            "--source", str(text_folder), "--source", f"recall@300-600:{text_folder}"]
+    assert main(argv) == 0
+    sources = json.loads((out / "manifest.json").read_text())["sources"]
+    assert [s["spec"] for s in sources] == [str(text_folder), f"recall@300-600:{text_folder}"]
+    assert all(s["num_tokens"] > 0 for s in sources)
