@@ -204,6 +204,8 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                        "--data", str(corpus), *device, *sets(items), *extra]
 
     sources = ["--source", str(args.text)] if args.text else []
+    if args.recall:  # synthetic recall documents on the training text (hyla.data.recall)
+        sources += ["--source", f"recall@{args.recall}:{args.text or 'stdlib'}"]
     graph.add("corpus", lambda: HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib",
                                         "--out", str(corpus), "--max-tokens", sizes.corpus_tokens])
     graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
@@ -313,6 +315,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
                         help=f"ablation conversions to run: all, none, or some of {','.join(ABLATIONS)} (default all)")
     parser.add_argument("--evals-after-training", action="store_true",
                         help="start the evaluations only when every conversion has ended (timings not shared)")
+    parser.add_argument("--recall", default=None, metavar="MIN-MAX",
+                        help="add synthetic recall documents (hyla data prepare --source recall@MIN-MAX:TEXT, haystacks "
+                             "of MIN-MAX characters of the training text) to the conversion corpus")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")

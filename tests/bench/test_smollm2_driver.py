@@ -59,3 +59,11 @@ def test_only_keeps_the_jobs_named_and_what_they_need(tmp_path):
     assert set(graph.jobs["csr-main"].after) == {"convert-main", "convert-select"}
     with pytest.raises(SystemExit, match="unknown jobs"):
         driver.keep_only(graph, ["csr-nothing"])
+
+
+def test_recall_documents_join_the_corpus_on_request(tmp_path):
+    plain = graph_of(tmp_path, "--text", "/data/text").jobs["corpus"].command()
+    assert not any(item.startswith("recall") for item in plain)
+    mixed = graph_of(tmp_path, "--text", "/data/text", "--recall", "2000-14000").jobs["corpus"].command()
+    assert mixed[mixed.index("/data/text") - 1] == "--source"
+    assert "recall@2000-14000:/data/text" in mixed and "stdlib" in mixed
