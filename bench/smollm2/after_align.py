@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from hyla.convert.distill import build_student
+from hyla.convert.selection import mean_and_stderr
 from hyla.convert.teacher import load_teacher
 from hyla.convert.transfer import to_hypenet
 from hyla.evals import niah as niah_eval
@@ -73,6 +74,24 @@ def build_models(hf_teacher, twins: Path, layers: list[int], options: dict[str, 
     ]
 
 
+def score_model(model, tokenizer, samples, windows, *, batch_size: int, num_examples: int) -> dict:
+    """NIAH recall per task (mean and standard error over prompts) and the mean next-token loss over `windows`
+    (whole, first half, second half), with the first `num_examples` predictions."""
+    records = niah_eval.evaluate_samples(model, tokenizer, samples, batch_size=batch_size)
+    by_task: dict[str, list[float]] = {}
+    for sample, record in zip(samples, records):
+        by_task.setdefault(sample.task, []).append(record["score"])
+    stats = {task: mean_and_stderr(values) for task, values in by_task.items()}
+    losses = token_losses(model, windows)
+    half = losses.shape[1] // 2
+    return {"recall": {task: mean for task, (mean, _) in stats.items()},
+            "recall_stderr": {task: stderr for task, (_, stderr) in stats.items()},
+            "loss": losses.mean().item(),
+            "loss_first_half": losses[:, :half].mean().item(),
+            "loss_second_half": losses[:, half:].mean().item(),
+            "examples": [record["pred"] for record in records[:num_examples]]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     twins = args.run / "01-align" / "twins.safetensors"
@@ -91,23 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in build_models(loaded.model, twins, layers, options):
         started = time.time()
         model = build().float().eval()
-        records = niah_eval.evaluate_samples(model, tokenizer, samples, batch_size=args.batch_size)
-        by_task: dict[str, list[float]] = {}
-        for sample, record in zip(samples, records):
-            by_task.setdefault(sample.task, []).append(record["score"])
-        losses = token_losses(model, windows)
-        half = losses.shape[1] // 2
-        row = {
-            "model": name,
-            "recall": {task: sum(v) / len(v) for task, v in by_task.items()},
-            "recall_stderr": {task: (torch.tensor(v).std().item() / len(v) ** 0.5 if len(v) > 1 else None)
-                              for task, v in by_task.items()},
-            "loss": losses.mean().item(),
-            "loss_first_half": losses[:, :half].mean().item(),
-            "loss_second_half": losses[:, half:].mean().item(),
-            "examples": [record["pred"] for record in records[:3]],
-            "seconds": round(time.time() - started, 1),
-        }
+        row = {"model": name, **score_model(model, tokenizer, samples, windows, batch_size=args.batch_size,
+                                            num_examples=3),
+               "seconds": round(time.time() - started, 1)}
         rows.append(row)
         print(f"[after_align] {name}: recall {row['recall']}, loss {row['loss']:.3f} ({row['seconds']} s)",
               flush=True)

@@ -19,7 +19,6 @@ Prints a table last and writes OUT.json (settings, curve, scores before and afte
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -32,8 +31,12 @@ from hyla.convert.transfer import to_hypenet
 from hyla.data.recall import recall_documents
 from hyla.data.sources import open_source
 from hyla.evals import niah as niah_eval
-from hyla.evals.ppl import long_token_sequences, token_losses
+from hyla.evals.ppl import long_token_sequences
 from hyla.outputs import write_json
+from hyla.train.optim import OptimSettings, lr_at
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from after_align import score_model  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -72,16 +75,6 @@ def training_windows(tokenizer, data: str, *, seq_len: int, count: int, chars: t
     return torch.tensor(ids[: seq_len * count]).view(count, seq_len)
 
 
-def score(model, tokenizer, samples, windows) -> dict:
-    records = niah_eval.evaluate_samples(model, tokenizer, samples, batch_size=4)
-    by_task: dict[str, list[float]] = {}
-    for sample, record in zip(samples, records):
-        by_task.setdefault(sample.task, []).append(record["score"])
-    return {"recall": {task: sum(v) / len(v) for task, v in by_task.items()},
-            "loss": token_losses(model, windows).mean().item(),
-            "examples": [record["pred"] for record in records[:2]]}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
@@ -107,22 +100,19 @@ def main(argv: list[str] | None = None) -> int:
     data = training_windows(tokenizer, args.data, seq_len=args.seq_len, count=args.steps * args.batch_size,
                             chars=chars, seed=args.seed)
     student.eval()
-    before = score(student, tokenizer, samples, essays)
+    before = score_model(student, tokenizer, samples, essays, batch_size=4, num_examples=2)
     print(f"[relearn] before: {before['recall']} loss {before['loss']:.3f}", flush=True)
     optimizer = torch.optim.AdamW(trained, lr=args.lr, weight_decay=0.0)
 
-    def lr_at(step: int) -> float:
-        if step < args.warmup:
-            return args.lr * (step + 1) / args.warmup
-        progress = (step - args.warmup) / max(1, args.steps - args.warmup)
-        return args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    # Warmup, then cosine down to a tenth of the peak.
+    schedule = OptimSettings(lr=args.lr, min_lr=0.1 * args.lr, warmup_steps=args.warmup)
 
     curve, started = [], time.time()
     student.train()
     for step in range(args.steps):
         batch = data[step * args.batch_size:(step + 1) * args.batch_size]
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step)
+            group["lr"] = lr_at(step, args.steps, schedule)
         with torch.no_grad():
             target = teacher(batch, use_cache=False).logits
         loss = kl_divergence(target, student(batch, use_cache=False).logits)
@@ -135,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[relearn] step {step + 1}/{args.steps} KL {loss.item():.4f} ({time.time() - started:.0f} s)",
                   flush=True)
     student.eval()
-    after = score(student, tokenizer, samples, essays)
+    after = score_model(student, tokenizer, samples, essays, batch_size=4, num_examples=2)
     report = {"settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
               "layers": layers, "trained_parameters": sum(p.numel() for p in trained),
               "train_tokens": int(data.numel()), "train_seconds": round(time.time() - started, 1),

@@ -83,8 +83,8 @@ def run_data(run: Run, stage: Stage) -> dict:
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
 
     sources = run.data_sources
-    if prepared_corpus(sources) is not None:
-        corpus = prepared_corpus(sources)
+    corpus = prepared_corpus(sources)
+    if corpus is not None:
         run.log(f"[data] using the prepared corpus {corpus}")
     else:
         corpus = stage.path / "corpus"
