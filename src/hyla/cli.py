@@ -7,7 +7,9 @@ Each area of the library owns a `cli.py` with `register(subparsers)`; this modul
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
+import signal
 import sys
 
 # (subcommand module, in the order `hyla --help` lists them)
@@ -41,6 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `kill -USR1 PID` prints every thread's Python stack to stderr and lets the command go on: the way to see where
+    # a long job (a kernel compile, a data loader, a collective) is stuck.
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):
