@@ -85,3 +85,37 @@ def test_hf_static_cache_step_matches_dynamic_cache_step():
         expected = model._hf_eager_step(qwen3, decoder.tokens, positions, 16, torch.float32)
     assert int(decoder.position_ids) == 17
     assert ((decoder.logits.float() - expected).norm() / expected.norm()).item() <= 1e-5
+
+
+def test_qwen3_baseline_keeps_exact_rope_frequencies_in_bfloat16():
+    from hyla.bench import hf_baseline
+    from hyla.bench.shapes import qwen3_hf_config
+
+    exact = hf_baseline.build_qwen3(qwen3_hf_config(toy=True), device="cpu", dtype=torch.float32)
+    half = hf_baseline.build_qwen3(qwen3_hf_config(toy=True), device="cpu", dtype=torch.bfloat16)
+    assert half.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert half.model.rotary_emb.inv_freq.dtype == torch.float32
+    assert torch.equal(half.model.rotary_emb.inv_freq, exact.model.rotary_emb.inv_freq)
+
+
+def test_qwen3_engine_passes_its_check_against_hf_in_bfloat16():
+    # The benchmark's qwen3-engine gate as on the GPU (bfloat16, HF Qwen3 as reference), on one layer of the real
+    # width (the toy's near-uniform attention hides RoPE errors) at positions up to 1K, where bf16 RoPE frequencies
+    # turn the angles by radians: with them the gate fails (0.10 > 0.02 here; 0.61 on the H200, 28 layers).
+    from transformers import Qwen3Config
+
+    from hyla.bench import hf_baseline
+    from hyla.bench.shapes import QWEN3_1P7B
+    from hyla.models.configuration import HypeNetConfig
+
+    sizes = dict(QWEN3_1P7B, num_hidden_layers=1, vocab_size=1024)
+    qwen3 = hf_baseline.build_qwen3(Qwen3Config(**sizes, attn_implementation="sdpa"), device="cpu",
+                                    dtype=torch.bfloat16)
+    engine_config = HypeNetConfig(**sizes, layer_types=["attention"], attention_rope=True, attention_qk_norm=True,
+                                  attention_output_gate=False, attn_logits_scaling_a=None)
+    engine_model = model.build_hypenet(engine_config, device="cpu", dtype=torch.bfloat16)
+    hf_baseline.copy_qwen3_weights_into_hypenet(qwen3, engine_model)
+    settings = model.ModelSettings(device="cpu", dtype="bfloat16", check_length=1024, attention_backend="torch",
+                                   compile_blocks=False)
+    check = model.check_engine(engine_model, qwen3, settings)  # raises CheckFailed above its bar
+    assert max(check["relative_errors"].values()) <= check["bar"]

@@ -11,12 +11,23 @@ from hyla.bench.timing import time_ms
 
 
 def build_qwen3(config, *, device, dtype):
+    """Random-weight HF Qwen3 in `dtype`, with its RoPE frequencies kept in float32.
+
+    `Module.to(dtype)` also casts HF's rotary `inv_freq` buffers: in bfloat16 they are off by up to 0.37%, which turns
+    the rotation angle at position 2000 by up to ~7 radians, so the model would no longer compute Qwen3's function
+    (HF's forward takes `inv_freq.float()`, too late). Weights follow `dtype`; the frequencies stay exact.
+    """
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
     with torch.device(device):
         model = Qwen3ForCausalLM(config)
-    return model.to(dtype).eval()
+    frequencies = {name: buffer.clone() for name, buffer in model.named_buffers() if name.endswith("inv_freq")}
+    model = model.to(dtype)
+    for name, buffer in frequencies.items():
+        owner, _, attribute = name.rpartition(".")
+        setattr(model.get_submodule(owner), attribute, buffer)
+    return model.eval()
 
 
 def copy_qwen3_weights_into_hypenet(qwen3, hypenet) -> None:
