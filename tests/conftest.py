@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+pytest_plugins = ["report_log"]  # HYLA_TEST_REPORT=FILE: outcomes and failures written as they happen
+
 # Determinism and a small thread count: the test machine has 2 cores.
 torch.set_num_threads(min(2, os.cpu_count() or 1))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

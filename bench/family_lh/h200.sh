@@ -9,6 +9,8 @@
 #   python -c "from hyla.convert.teacher import load_tokenizer as t; t('smollm2-135m').save_pretrained('.gpu-inputs/lh/tokenizer')"
 # Then, as one device call (timeout 600 s), carry [".whl", ".gpu-inputs/b", ".gpu-inputs/lh"]:
 #   bash bench/family_lh/h200.sh
+# gpu-test-report.txt holds each test outcome and failure traceback as it happens (tests/report_log.py), so a
+# test run cut by its time limit still says why its failures failed.
 # Environment: LH_* variables pass through to run.sh (LH_DEADLINE_S defaults to 480 there); TESTS_TIMEOUT_S (520),
 # TEST_WORKERS (6).
 set -uo pipefail
@@ -19,13 +21,13 @@ export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 nvidia-smi -L
 python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
 
-( timeout "${TESTS_TIMEOUT_S:-520}" python3 -m pytest tests -m gpu -n "${TEST_WORKERS:-6}" -v -rA --tb=short \
+( HYLA_TEST_REPORT="$OUT/gpu-test-report.txt" timeout "${TESTS_TIMEOUT_S:-520}" python3 -m pytest tests -m gpu -n "${TEST_WORKERS:-6}" -v -rA --tb=short \
     -p no:cacheprovider >"$OUT/gpu-tests.txt" 2>&1
   echo "pytest exit $?" >>"$OUT/gpu-tests.txt" ) &
 tests_pid=$!
 
 # A stuck training shows where it is stuck: hyla prints every thread's stack on SIGUSR1 (into its log).
-( for at in 200 330; do sleep $((at - SECONDS)); pkill -USR1 -f "hyla.cli train" || true; done ) &
+( for at in 200 330; do sleep $((at - SECONDS)); pkill -USR1 -f "^python3 -m hyla.cli train" || true; done ) &
 stacks_pid=$!
 
 LH_TOKENIZER=${LH_TOKENIZER:-$PWD/.gpu-inputs/lh/tokenizer} bash bench/family_lh/run.sh .gpu-inputs/lh/corpus $lh \

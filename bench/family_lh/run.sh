@@ -112,6 +112,8 @@ train_model() {
   local name=$1 config=$2 dir=$OUTDIR/$1/train rc=0 last
   if [[ -f $dir/model/training.json ]]; then
     log "$name/train: $dir/model exists, skipped"
+    # A training that outlived its chain (e.g. a killed `timeout`) exported the model without the tokenizer.
+    [[ -f $dir/model/tokenizer_config.json ]] || cp "$TOKENIZER"/* "$dir/model/" || return 1
     return 0
   fi
   train_args "$name" "$config" "$STEPS"
