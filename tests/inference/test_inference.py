@@ -130,3 +130,19 @@ def test_attention_with_lse_rejects_unknown_backend():
     q = torch.randn(1, 2, 3, 4)
     with pytest.raises(ValueError, match="backend"):
         attention_with_lse(q, q, q, causal=True, scale=1.0, backend="xformers")
+
+
+def test_prefill_attention_backend_follows_device_and_dtype():
+    from hyla.inference.prefill_attention import pick_attention_backend
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert pick_attention_backend("auto", cuda, torch.bfloat16) == "cudnn"
+    assert pick_attention_backend("auto", cuda, torch.float16) == "cudnn"
+    # cuDNN's and flash's fused kernels take half precision only: a float32 model on CUDA gets the torch path.
+    assert pick_attention_backend("auto", cuda, torch.float32) == "torch"
+    assert pick_attention_backend("auto", cpu, torch.bfloat16) == "torch"
+    assert pick_attention_backend("flash", cuda, torch.bfloat16) == "flash"
+    with pytest.raises(ValueError, match="needs a CUDA model in float16 or bfloat16"):
+        pick_attention_backend("cudnn", cuda, torch.float32)
+    with pytest.raises(ValueError, match="must be auto or one of"):
+        pick_attention_backend("sdpa", cpu, torch.float32)

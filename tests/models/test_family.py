@@ -131,3 +131,18 @@ def test_config_rejects_bad_family_settings():
     assert config.eme_window is None and config.eme_stride is None
     with pytest.raises(ValueError, match="unknown EME"):
         apply_eme_overrides(config, window=8)
+
+
+@pytest.mark.parametrize("layer_type", ["hh_lightning", "hh_gla"])
+def test_headwise_model_deepcopies_and_pickles(layer_type):
+    # copy.deepcopy and pickle probe a BranchConfig before its fields exist; both must give the same function.
+    import copy
+    import pickle
+
+    model = family_model(12, layer_type)
+    tokens = torch.randint(3, 97, (2, 30))
+    with torch.no_grad():
+        expected = model(tokens).logits
+        for other in (copy.deepcopy(model), pickle.loads(pickle.dumps(model))):
+            assert other.model.layers[0].mixer.efficient is not model.model.layers[0].mixer.efficient
+            assert torch.equal(other(tokens).logits, expected)

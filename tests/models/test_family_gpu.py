@@ -1,6 +1,8 @@
 """The hybrid family on CUDA: the fla/SDPA path against the reference path, with and without EME, and cached
 decoding on GPU."""
 
+import copy
+
 import pytest
 import torch
 
@@ -23,7 +25,10 @@ def model(dtype, **overrides):
     return HypeNetForCausalLM(config).to("cuda", dtype).eval()
 
 
-# fp32: TF32 matmuls in the chunk kernels over 8 layers; bf16: bf16 rounding (as test_hypenet_gpu.py)
+# fp32: TF32 matmuls in the chunk kernels over 8 layers (the float32 torch path is the reference itself).
+# bf16: both paths round, at different points; each is measured against the float32 torch path, and the fla path may
+# not add more than half again the torch path's own bf16 error (the rule of hyla.bench.model.check_engine), nor
+# exceed `tol` where that is larger. Comparing the two bf16 paths with each other counted the rounding twice.
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("eme", [False, True])
 def test_fla_model_logits_match_reference(dtype, tol, eme):
@@ -31,10 +36,13 @@ def test_fla_model_logits_match_reference(dtype, tol, eme):
     tokens = torch.randint(0, 1000, (2, 333), device="cuda")
     with torch.no_grad():
         with use_backend("torch"):
+            expected = copy.deepcopy(m).float()(tokens, use_cache=False).logits.float()
             ref = m(tokens, use_cache=False).logits.float()
         with use_backend("fla"):
             fast = m(tokens, use_cache=False).logits.float()
-    assert ((fast - ref).norm() / ref.norm()).item() <= tol
+    own = ((ref - expected).norm() / expected.norm()).item()
+    error = ((fast - expected).norm() / expected.norm()).item()
+    assert error <= max(tol, 1.5 * own), f"fla path {error:.3g}; torch path in {dtype}: {own:.3g}"
 
 
 @pytest.mark.parametrize("eme", [False, True])

@@ -100,6 +100,30 @@ def test_fla_matches_reference(name, dtype, length, with_state):
 
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_fla_forward_matches_reference_without_grad(name, dtype, with_state):
+    """The no-grad path (inference, evaluation) on odd lengths and packed sequences: output and final state. It runs
+    where fla cannot differentiate GDN (Triton < 3.7.1 on Hopper), so GDN's fla forward is checked there too."""
+    op, make_inputs = OPS[name]
+    cases = [(2, length, None) for length in (1, 63, 65, 300)]
+    cases.append((1, 7 + 65 + 200 + 1, torch.tensor([0, 7, 72, 272, 273], device="cuda")))
+    for batch, length, cu_seqlens in cases:
+        inputs, _ = make_inputs(batch, length, dtype, seed=length)
+        states = 4 if cu_seqlens is not None else batch
+        state = torch.randn(states, HEADS, DIM, DIM, device="cuda") * 0.1 if with_state else None
+        rest = {n: x for n, x in inputs.items() if n not in ("q", "k", "v")}
+        results = {}
+        for backend in ("torch", "fla"):
+            with use_backend(backend), torch.no_grad():
+                results[backend] = op(inputs["q"], inputs["k"], inputs["v"], **rest, initial_state=state,
+                                      output_final_state=True, cu_seqlens=cu_seqlens)
+        assert torch.isfinite(results["fla"][0]).all() and torch.isfinite(results["fla"][1]).all()
+        assert rel(results["fla"][0], results["torch"][0]) <= TOLERANCE[dtype], f"output, length {length}"
+        assert rel(results["fla"][1], results["torch"][1]) <= TOLERANCE[dtype], f"final state, length {length}"
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_fla_packed_sequences_match_reference(name, dtype):
     inputs, gate_names = OPS[name][1](1, 7 + 65 + 200 + 1, dtype, seed=1)
     cu = torch.tensor([0, 7, 72, 272, 273], device="cuda")

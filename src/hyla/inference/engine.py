@@ -13,7 +13,7 @@ import torch
 
 from hyla.inference.cache import StaticHybridCache
 from hyla.inference.decode_attention import decode_attention
-from hyla.inference.prefill_attention import ATTENTION_BACKENDS, chunk_attention
+from hyla.inference.prefill_attention import chunk_attention, pick_attention_backend
 from hyla.layers.context import MixerContext
 from hyla.ops.lightning import lightning_attention
 
@@ -64,10 +64,7 @@ class InferenceEngine:
                              "(eme_window) off or use the model's own forward")
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
-        if attention_backend == "auto":
-            attention_backend = "cudnn" if model.device.type == "cuda" else "torch"
-        if attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be auto or one of {', '.join(ATTENTION_BACKENDS)}")
+        attention_backend = pick_attention_backend(attention_backend, model.device, model.dtype)
         self.model, self.config = model, config
         self.prefill_chunk, self.attention_backend = prefill_chunk, attention_backend
         self.device, self.dtype = model.device, model.dtype

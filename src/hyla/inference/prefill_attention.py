@@ -32,6 +32,22 @@ def attention_with_lse_reference(
     return output.to(q.dtype), lse
 
 
+def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype) -> str:
+    """The prefill attention kernel for `requested` ("auto" or one of ATTENTION_BACKENDS) on `device` in `dtype`.
+
+    cuDNN's and flash's fused kernels take float16/bfloat16 only: "auto" picks cuDNN there and the pure-torch path
+    otherwise (CPU, or a float32/float64 model on CUDA); asking for a fused kernel it cannot run is an error."""
+    if requested == "auto":
+        fused = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+        return "cudnn" if fused else "torch"
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend must be auto or one of {', '.join(ATTENTION_BACKENDS)}")
+    if requested != "torch" and (device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16)):
+        raise ValueError(f"attention_backend {requested!r} needs a CUDA model in float16 or bfloat16, not "
+                         f"{dtype} on {device.type}; use auto or torch")
+    return requested
+
+
 def _fused_with_lse(q, k, v, *, causal: bool, scale: float, backend: str):
     if backend == "cudnn":
         result = torch.ops.aten._scaled_dot_product_cudnn_attention(

@@ -37,6 +37,8 @@ class BranchConfig:
         self.__dict__["_overrides"] = overrides
 
     def __getattr__(self, name):
+        if "_overrides" not in self.__dict__:  # copy/pickle probe an instance before its __dict__ is restored
+            raise AttributeError(name)
         overrides = self.__dict__["_overrides"]
         return overrides[name] if name in overrides else getattr(self.__dict__["_config"], name)
 
