@@ -4,6 +4,7 @@
 #   bash bench/h200_speed.sh a   # gate: Triton decode + fused chunk attention tests; then HypeNet-2B (~5 min)
 #   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min)
 #   bash bench/h200_speed.sh c   # mixer kernels, 4K..1M, forward and forward+backward (~3 min)
+#   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K, Qwen3 shape at 512K
 # Then, here: hyla bench report docs/results/speed/hypenet/model.json docs/results/speed/qwen3/model.json \
 #   --out docs/results/speed
 # Add --no-compile to the model commands if torch.compile of the decode blocks is too slow on a cold machine.
@@ -12,13 +13,18 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 case "$1" in
   a)
-    python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
+    HYLA_TEST_REPORT=$OUT/gate-report.txt python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
     python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log ;;
   b)
     python3 -m hyla.cli bench model --systems qwen3-engine,qwen3-hf-graph,qwen3-hf-default --out $OUT/qwen3 2>&1 \
       | tee $OUT/qwen3.log ;;
   c)
     python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log ;;
+  d)
+    for spec in "hypenet 8K" "hypenet 512K" "qwen3-engine 512K"; do
+      set -- $spec
+      python3 -m hyla.cli bench profile --system "$1" --context "$2" --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
+    done ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d" >&2; exit 2 ;;
 esac

@@ -119,3 +119,14 @@ def test_qwen3_engine_passes_its_check_against_hf_in_bfloat16():
                                    compile_blocks=False)
     check = model.check_engine(engine_model, qwen3, settings)  # raises CheckFailed above its bar
     assert max(check["relative_errors"].values()) <= check["bar"]
+
+
+def test_bench_profile_toy_writes_results(tmp_path):
+    code = main(["bench", "profile", "--toy", "--device", "cpu", "--dtype", "float32", "--context", "48",
+                 "--steps", "2", "--top", "5", "--no-compile", "--out", str(tmp_path)])
+    assert code == 0
+    result = json.loads((tmp_path / "profile-hypenet-48-b1.json").read_text())
+    assert result["wall_ms_per_step"] > 0 and result["kernel_ms_per_step"] is None  # no device timeline on CPU
+    assert 0 < len(result["rows"]) <= 5 and result["rows_total"] >= len(result["rows"])
+    assert any(row["name"] == "aten::mm" or "linear" in row["name"] for row in result["rows"])
+    assert "| kernel / operator |" in (tmp_path / "profile-hypenet-48-b1.md").read_text()

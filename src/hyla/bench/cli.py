@@ -44,6 +44,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
+    profile = verbs.add_parser("profile", help="one decode step, kernel by kernel (torch.profiler), beside its floor")
+    profile.add_argument("--system", default="hypenet", choices=("hypenet", "qwen3-engine"))
+    profile.add_argument("--context", type=_count, default=2**19, help="cached positions (default 512K)")
+    profile.add_argument("--batch", type=int, default=1)
+    profile.add_argument("--steps", type=int, default=10, help="profiled decode steps, after 3 warm-up steps")
+    profile.add_argument("--top", type=int, default=40, help="kernels listed, most expensive first")
+    profile.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    _common(profile)
+    profile.set_defaults(handler=run_profile)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
@@ -144,6 +155,23 @@ def run_model(args: argparse.Namespace) -> int:
     plot_model(results, out / "model.png")
     (out / "model.md").write_text(model_markdown(results, env["command"]))
     print(model_markdown(results, env["command"]))
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown
+
+    settings = ProfileSettings(system=args.system, context=args.context, batch=args.batch, steps=args.steps,
+                               compile_blocks=not args.no_compile, toy=args.toy, device=args.device,
+                               dtype=args.dtype, top=args.top)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = profile_decode(settings, log=lambda text: None)
+    stem = f"profile-{settings.system}-{settings.context}-b{settings.batch}"
+    _write_json(out / f"{stem}.json", {"environment": environment(), **result})
+    (out / f"{stem}.md").write_text(profile_markdown(result))
+    print(profile_markdown(result))
+    print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
     return 0
 
 

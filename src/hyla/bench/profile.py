@@ -1,0 +1,133 @@
+"""`hyla bench profile`: where one decode step's time goes, kernel by kernel.
+
+The engine's decode step (graph-captured on CUDA, eager on CPU) of `hypenet` or `qwen3-engine`, batch B, over a
+synthetic cache of `context` positions, recorded by torch.profiler for `steps` steps after a warm-up. It reports the
+step's wall time, the summed device time of its kernels and the difference between the two (launch gaps and idle
+device), and the kernels grouped by name, most expensive first, beside the bytes-per-token floor.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hyla.bench import shapes
+from hyla.bench.floors import ModelShape
+from hyla.bench.model import MARGIN, build_hypenet
+from hyla.inference import InferenceEngine
+
+PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
+
+
+@dataclass(frozen=True)
+class ProfileSettings:
+    system: str = "hypenet"
+    context: int = 2**19
+    batch: int = 1
+    steps: int = 10
+    compile_blocks: bool = True
+    toy: bool = False
+    device: str = "cuda"
+    dtype: str = "bfloat16"
+    top: int = 40
+
+
+def _build(settings: ProfileSettings, device: torch.device, dtype: torch.dtype):
+    if settings.system == "hypenet":
+        return build_hypenet(shapes.hypenet_config(toy=settings.toy), device=device, dtype=dtype)
+    if settings.system == "qwen3-engine":
+        # Random weights: no HF model needed for timing (the model benchmark checks this network against HF's).
+        return build_hypenet(shapes.qwen3_engine_config(toy=settings.toy), device=device, dtype=dtype)
+    raise ValueError(f"unknown system {settings.system!r}; choose from {', '.join(PROFILED_SYSTEMS)}")
+
+
+def _device_time_us(event) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(event, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+@torch.no_grad()
+def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
+    if settings.steps < 1 or settings.batch < 1 or settings.context < 1:
+        raise ValueError("steps, batch and context must be >= 1")
+    device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
+    cuda = device.type == "cuda"
+    model = _build(settings, device, dtype)
+    shape = ModelShape.of(model)
+    engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
+                             compile_blocks=settings.compile_blocks)
+    engine.fill_synthetic(settings.context)
+    if cuda:
+        engine.capture_graph()
+
+    def step():
+        engine.cache.length.fill_(settings.context)
+        engine.num_cached = settings.context
+        engine.decode()
+
+    for _ in range(3):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        started = time.perf_counter()
+        for _ in range(settings.steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall_ms = (time.perf_counter() - started) * 1e3 / settings.steps
+    rows = []
+    for event in prof.key_averages():
+        device_us = _device_time_us(event)
+        if cuda and device_us <= 0:
+            continue
+        if not cuda:
+            device_us = float(event.self_cpu_time_total)
+        rows.append({"name": event.key, "calls_per_step": event.count / settings.steps,
+                     "us_per_step": device_us / settings.steps})
+    rows.sort(key=lambda row: row["us_per_step"], reverse=True)
+    kernels_ms = sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None
+    floor_ms = shape.decode_floor_ms(settings.context, settings.batch) if cuda else None
+    result = {
+        "settings": asdict(settings),
+        "shape": {"num_params": shape.num_params, "num_attention_layers": shape.num_attention_layers},
+        "wall_ms_per_step": wall_ms,
+        "kernel_ms_per_step": kernels_ms,
+        "gap_ms_per_step": None if kernels_ms is None else wall_ms - kernels_ms,
+        "kernel_launches_per_step": sum(row["calls_per_step"] for row in rows) if cuda else None,
+        "floor_ms": floor_ms,
+        "rows": rows[: settings.top],
+        "rows_total": len(rows),
+    }
+    log(profile_markdown(result))
+    return result
+
+
+def profile_markdown(result: dict) -> str:
+    s = result["settings"]
+    lines = [f"# Decode step profile: {s['system']}, context {s['context']}, batch {s['batch']}, "
+             f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}", ""]
+    lines.append(f"- wall time per step: {result['wall_ms_per_step']:.3f} ms")
+    if result["kernel_ms_per_step"] is not None:
+        lines.append(f"- device time of its kernels: {result['kernel_ms_per_step']:.3f} ms "
+                     f"({result['kernel_launches_per_step']:.0f} kernels a step); gap (launches, idle device): "
+                     f"{result['gap_ms_per_step']:.3f} ms")
+        lines.append(f"- bytes-per-token floor: {result['floor_ms']:.3f} ms")
+    else:
+        lines.append("- CPU run: the table shows CPU self time per operator (no device timeline)")
+    lines += ["", "| kernel / operator | calls per step | us per step |", "|---|---|---|"]
+    for row in result["rows"]:
+        name = row["name"].replace("|", "/")
+        name = name if len(name) <= 90 else name[:87] + "..."
+        lines.append(f"| {name} | {row['calls_per_step']:.1f} | {row['us_per_step']:.1f} |")
+    if result["rows_total"] > len(result["rows"]):
+        lines.append(f"| ({result['rows_total'] - len(result['rows'])} more) | | |")
+    return "\n".join(lines) + "\n"
