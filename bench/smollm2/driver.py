@@ -206,8 +206,9 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     sources = ["--source", str(args.text)] if args.text else []
     if args.recall:  # synthetic recall documents on the training text (hyla.data.recall)
         sources += ["--source", f"recall@{args.recall}:{args.text or 'stdlib'}"]
+    weights = ["--weights", args.corpus_weights] if args.corpus_weights else []
     graph.add("corpus", lambda: HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib",
-                                        "--out", str(corpus), "--max-tokens", sizes.corpus_tokens])
+                                        *weights, "--out", str(corpus), "--max-tokens", sizes.corpus_tokens])
     graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
                                         args.teacher, str(teacher_hf), sizes.device])
     if args.gpu_tests:
@@ -318,6 +319,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     parser.add_argument("--recall", default=None, metavar="MIN-MAX",
                         help="add synthetic recall documents (hyla data prepare --source recall@MIN-MAX:TEXT, haystacks "
                              "of MIN-MAX characters of the training text) to the conversion corpus")
+    parser.add_argument("--corpus-weights", default=None, metavar="W1,W2,...",
+                        help="shares of the corpus text, one per source in order: --text (if given), the recall "
+                             "documents (if --recall), stdlib (hyla data prepare --weights; default: turn-taking)")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")

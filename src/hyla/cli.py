@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import importlib
+import io
 import signal
 import sys
 
@@ -46,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 PID` prints every thread's Python stack to stderr and lets the command go on: the way to see where
     # a long job (a kernel compile, a data loader, a collective) is stuck.
     if hasattr(signal, "SIGUSR1"):
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True)
+        except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr without a file descriptor
+            pass
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

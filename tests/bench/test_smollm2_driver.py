@@ -67,3 +67,11 @@ def test_recall_documents_join_the_corpus_on_request(tmp_path):
     mixed = graph_of(tmp_path, "--text", "/data/text", "--recall", "2000-14000").jobs["corpus"].command()
     assert mixed[mixed.index("/data/text") - 1] == "--source"
     assert "recall@2000-14000:/data/text" in mixed and "stdlib" in mixed
+
+
+def test_corpus_weights_reach_the_corpus_job(tmp_path):
+    plain = graph_of(tmp_path, "--text", "/data/text", "--recall", "2000-14000").jobs["corpus"].command()
+    assert "--weights" not in plain
+    weighted = graph_of(tmp_path, "--text", "/data/text", "--recall", "2000-14000", "--corpus-weights", "3,1,1")
+    command = weighted.jobs["corpus"].command()
+    assert command[command.index("--weights") + 1] == "3,1,1"

@@ -81,6 +81,27 @@ def test_interleave_takes_one_document_from_each_source_in_turn_and_skips_blank_
     assert list(interleave([first, second])) == [(0, "a1"), (1, "b1"), (0, "a2"), (0, "a3")]
 
 
+def test_weighted_interleave_gives_each_source_its_share_of_the_characters():
+    # Documents of very different lengths: turn-taking would give "long" 10/11 of the text; weights 1:3 give ~1/4.
+    long = Source("long", "", lambda: iter(["L" * 1000] * 200))
+    short = Source("short", "", lambda: iter(["s" * 10] * 100_000))
+    taken = list(interleave([long, short], weights=(1.0, 3.0)))
+    prefix = taken[:4000]
+    chars = [sum(len(text) for index, text in prefix if index == source) for source in (0, 1)]
+    assert abs(chars[0] / sum(chars) - 0.25) < 0.02
+    # Deterministic, and a source that runs out leaves the rest to the others (all documents come out once).
+    assert taken == list(interleave([long, short], weights=(1.0, 3.0)))
+    assert sum(index == 0 for index, _ in taken) == 200 and sum(index == 1 for index, _ in taken) == 100_000
+
+
+def test_weights_must_be_one_positive_number_per_source():
+    sources = [Source("a", "", lambda: iter(["a"])), Source("b", "", lambda: iter(["b"]))]
+    with pytest.raises(ValueError, match="one positive number per source"):
+        list(interleave(sources, weights=(1.0,)))
+    with pytest.raises(ValueError, match="one positive number per source"):
+        list(interleave(sources, weights=(1.0, 0.0)))
+
+
 def test_hf_source_without_datasets_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "datasets", None)
     with pytest.raises(ValueError, match="pip install datasets"):

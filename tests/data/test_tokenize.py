@@ -133,6 +133,30 @@ def test_settings_are_checked():
         PrepareSettings(tokenizer="x", sources=())
     with pytest.raises(ValueError, match="--max-tokens must be positive"):
         PrepareSettings(tokenizer="x", sources=("stdlib",), max_tokens=0)
+    with pytest.raises(ValueError, match="gives 1 numbers for 2 sources"):
+        PrepareSettings(tokenizer="x", sources=("stdlib", "stdlib"), weights=(1.0,))
+    with pytest.raises(ValueError, match="--weights must be positive"):
+        PrepareSettings(tokenizer="x", sources=("stdlib", "stdlib"), weights=(1.0, float("nan")))
+
+
+def test_weights_are_part_of_the_settings_and_absent_without_them(tmp_path, tokenizer_dir, text_folder):
+    assert "weights" not in _settings(tokenizer_dir, text_folder).to_dict()  # older corpora stay reruns
+    words = "quick brown fox lazy dog stitch time saves nine numbers symbols braces".split()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        for i in range(40):
+            text = " ".join(words[(i + j) % len(words)] for j in range(60))
+            (tmp_path / name / f"{i:02d}.txt").write_text(text + "\n")
+    settings = PrepareSettings(tokenizer=str(tokenizer_dir), sources=(str(tmp_path / "a"), str(tmp_path / "b")),
+                               weights=(1.0, 3.0), max_tokens=3000)
+    result = prepare_corpus(tmp_path / "corpus", settings, show_progress=False)
+    assert result.manifest["settings"]["weights"] == [1.0, 3.0]
+    counts = [source["num_tokens"] for source in result.manifest["sources"]]
+    assert sum(counts) == 3000 and abs(counts[1] / 3000 - 0.75) < 0.05, counts
+    assert prepare_corpus(tmp_path / "corpus", settings, show_progress=False).already_prepared
+    with pytest.raises(ValueError, match="other settings.*weights"):
+        prepare_corpus(tmp_path / "corpus", PrepareSettings(tokenizer=str(tokenizer_dir), max_tokens=3000,
+                       sources=settings.sources, weights=(1.0, 2.0)), show_progress=False)
 
 
 def test_a_run_that_finds_its_folder_taken_at_the_end_keeps_the_other_runs_work(tmp_path, tokenizer_dir,

@@ -32,6 +32,8 @@ def _register_prepare(verbs: argparse._SubParsersAction) -> None:
         help="a text source; repeat to interleave several, one document from each in turn")
     add("--out", required=True, metavar="DIR", help="corpus folder to create")
     add("--max-tokens", type=parse_count, default=None, metavar="N", help="stop after N tokens (2000000, 2M)")
+    add("--weights", type=_weights, default=None, metavar="W1,W2,...",
+        help="shares of the text, one per --source in order (e.g. 1,0.25,0.5); default: a document from each in turn")
     add("--text-field", default="text", metavar="FIELD", help="record field holding the text (jsonl, parquet, hf)")
     add("--seed", type=int, default=0, metavar="S", help="file order shuffle and teacher sampling seed")
     add("--no-shuffle", action="store_true", help="keep files in sorted order")
@@ -59,7 +61,7 @@ def run_prepare(args: argparse.Namespace) -> int:
     settings = PrepareSettings(
         tokenizer=args.tokenizer, sources=tuple(args.source), max_tokens=args.max_tokens, text_field=args.text_field,
         seed=args.seed, shuffle_files=not args.no_shuffle, separator=args.separator,
-        shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, generation=generation)
+        shard_tokens=args.shard_tokens or DEFAULT_SHARD_TOKENS, generation=generation, weights=args.weights)
     print(f"hyla data prepare -> {args.out}")
     for key, value in settings.to_dict().items():
         print(f"  {key}: {value}")
@@ -106,3 +108,10 @@ def parse_count(text: str) -> int:
     if value != int(value) or value < 1:
         raise argparse.ArgumentTypeError(f"not a positive whole count: {text!r}")
     return int(value)
+
+
+def _weights(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None

@@ -106,17 +106,36 @@ def stdlib_files() -> list[Path]:
     return sorted(files)
 
 
-def interleave(sources: list[Source]) -> Iterator[tuple[int, str]]:
-    """Documents of all sources, one from each in turn (so a token budget samples every source): (index, text)."""
-    active = [(index, source.documents()) for index, source in enumerate(sources)]
-    while active:
-        for entry in list(active):
-            index, documents = entry
-            text = next(documents, None)
-            if text is None:
-                active.remove(entry)
-            elif text.strip():
-                yield index, text
+def interleave(sources: list[Source], weights: tuple[float, ...] | None = None) -> Iterator[tuple[int, str]]:
+    """Documents of all sources as (index, text).
+
+    Without weights, one document from each in turn (so a token budget samples every source). With weights (one per
+    source, > 0), the next document comes from the source furthest below its share of the characters given so far,
+    so each source's share of the text approaches weight / sum(weights) whatever its document lengths; a source that
+    runs out leaves the others to share what remains in the same proportions. Deterministic either way."""
+    if weights is None:
+        active = [(index, source.documents()) for index, source in enumerate(sources)]
+        while active:
+            for entry in list(active):
+                index, documents = entry
+                text = next(documents, None)
+                if text is None:
+                    active.remove(entry)
+                elif text.strip():
+                    yield index, text
+        return
+    if len(weights) != len(sources) or not all(weight > 0 for weight in weights):
+        raise ValueError(f"weights must be one positive number per source, got {list(weights)} for {len(sources)}")
+    iterators = {index: source.documents() for index, source in enumerate(sources)}
+    characters = dict.fromkeys(iterators, 0)
+    while iterators:
+        index = min(iterators, key=lambda i: (characters[i] / weights[i], i))
+        text = next(iterators[index], None)
+        if text is None:
+            del iterators[index]
+        elif text.strip():
+            characters[index] += len(text)
+            yield index, text
 
 
 def _ordered(files: list[Path], seed: int, shuffle: bool) -> list[Path]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -54,6 +55,7 @@ class PrepareSettings:
     separator: str | None = None  # a token of the vocabulary; None: the tokenizer's EOS
     shard_tokens: int = DEFAULT_SHARD_TOKENS
     generation: GenerationSettings = field(default_factory=GenerationSettings)
+    weights: tuple[float, ...] | None = None  # one per source: shares of the text; None: a document from each in turn
 
     def __post_init__(self) -> None:
         if not self.sources:
@@ -62,6 +64,12 @@ class PrepareSettings:
             raise ValueError(f"--max-tokens must be positive, got {self.max_tokens}")
         if self.shard_tokens < 1:
             raise ValueError(f"--shard-tokens must be positive, got {self.shard_tokens}")
+        if self.weights is not None:
+            if len(self.weights) != len(self.sources):
+                raise ValueError(f"--weights gives {len(self.weights)} numbers for {len(self.sources)} sources; "
+                                 f"give one per --source, in order")
+            if not all(math.isfinite(weight) and weight > 0 for weight in self.weights):
+                raise ValueError(f"--weights must be positive numbers, got {list(self.weights)}")
 
     def to_dict(self) -> dict[str, Any]:
         settings = asdict(self)
@@ -69,6 +77,10 @@ class PrepareSettings:
         # Generation settings matter only to teacher sources; leaving them out otherwise keeps reruns no-ops.
         if not any(source.startswith("teacher:") for source in self.sources):
             del settings["generation"]
+        if self.weights is None:  # corpora made before weights existed stay reruns, not conflicts
+            del settings["weights"]
+        else:
+            settings["weights"] = list(self.weights)
         return settings
 
 
@@ -100,7 +112,7 @@ def prepare_corpus(out_dir: str | Path, settings: PrepareSettings, *, show_progr
         f"{tokenizer.convert_ids_to_tokens(separator_id)!r} (id {separator_id})")
     with staging_folder(out_dir) as staging:
         writer = ShardWriter(staging, dtype, settings.shard_tokens)
-        counts = write_documents(writer, interleave(sources), tokenizer, separator_id, settings.max_tokens,
+        counts = write_documents(writer, interleave(sources, settings.weights), tokenizer, separator_id, settings.max_tokens,
                                  num_sources=len(sources), show_progress=show_progress)
         if writer.num_tokens == 0:
             raise ValueError(f"empty corpus: the sources yielded no text ({', '.join(settings.sources)})")
