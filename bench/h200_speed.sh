@@ -2,7 +2,8 @@
 # The speed benchmarks on one H200, in stages that each fit one 10-minute device call.
 # On the GPU machine, from the repository root, with the fla wheels in .whl/ (carry: [".whl"]) and $OUT set:
 #   bash bench/h200_speed.sh a   # gate: Triton decode + fused chunk attention tests; then HypeNet-2B (~5 min)
-#   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min)
+#   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min;
+#                                # SYSTEMS=qwen3-engine for the engine alone)
 #   bash bench/h200_speed.sh c   # mixer kernels, 4K..1M, forward and forward+backward (~3 min)
 #   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K, Qwen3 shape at 512K
 # Then, here: hyla bench report docs/results/speed/hypenet/model.json docs/results/speed/qwen3/model.json \
@@ -16,8 +17,8 @@ case "$1" in
     HYLA_TEST_REPORT=$OUT/gate-report.txt python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
     python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log ;;
   b)
-    python3 -m hyla.cli bench model --systems qwen3-engine,qwen3-hf-graph,qwen3-hf-default --out $OUT/qwen3 2>&1 \
-      | tee $OUT/qwen3.log ;;
+    python3 -m hyla.cli bench model --systems "${SYSTEMS:-qwen3-engine,qwen3-hf-graph,qwen3-hf-default}" \
+      --out $OUT/qwen3 2>&1 | tee $OUT/qwen3.log ;;
   c)
     python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log ;;
   d)
