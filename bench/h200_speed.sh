@@ -3,7 +3,7 @@
 # On the GPU machine, from the repository root, with the fla wheels in .whl/ (carry: [".whl"]) and $OUT set:
 #   bash bench/h200_speed.sh a   # gate: Triton decode + fused chunk attention tests; then HypeNet-2B (~5 min)
 #   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min;
-#                                # SYSTEMS=qwen3-engine for the engine alone)
+#                                # SYSTEMS=... picks systems, CONTEXTS=32K,512K contexts)
 #   bash bench/h200_speed.sh c   # mixer kernels, 4K..1M, forward and forward+backward (~3 min)
 #   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K, Qwen3 shape at 512K
 # Then, here: hyla bench report docs/results/speed/hypenet/model.json docs/results/speed/qwen3/model.json \
@@ -18,7 +18,7 @@ case "$1" in
     python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log ;;
   b)
     python3 -m hyla.cli bench model --systems "${SYSTEMS:-qwen3-engine,qwen3-hf-graph,qwen3-hf-default}" \
-      --out $OUT/qwen3 2>&1 | tee $OUT/qwen3.log ;;
+      ${CONTEXTS:+--contexts "$CONTEXTS"} --out $OUT/qwen3 2>&1 | tee $OUT/qwen3.log ;;
   c)
     python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log ;;
   d)
