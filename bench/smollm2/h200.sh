@@ -47,7 +47,7 @@ start)
   mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
-  launch "${DRIVER_ARGS:---gpu-tests --family-lh}"
+  launch "${DRIVER_ARGS:-}"  # the GPU tests and family-LH have their own calls: bench/family_lh/h200.sh
   collect
   ;;
 restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished
