@@ -14,7 +14,8 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 case "$1" in
   a)
-    HYLA_TEST_REPORT=$OUT/gate-report.txt python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
+    HYLA_TEST_REPORT=$OUT/gate-report.txt python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x \
+      -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
     python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log ;;
   b)
     python3 -m hyla.cli bench model --systems "${SYSTEMS:-qwen3-engine,qwen3-hf-graph,qwen3-hf-default}" \

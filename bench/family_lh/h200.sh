@@ -5,7 +5,8 @@
 # Prepare here (ignored folders; bash bench/smollm2/pack_inputs.sh makes .whl and .gpu-inputs/b):
 #   hyla data prepare --tokenizer smollm2-135m --source TEXT --source stdlib --out .gpu-inputs/lh/corpus \
 #     --max-tokens 9000000
-#   python -c "from hyla.convert.teacher import load_tokenizer as t; t('smollm2-135m').save_pretrained('.gpu-inputs/lh/tokenizer')"
+#   python -c "from hyla.convert.teacher import load_tokenizer as t; \
+#     t('smollm2-135m').save_pretrained('.gpu-inputs/lh/tokenizer')"
 # Then device calls (timeout 600 s), started back to back (the machine keeps files ~30 s after a call):
 #   bash bench/family_lh/h200.sh tests   carry [".whl"]                                    GPU tests of the family
 #   bash bench/family_lh/h200.sh start   carry [".whl", ".gpu-inputs/b", ".gpu-inputs/lh"]  launch run.sh, then wait
@@ -13,9 +14,10 @@
 # `start` and `wait` return after WAIT_S seconds (default 540) or when run.sh ends, with $OUT/family-lh.log and
 # $OUT/family-lh.tar.gz (summary, settings, commands, step times, logs, evaluation results; no weights, no data).
 # LH_* variables pass through to run.sh; for a run longer than one call set LH_DEADLINE_S (e.g. 1500) and call
-# `wait` until it ends (RUN_ARGS=--smoke rehearses `start` on a CPU machine). `tests` runs TESTS (default: the family's GPU test files and the inference GPU tests) in
-# TEST_WORKERS (8) xdist workers for at most TESTS_TIMEOUT_S (540) seconds; $OUT/gpu-test-report.txt holds each
-# outcome and failure traceback as it happens (tests/report_log.py), so a run cut by its limit still says why.
+# `wait` until it ends (RUN_ARGS=--smoke rehearses `start` on a CPU machine). `tests` runs TESTS (default: the
+# family's GPU test files and the inference GPU tests) in TEST_WORKERS (8) xdist workers for at most
+# TESTS_TIMEOUT_S (540) seconds; $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens
+# (tests/report_log.py), so a run cut by its limit still says why.
 set -uo pipefail
 keep=/root/keep-lh site=/root/keep-lh/site lh=/root/keep-lh/run
 mode=${1:?usage: h200.sh tests|start|wait}

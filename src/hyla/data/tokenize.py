@@ -112,8 +112,8 @@ def prepare_corpus(out_dir: str | Path, settings: PrepareSettings, *, show_progr
         f"{tokenizer.convert_ids_to_tokens(separator_id)!r} (id {separator_id})")
     with staging_folder(out_dir) as staging:
         writer = ShardWriter(staging, dtype, settings.shard_tokens)
-        counts = write_documents(writer, interleave(sources, settings.weights), tokenizer, separator_id, settings.max_tokens,
-                                 num_sources=len(sources), show_progress=show_progress)
+        counts = write_documents(writer, interleave(sources, settings.weights), tokenizer, separator_id,
+                                 settings.max_tokens, num_sources=len(sources), show_progress=show_progress)
         if writer.num_tokens == 0:
             raise ValueError(f"empty corpus: the sources yielded no text ({', '.join(settings.sources)})")
         manifest = build_manifest(settings, sources, tokenizer, separator_id, writer, counts)
