@@ -33,6 +33,12 @@ class ProfileSettings:
     dtype: str = "bfloat16"
     top: int = 40
 
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch < 1 or self.context < 1:
+            raise ValueError("steps, batch and context must be >= 1")
+        if self.system not in PROFILED_SYSTEMS:
+            raise ValueError(f"unknown system {self.system!r}; choose from {', '.join(PROFILED_SYSTEMS)}")
+
 
 def _build(settings: ProfileSettings, device: torch.device, dtype: torch.dtype):
     if settings.system == "hypenet":
@@ -53,8 +59,6 @@ def _device_time_us(event) -> float:
 
 @torch.no_grad()
 def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
-    if settings.steps < 1 or settings.batch < 1 or settings.context < 1:
-        raise ValueError("steps, batch and context must be >= 1")
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     cuda = device.type == "cuda"
     model = _build(settings, device, dtype)
