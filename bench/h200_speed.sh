@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The speed benchmarks on one H200, in stages that each fit one 10-minute device call.
-# On the GPU machine, from the repository root, with the fla wheels in .whl/ (carry: [".whl"]) and $OUT set:
+# On the GPU machine, from the repository root, with the fla wheels in .whl/ (carry: [".whl"], and
+# ".gpu-inputs/cache" when an earlier session saved its compiled kernels: bench/gpu_cache.sh) and $OUT set:
 #   bash bench/h200_speed.sh a   # gate: Triton decode + fused chunk attention tests; then HypeNet-2B (~5 min)
 #   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min;
 #                                # SYSTEMS=... picks systems, CONTEXTS=32K,512K contexts)
@@ -11,6 +12,7 @@
 # Add --no-compile to the model commands if torch.compile of the decode blocks is too slow on a cold machine.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+bash bench/gpu_cache.sh restore  # compiled kernels of an earlier session, if carried (.gpu-inputs/cache)
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 case "$1" in
   a)

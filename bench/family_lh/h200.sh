@@ -17,7 +17,8 @@
 # `wait` until it ends (RUN_ARGS=--smoke rehearses `start` on a CPU machine). `tests` runs TESTS (default: the
 # family's GPU test files and the inference GPU tests) in TEST_WORKERS (8) xdist workers for at most
 # TESTS_TIMEOUT_S (540) seconds; $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens
-# (tests/report_log.py), so a run cut by its limit still says why.
+# (tests/report_log.py), so a run cut by its limit still says why. Add ".gpu-inputs/cache" to the first call's
+# carry when an earlier session saved its compiled kernels (bench/gpu_cache.sh).
 set -uo pipefail
 keep=/root/keep-lh site=/root/keep-lh/site lh=/root/keep-lh/run
 mode=${1:?usage: h200.sh tests|start|wait}
@@ -26,6 +27,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 install() {
   mkdir -p $keep
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl || exit 1
+  bash bench/gpu_cache.sh restore  # compiled kernels of an earlier session, if carried (.gpu-inputs/cache)
   nvidia-smi -L
   PYTHONPATH=$site python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton",
     triton.__version__, "transformers", transformers.__version__)'
