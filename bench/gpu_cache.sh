@@ -8,7 +8,8 @@
 #                                     # (carry ".gpu-inputs/cache") if present; a missing cache is not an error
 #   bash bench/gpu_cache.sh save      # on the GPU machine, as the session's last call: $OUT/gpu-cache.partNN,
 #                                     # at most 15 MiB each and 7 parts (what one call can bring back)
-# Here, after `save`: rm -rf .gpu-inputs/cache && mkdir -p .gpu-inputs/cache && cp FILES_AT/gpu-cache.part* .gpu-inputs/cache/
+# Here, after `save`: rm -rf .gpu-inputs/cache && mkdir -p .gpu-inputs/cache &&
+#   cp FILES_AT/gpu-cache.part* .gpu-inputs/cache/
 # Stale entries cost nothing: both caches are keyed by source, compiler version and device.
 set -uo pipefail
 triton=${TRITON_CACHE_DIR:-$HOME/.triton/cache}
@@ -17,8 +18,9 @@ parts=.gpu-inputs/cache
 case ${1:-} in
 restore)
   if ls $parts/gpu-cache.part* >/dev/null 2>&1; then
-    cat $parts/gpu-cache.part* | tar -xzf - -C / && echo "gpu cache restored: $(du -sh "$triton" 2>/dev/null | cut -f1)" \
-      "Triton, $(du -sh "$inductor" 2>/dev/null | cut -f1) inductor"
+    cat $parts/gpu-cache.part* | tar -xzf - -C / \
+      && echo "gpu cache restored: $(du -sh "$triton" 2>/dev/null | cut -f1) Triton," \
+        "$(du -sh "$inductor" 2>/dev/null | cut -f1) inductor"
   else
     echo "no gpu cache carried ($parts); kernels compile on first use"
   fi

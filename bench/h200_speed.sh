@@ -12,7 +12,7 @@
 # Add --no-compile to the model commands if torch.compile of the decode blocks is too slow on a cold machine.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-bash bench/gpu_cache.sh restore  # compiled kernels of an earlier session, if carried (.gpu-inputs/cache)
+bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 case "$1" in
   a)

@@ -27,7 +27,7 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 install() {
   mkdir -p $keep
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl || exit 1
-  bash bench/gpu_cache.sh restore  # compiled kernels of an earlier session, if carried (.gpu-inputs/cache)
+  bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
   nvidia-smi -L
   PYTHONPATH=$site python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton",
     triton.__version__, "transformers", transformers.__version__)'
