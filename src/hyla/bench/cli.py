@@ -166,7 +166,7 @@ def run_profile(args: argparse.Namespace) -> int:
                                dtype=args.dtype, top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = profile_decode(settings, log=lambda text: None)
+    result = profile_decode(settings)
     stem = f"profile-{settings.system}-{settings.context}-b{settings.batch}"
     _write_json(out / f"{stem}.json", {"environment": environment(), **result})
     (out / f"{stem}.md").write_text(profile_markdown(result))

@@ -15,7 +15,7 @@ import torch
 
 from hyla.bench import shapes
 from hyla.bench.floors import ModelShape
-from hyla.bench.model import MARGIN, build_hypenet
+from hyla.bench.model import MARGIN, build_hypenet, decode_at
 from hyla.inference import InferenceEngine
 
 PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
@@ -58,7 +58,7 @@ def _device_time_us(event) -> float:
 
 
 @torch.no_grad()
-def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
+def profile_decode(settings: ProfileSettings) -> dict:
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     cuda = device.type == "cuda"
     model = _build(settings, device, dtype)
@@ -69,13 +69,7 @@ def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
     if cuda:
         engine.capture_graph()
 
-    def step():
-        engine.cache.length.fill_(settings.context)
-        engine.num_cached = settings.context
-        engine.decode()
-
-    for _ in range(3):
-        step()
+    decode_at(engine, settings.context, 3)  # warm-up
     if cuda:
         torch.cuda.synchronize(device)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -84,7 +78,7 @@ def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
     with torch.profiler.profile(activities=activities) as prof:
         started = time.perf_counter()
         for _ in range(settings.steps):
-            step()
+            decode_at(engine, settings.context, 1)
         if cuda:
             torch.cuda.synchronize(device)
         wall_ms = (time.perf_counter() - started) * 1e3 / settings.steps
@@ -111,7 +105,6 @@ def profile_decode(settings: ProfileSettings, *, log=print) -> dict:
         "rows": rows[: settings.top],
         "rows_total": len(rows),
     }
-    log(profile_markdown(result))
     return result
 
 
