@@ -271,10 +271,11 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
         graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.long, sizes.ablation_samples, 1),
                   needs=[f"convert-{name}"])
         graph.add(f"csr-{name}", lambda m=model, o=f"csr-{name}": csr(m, o), needs=[f"convert-{name}"])
-    if args.evals_after_training:
+    if args.evals_after_training:  # the hybrids' evaluations; the teacher's run beside the first stages
         trainings = [name for name, job in graph.jobs.items() if job.kind == "train"]
         for job in graph.jobs.values():
-            if job.kind == "eval" and job.name.split("-")[0] in ("niah", "csr", "ppl"):
+            kind, model = (job.name.split("-") + [""])[:2]
+            if job.kind == "eval" and kind in ("niah", "csr", "ppl") and model != "teacher":
                 job.after = trainings
     if args.family_lh:
         graph.add("family-lh", lambda: ["bash", "bench/family_lh/run.sh", str(corpus), str(run / "family-lh")]
@@ -315,7 +316,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     parser.add_argument("--ablations", default="all",
                         help=f"ablation conversions to run: all, none, or some of {','.join(ABLATIONS)} (default all)")
     parser.add_argument("--evals-after-training", action="store_true",
-                        help="start the evaluations only when every conversion has ended (timings not shared)")
+                        help="start the hybrids' evaluations only when every conversion has ended (the teacher's "
+                             "start as soon as it is checked, beside the corpus and the first stages)")
     parser.add_argument("--recall", default=None, metavar="MIN-MAX",
                         help="add synthetic recall documents (hyla data prepare --source recall@MIN-MAX:TEXT, haystacks "
                              "of MIN-MAX characters of the training text) to the conversion corpus")

@@ -2,12 +2,15 @@
 # SmolLM2-135M -> HypeNet on one H200, with evaluation of teacher and hybrids (docs/results/smollm2-135m.md).
 # The machine keeps files ~30 s after a call and takes 64 MiB per call, so the work is chained calls started back
 # to back (inputs from `bash bench/smollm2/pack_inputs.sh`):
-#   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a"]          bash bench/smollm2/h200.sh part1
+#   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash bench/smollm2/h200.sh part1
 #   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b", ".whl"]  bash bench/smollm2/h200.sh start
 #   call 3+ (no carry)                                          bash bench/smollm2/h200.sh wait
 # `start` unpacks everything under /root/keep, copies the repository there, starts bench/smollm2/driver.py in its
 # own session (it outlives the call) and then waits like `wait`: up to WAIT_S seconds (default 540) or until the
 # driver ends, then writes $OUT/summary.json, plots and results.tar.gz (bench/smollm2/summarize.py).
+# `part1` also measures each stage's training throughput alone on the GPU at this teacher's shape with random weights
+# (bench/smollm2/probe.py, ~2 min; $OUT/probe.json); `DISTILL_SECONDS=S bash h200.sh start` then sets the main
+# distillation's tokens to what that throughput gives in S seconds (at most DISTILL_MAX_TOKENS, default 80e6).
 set -uo pipefail
 keep=/root/keep
 mode=${1:?usage: h200.sh part1|start|wait}
@@ -39,6 +42,9 @@ case $mode in
 part1)
   mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
+  [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout 300 python3 bench/smollm2/probe.py --out "$OUT/probe.json" 2>&1
+  cp "$OUT/probe.json" $keep/ 2>/dev/null
   ;;
 start)
   cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
@@ -47,7 +53,13 @@ start)
   mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
-  launch "${DRIVER_ARGS:-}"  # the GPU tests and family-LH have their own calls: bench/family_lh/h200.sh
+  args=${DRIVER_ARGS:-}
+  if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
+    tokens=$(python3 bench/smollm2/plan_tokens.py $keep/probe.json "$DISTILL_SECONDS" "${DISTILL_MAX_TOKENS:-80e6}" $args) || exit 1
+    echo "distillation budget: $tokens tokens (${DISTILL_SECONDS} s at part1's measured tokens/s)"
+    args="$args --main-set distill.tokens=$tokens"
+  fi
+  launch "$args"  # the GPU tests and family-LH have their own calls: bench/family_lh/h200.sh
   collect
   ;;
 restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished

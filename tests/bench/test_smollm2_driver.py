@@ -44,12 +44,16 @@ def test_main_set_reaches_the_main_conversion_only(tmp_path):
     assert "distill.seq_len=2048" not in graph.jobs["convert-abl-uniform"].command()
 
 
-def test_evaluations_wait_for_every_conversion_when_asked(tmp_path):
+def test_hybrid_evaluations_wait_for_every_conversion_when_asked(tmp_path):
     graph = graph_of(tmp_path, "--ablations", "abl-uniform", "--evals-after-training")
     trainings = {name for name, job in graph.jobs.items() if job.kind == "train"}
     assert trainings == {"convert-select", "convert-main", "convert-abl-uniform"}
-    assert set(graph.jobs["niah-teacher-SK1-short"].after) == trainings
-    assert not graph_of(tmp_path).jobs["niah-teacher-SK1-short"].after
+    for name in ("niah-main-SK1-short", "niah-main-off-SK3-long", "csr-main", "ppl-main-off", "niah-abl-uniform",
+                 "csr-abl-uniform"):
+        assert set(graph.jobs[name].after) == trainings, name
+    teacher = [name for name in graph.jobs if name.split("-")[1:2] == ["teacher"]]
+    assert len(teacher) == 8 and not any(graph.jobs[name].after for name in teacher)
+    assert not graph_of(tmp_path).jobs["niah-main-SK1-short"].after
 
 
 def test_only_keeps_the_jobs_named_and_what_they_need(tmp_path):

@@ -1,0 +1,117 @@
+"""Training throughput of each conversion stage at SmolLM2-135M's shape, alone on the GPU, with random weights (no
+teacher file needed): what a GPU session's budget of tokens can be planned from (docs/results/smollm2-135m.md).
+
+    python bench/smollm2/probe.py --out probe.json [--steps 12] [--warmup 3]
+    python bench/smollm2/probe.py --out /tmp/probe.json --smoke     # tiny sizes on CPU: plumbing only
+
+Each case builds the stage's real modules (`AlignmentTwins` + `alignment_loss`, `StudentWithTeacher` +
+`distill_loss` / `finetune_loss`), runs `--warmup` steps (kernel compilation) and then `--steps` timed steps of
+the training loop's own step function (bf16 autocast, AdamW, clipping) on random tokens, and reports tokens/s and
+peak memory. Weights are random: speed depends on shapes, not values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hyla.convert.align import AlignmentTwins, alignment_loss
+from hyla.convert.distill import StudentWithTeacher, distill_loss, finetune_loss
+from hyla.convert.transfer import to_hypenet
+from hyla.outputs import write_json
+from hyla.train.distributed import Distributed
+from hyla.train.loop import _step
+from hyla.train.optim import OptimSettings, build_optimizer
+
+# SmolLM2-135M's sizes (its GGUF / HF config).
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True)
+ATTENTION = [0, 1, 7, 16, 18, 19, 23]  # the recorded HALO choice
+CASES = [("align", 32, 512), ("distill", 32, 512), ("distill", 8, 2048), ("distill", 4, 4096),
+         ("finetune", 4, 16384)]
+
+
+def build(stage: str, teacher_hf, device):
+    teacher = to_hypenet(teacher_hf, attention_rope=True).to(device).eval()
+    if stage == "align":
+        model = AlignmentTwins(teacher, teacher_hf).to(device)
+        for param in model.parameters():
+            param.data = param.data.float()
+        return model, alignment_loss
+    layer_types = ["attention" if i in ATTENTION else "lightning" for i in range(teacher_hf.config.num_hidden_layers)]
+    student = to_hypenet(teacher_hf, layer_types, attention_output_gate=True).to(device).float()
+    if stage == "distill":
+        return StudentWithTeacher(student, teacher), distill_loss
+    return StudentWithTeacher(student, None), finetune_loss
+
+
+def _sync(env) -> None:
+    if env.device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int) -> dict:
+    if env.device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    model, loss_fn = build(stage, teacher_hf, env.device)
+    model.train()
+    optim = OptimSettings(lr=1e-4, min_lr=1e-5, warmup_steps=1)
+    optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], optim, steps + warmup)
+    vocab = teacher_hf.config.vocab_size
+    times = []
+    for step in range(warmup + steps):
+        ids = torch.randint(0, vocab, (batch, seq_len + 1), device=env.device)
+        data = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+        _sync(env)
+        started = time.perf_counter()
+        loss, _, _ = _step(model, loss_fn, data, optimizer, scheduler, optim, env)
+        loss.item()
+        _sync(env)
+        times.append(time.perf_counter() - started)
+        print(f"  {stage} {batch}x{seq_len} step {step + 1}: {times[-1]:.3f} s, loss {loss.item():.3f}", flush=True)
+    timed = sorted(times[warmup:])
+    median = timed[len(timed) // 2]
+    result = {"stage": stage, "batch": batch, "seq_len": seq_len, "median_step_s": median,
+              "tok_per_s": batch * seq_len / median, "first_step_s": times[0],
+              "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else None}
+    del model, optimizer
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (checks the plumbing, times nothing)")
+    args = parser.parse_args()
+    if not args.smoke and not torch.cuda.is_available():
+        print("error: probe.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
+        return 2
+    torch.manual_seed(0)
+    sizes = dict(SMOLLM2_135M, num_hidden_layers=24, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=512) if args.smoke else SMOLLM2_135M
+    teacher_hf = LlamaForCausalLM(LlamaConfig(**sizes)).eval()
+    env = Distributed(device=torch.device("cpu" if args.smoke else "cuda"))
+    cases = [(stage, 2, seq_len // 64) for stage, _, seq_len in CASES] if args.smoke else CASES
+    results = []
+    for stage, batch, seq_len in cases:
+        results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup))
+        device = torch.cuda.get_device_name() if env.device.type == "cuda" else "cpu"
+        write_json(Path(args.out), {"device": device, "torch": torch.__version__, "cases": results})
+    print(f"{'stage':9s} {'shape':>9s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} {'peak GiB':>8s}")
+    for r in results:
+        print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {r['tok_per_s']:9.0f} {r['median_step_s']:7.3f} "
+              f"{r['first_step_s']:8.1f} {r['peak_gib'] or 0:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
