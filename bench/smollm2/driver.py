@@ -324,6 +324,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     parser.add_argument("--corpus-weights", default=None, metavar="W1,W2,...",
                         help="shares of the corpus text, one per source in order: --text (if given), the recall "
                              "documents (if --recall), stdlib (hyla data prepare --weights; default: turn-taking)")
+    parser.add_argument("--corpus-tokens", default=None, metavar="N",
+                        help="cut the conversion corpus at N tokens (hyla data prepare --max-tokens; default 200000000, "
+                             "i.e. all the text). Training visits the whole corpus in random order, so --corpus-weights "
+                             "set the training mix only where this cut comes before a source runs out")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
@@ -336,6 +340,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)
     sizes.main = sizes.main + args.main_set
     sizes.ablation = sizes.ablation + args.ablation_set
+    if args.corpus_tokens:
+        sizes.corpus_tokens = str(int(float(args.corpus_tokens)))
     return args, sizes
 
 

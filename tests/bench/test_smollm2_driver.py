@@ -79,3 +79,11 @@ def test_corpus_weights_reach_the_corpus_job(tmp_path):
     weighted = graph_of(tmp_path, "--text", "/data/text", "--recall", "2000-14000", "--corpus-weights", "3,1,1")
     command = weighted.jobs["corpus"].command()
     assert command[command.index("--weights") + 1] == "3,1,1"
+
+
+def test_corpus_tokens_cut_the_corpus(tmp_path):
+    command = graph_of(tmp_path, "--corpus-tokens", "3e7").jobs["corpus"].command()
+    assert command[command.index("--max-tokens") + 1] == "30000000"
+    default = graph_of(tmp_path).jobs["corpus"].command()
+    assert default[default.index("--max-tokens") + 1] == driver.SMOKE.corpus_tokens
+    assert driver.GPU.corpus_tokens == "200000000" and driver.SMOKE.corpus_tokens == "300000"

@@ -114,7 +114,8 @@ def _smoke() -> dict[str, StageBudget]:
 
 def _quick() -> dict[str, StageBudget]:
     # ~44M tokens. At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
-    # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU it has not been timed.
+    # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU (align 68-84K,
+    # distill 56-58K, fine-tune 102K tokens/s; bench/smollm2/probe.py) ~12 minutes.
     return {
         "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
         "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),

@@ -1,0 +1,48 @@
+"""bench/smollm2/plan_tokens.py (distillation tokens from a time budget) and probe.py's CPU plumbing run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench" / "smollm2"
+sys.path.insert(0, str(BENCH))
+import plan_tokens  # noqa: E402
+
+PROBE = {"cases": [{"stage": "distill", "seq_len": 512, "batch": 32, "tok_per_s": 50_000.0},
+                   {"stage": "distill", "seq_len": 4096, "batch": 4, "tok_per_s": 56_535.6},
+                   {"stage": "finetune", "seq_len": 16384, "batch": 4, "tok_per_s": 100_000.0}]}
+
+
+def test_tokens_are_whole_steps_at_the_drivers_shape():
+    args = ["--main-set", "distill.seq_len=4096", "--main-set", "distill.batch_size=4"]
+    tokens = plan_tokens.plan(PROBE, 420, 80e6, args)
+    step = 4096 * 4
+    assert tokens % step == 0
+    assert tokens == int(56_535.6 * 420 // step) * step  # 23,740,416: what the 2026-11-30 run was given
+
+
+def test_the_cap_and_the_default_shape():
+    assert plan_tokens.plan(PROBE, 10_000, 1e6, []) == int(1e6 // (512 * 32)) * 512 * 32
+    assert plan_tokens.plan(PROBE, 0.1, 1e9, []) == 512 * 32  # 5,000 tokens: at least one step
+
+
+def test_a_shape_the_probe_did_not_measure_is_refused():
+    with pytest.raises(SystemExit, match="no distill case at seq_len 2048"):
+        plan_tokens.plan(PROBE, 100, 1e9, ["--main-set", "distill.seq_len=2048"])
+
+
+@pytest.mark.slow
+def test_probe_runs_every_stage_on_cpu(tmp_path):
+    out = tmp_path / "probe.json"
+    done = subprocess.run([sys.executable, str(BENCH / "probe.py"), "--out", str(out), "--smoke", "--steps", "1",
+                           "--warmup", "1"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    cases = json.loads(out.read_text())["cases"]
+    assert [(c["stage"], c["seq_len"]) for c in cases] == [("align", 8), ("distill", 8), ("distill", 32),
+                                                           ("distill", 64), ("finetune", 256)]
+    assert all(c["tok_per_s"] > 0 for c in cases)
