@@ -1,5 +1,6 @@
 """The conversion corpus: prepared once into the `data` stage folder, split into a training head and a held-out
-tail (long documents for choosing the logit-scaling constant), never overlapping."""
+tail, never overlapping. The logit-scaling constant is chosen on the tail's windows, or on the long documents of a
+corpus of their own (`scaling.data`)."""
 
 from __future__ import annotations
 
@@ -51,12 +52,40 @@ def training_loader(corpus: TokenCorpus, *, seq_len: int, batch_size: int, seed:
     return TokenLoader(corpus, seq_len=seq_len, batch_size=batch_size, seed=seed)
 
 
+def longest_document_spans(corpus: TokenCorpus, starts: list[int], length: int) -> list[int]:
+    """For each window `[start, start + length)`: the most tokens of one document inside it (a window that holds a
+    single document gives `length`), i.e. the longest dependency a loss on that window can measure."""
+    spans = []
+    for start in starts:
+        cuts = np.concatenate([[0], corpus.document_starts_within(start, start + length), [length]])
+        spans.append(int(np.diff(cuts).max()))
+    return spans
+
+
 def heldout_sequences(corpus: TokenCorpus, *, length: int, num_docs: int):
-    """`num_docs` consecutive windows of `length` tokens from the held-out tail, as LongTensor [N, length]."""
+    """`num_docs` consecutive windows of `length` tokens from the held-out tail, as LongTensor [N, length], and the
+    longest document span in each (`longest_document_spans`)."""
     import torch
 
     available = (corpus.num_tokens - 1) // length
     if available < 1:
         raise ValueError(f"the held-out tail has {corpus.num_tokens} tokens, fewer than one window of {length}")
-    windows = [corpus.read(i * length, (i + 1) * length) for i in range(min(num_docs, available))]
-    return torch.from_numpy(np.stack(windows))
+    starts = [i * length for i in range(min(num_docs, available))]
+    windows = [corpus.read(start, start + length) for start in starts]
+    return torch.from_numpy(np.stack(windows)), longest_document_spans(corpus, starts, length)
+
+
+def long_documents(corpus: TokenCorpus, *, length: int, num_docs: int):
+    """The first `length` tokens of each of the first `num_docs` documents of `corpus` that are at least `length`
+    tokens long, as LongTensor [N, length], and their document spans (all `length`). Raises ValueError when the
+    corpus has no such document."""
+    import torch
+
+    starts = [int(x) for x in corpus.document_starts] + [corpus.num_tokens]
+    picked = [start for start, end in zip(starts[:-1], starts[1:]) if end - start >= length][:num_docs]
+    if not picked:
+        longest = max((end - start for start, end in zip(starts[:-1], starts[1:])), default=0)
+        raise ValueError(f"{corpus.path} has no document of {length} tokens or more (its longest has {longest}); "
+                         f"scaling.data needs long documents")
+    windows = [corpus.read(start, start + length) for start in picked]
+    return torch.from_numpy(np.stack(windows)), [length] * len(picked)

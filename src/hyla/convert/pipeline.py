@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from hyla.convert.data import prepared_corpus
+from hyla.convert.data import long_documents, prepared_corpus
+from hyla.data.loader import TokenCorpus
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
 from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
@@ -51,7 +52,7 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         "select": {"plan": plan.selection.__dict__},
         "distill": {"budget": plan.distill.__dict__, "attention_rope": plan.model.attention_rope},
         "finetune": {"budget": plan.finetune.__dict__},
-        "scaling": {"plan": plan.scaling.__dict__}, "export": {},
+        "scaling": {"plan": plan.scaling.settings()}, "export": {},
     }
     settings, upstream = {}, ""
     for name in STAGES:
@@ -86,7 +87,8 @@ def print_plan(run: Run, num_params: int) -> None:
                   f"{'on' if model.lightning_qk_norm else 'off'}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
                   f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit} | scaling a in "
-                  f"{plan.scaling.candidates} at {plan.scaling.length} tokens")
+                  f"{plan.scaling.candidates} at {plan.scaling.length} tokens on "
+                  f"{plan.scaling.data or 'the held-out tail'}")
 
 
 def convert(request: ConvertRequest) -> dict:
@@ -95,6 +97,10 @@ def convert(request: ConvertRequest) -> dict:
 
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
+    # Settings are checked before the teacher loads (the teacher's size only scales the paper presets' budgets).
+    early = apply_overrides(make_plan(request.preset, 0), request.overrides)
+    if early.scaling.data is not None:  # read only at the end: check it now
+        long_documents(TokenCorpus(early.scaling.data), length=early.scaling.length, num_docs=early.scaling.num_docs)
     env = init_distributed(request.device)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device)
     num_params = sum(p.numel() for p in hf_teacher.parameters())

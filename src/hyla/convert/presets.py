@@ -47,6 +47,16 @@ class ScalingPlan:
     candidates: list[float | None] = field(default_factory=lambda: [None, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0])
     length: int = 4096
     num_docs: int = 8
+    # None: windows of the conversion corpus's held-out tail. A prepared corpus folder: the first `length` tokens of
+    # its first `num_docs` documents of at least `length` tokens (SPEC §1: `a` is chosen on long documents).
+    data: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        """What the stage's output depends on (`data` only when set, so that earlier runs keep their hash)."""
+        items = dataclasses.asdict(self)
+        if items["data"] is None:
+            del items["data"]
+        return items
 
 
 @dataclass

@@ -12,12 +12,13 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
-from hyla.convert.data import heldout_sequences, prepared_corpus, split_corpus, training_loader
+from hyla.convert.data import heldout_sequences, long_documents, prepared_corpus, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
 from hyla.convert.weights import full_state_dict, load_weights, save_weights
+from hyla.data.loader import TokenCorpus
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.distributed import Distributed, barrier, shard_model
 
@@ -159,7 +160,13 @@ def run_scaling(run: Run, stage: Stage) -> dict:
     plan = run.plan.scaling
     if plan.length <= run.plan.finetune.seq_len:
         run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
-    sequences = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
+    if plan.data is None:
+        sequences, spans = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
+    else:
+        sequences, spans = long_documents(TokenCorpus(plan.data), length=plan.length, num_docs=plan.num_docs)
+    if max(spans) < plan.length // 4:
+        run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
+                f"choice sees no dependency longer than that; set scaling.data to a corpus of long documents")
     student = load_student(run, "finetune").eval()
     losses = {}
     for a in plan.candidates:
@@ -169,7 +176,8 @@ def run_scaling(run: Run, stage: Stage) -> dict:
     best = min(plan.candidates, key=lambda a: losses[str(a)])
     if run.env.is_main:
         _plot_scaling(losses, stage.path / "scaling.png", plan.length)
-    return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences)}
+    return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences),
+            "source": plan.data or "held-out tail", "longest_document_tokens": spans}
 
 
 def _plot_scaling(losses: dict, path: Path, length: int) -> None:
