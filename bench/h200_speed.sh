@@ -6,7 +6,9 @@
 #   bash bench/h200_speed.sh b   # the Qwen3-1.7B shape: hyla engine, HF StaticCache+graph, HF default (~5 min;
 #                                # SYSTEMS=... picks systems, CONTEXTS=32K,512K contexts)
 #   bash bench/h200_speed.sh c   # mixer kernels, 4K..1M, forward and forward+backward (~3 min)
-#   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K, Qwen3 shape at 512K
+#   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K (plain and with fused
+#                                # projections), Qwen3 shape at 512K
+# The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here: hyla bench report docs/results/speed/hypenet/model.json docs/results/speed/qwen3/model.json \
 #   --out docs/results/speed
 # Add --no-compile to the model commands if torch.compile of the decode blocks is too slow on a cold machine.
@@ -25,9 +27,10 @@ case "$1" in
   c)
     python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log ;;
   d)
-    for spec in "hypenet 8K" "hypenet 512K" "qwen3-engine 512K"; do
+    for spec in "hypenet 8K" "hypenet 512K" "hypenet 512K --fuse-projections" "qwen3-engine 512K"; do
       set -- $spec
-      python3 -m hyla.cli bench profile --system "$1" --context "$2" --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
+      python3 -m hyla.cli bench profile --system "$1" --context "$2" ${3:-} --out $OUT/profile 2>&1 \
+        | tee -a $OUT/profile.log
     done ;;
   *)
     echo "usage: bash bench/h200_speed.sh a|b|c|d" >&2; exit 2 ;;

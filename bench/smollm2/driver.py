@@ -188,6 +188,23 @@ def copy_stages(source: Path, target: Path, stages: list[str]) -> None:
             shutil.copytree(source / stage, target / stage, ignore=shutil.ignore_patterns("checkpoints"))
 
 
+def move_longest_files(text: Path, target: Path, count: int) -> list[Path]:
+    """Move the `count` largest files under `text` into `target` (staged, then renamed: all or nothing)."""
+    files = sorted((path for path in text.rglob("*") if path.is_file()), key=lambda p: (-p.stat().st_size, str(p)))
+    staging = target.with_name(target.name + ".tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    moved = []
+    for path in files[:count]:
+        name = "__".join(path.relative_to(text).parts)
+        shutil.copy2(path, staging / name)
+        moved.append(path)
+    staging.rename(target)
+    for path in moved:
+        path.unlink()
+    return moved
+
+
 def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     run = args.run
     ablations = {name: spec for name, spec in ABLATIONS.items() if name in args.ablations}
@@ -203,12 +220,25 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
         return HYLA + ["convert", "--teacher", args.teacher, "--out", str(out), "--preset", sizes.preset,
                        "--data", str(corpus), *device, *sets(items), *extra]
 
+    if args.scaling_docs:  # the longest text files leave the training text and become the scaling stage's corpus
+        scaling_text, scaling_corpus = run / "scaling-text", run / "scaling-corpus"
+
+        def split_off_longest():
+            if not scaling_text.exists():
+                move_longest_files(args.text, scaling_text, args.scaling_docs)
+            return HYLA + ["data", "prepare", "--tokenizer", args.teacher, "--source", str(scaling_text),
+                           "--out", str(scaling_corpus)]
+
+        graph.add("scaling-corpus", split_off_longest)
+        sizes.main = sizes.main + [f"scaling.data={scaling_corpus}"]
+        sizes.ablation = sizes.ablation + [f"scaling.data={scaling_corpus}"]
     sources = ["--source", str(args.text)] if args.text else []
-    if args.recall:  # synthetic recall documents on the training text (hyla.data.recall)
-        sources += ["--source", f"recall@{args.recall}:{args.text or 'stdlib'}"]
+    for span in args.recall.split(",") if args.recall else []:  # synthetic recall documents (hyla.data.recall)
+        sources += ["--source", f"recall@{span}:{args.text or 'stdlib'}"]
     weights = ["--weights", args.corpus_weights] if args.corpus_weights else []
     graph.add("corpus", lambda: HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib",
-                                        *weights, "--out", str(corpus), "--max-tokens", sizes.corpus_tokens])
+                                        *weights, "--out", str(corpus), "--max-tokens", sizes.corpus_tokens],
+              needs=["scaling-corpus"] if args.scaling_docs else [])
     graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
                                         args.teacher, str(teacher_hf), sizes.device])
     if args.gpu_tests:
@@ -318,16 +348,22 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     parser.add_argument("--evals-after-training", action="store_true",
                         help="start the hybrids' evaluations only when every conversion has ended (the teacher's "
                              "start as soon as it is checked, beside the corpus and the first stages)")
-    parser.add_argument("--recall", default=None, metavar="MIN-MAX",
+    parser.add_argument("--recall", default=None, metavar="MIN-MAX[,MIN-MAX...]",
                         help="add synthetic recall documents (hyla data prepare --source recall@MIN-MAX:TEXT, haystacks "
-                             "of MIN-MAX characters of the training text) to the conversion corpus")
+                             "of MIN-MAX characters of the training text) to the conversion corpus; several ranges "
+                             "give one source each (e.g. short ones for the distillation windows, long ones for the "
+                             "fine-tuning windows)")
     parser.add_argument("--corpus-weights", default=None, metavar="W1,W2,...",
-                        help="shares of the corpus text, one per source in order: --text (if given), the recall "
-                             "documents (if --recall), stdlib (hyla data prepare --weights; default: turn-taking)")
+                        help="shares of the corpus text, one per source in order: --text (if given), each --recall "
+                             "range, stdlib (hyla data prepare --weights; default: turn-taking)")
     parser.add_argument("--corpus-tokens", default=None, metavar="N",
                         help="cut the conversion corpus at N tokens (hyla data prepare --max-tokens; default 200000000, "
                              "i.e. all the text). Training visits the whole corpus in random order, so --corpus-weights "
                              "set the training mix only where this cut comes before a source runs out")
+    parser.add_argument("--scaling-docs", type=int, default=0, metavar="N",
+                        help="take the N largest files of --text out of the training text and choose the logit "
+                             "scaling a on them (hyla convert scaling.data; SPEC: a is chosen on long documents). "
+                             "Default 0: the corpus's held-out tail")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
@@ -337,6 +373,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     if unknown:
         parser.error(f"unknown ablations {unknown}; choose from {', '.join(ABLATIONS)}")
     args.ablations = names
+    if args.scaling_docs and not args.text:
+        parser.error("--scaling-docs needs --text (the files it takes the longest of)")
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)
     sizes.main = sizes.main + args.main_set
     sizes.ablation = sizes.ablation + args.ablation_set

@@ -15,15 +15,18 @@ from hyla.cli import main
 
 def test_bench_model_toy_writes_results(tmp_path):
     code = main(["bench", "model", "--toy", "--device", "cpu", "--out", str(tmp_path), "--contexts", "48",
-                 "--systems", "hypenet,qwen3-engine,qwen3-hf-default", "--large-batch", "2",
+                 "--systems", "hypenet,hypenet-fused,qwen3-engine,qwen3-hf-default", "--large-batch", "2",
                  "--large-batch-contexts", "48", "--no-compile", "--prefill-chunk", "16", "--decode-steps", "2",
                  "--repeats", "1"])
     assert code == 0
     results = json.loads((tmp_path / "model.json").read_text())
-    assert set(results["systems"]) == {"hypenet", "qwen3-engine", "qwen3-hf-default"}
-    hypenet = results["systems"]["hypenet"]
-    assert max(hypenet["check"]["relative_errors"].values()) <= hypenet["check"]["bar"]
-    assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
+    assert set(results["systems"]) == {"hypenet", "hypenet-fused", "qwen3-engine", "qwen3-hf-default"}
+    for name in ("hypenet", "hypenet-fused"):
+        hypenet = results["systems"][name]
+        assert max(hypenet["check"]["relative_errors"].values()) <= hypenet["check"]["bar"]
+        assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
+        assert hypenet["fused_projections"] == (name == "hypenet-fused")
+    assert not results["systems"]["qwen3-engine"]["fused_projections"]
     assert (tmp_path / "model.png").stat().st_size > 0 and "Targets" in (tmp_path / "model.md").read_text()
     merged = tmp_path / "merged"
     assert main(["bench", "report", str(tmp_path / "model.json"), "--out", str(merged)]) == 0
@@ -130,3 +133,13 @@ def test_bench_profile_toy_writes_results(tmp_path):
     assert 0 < len(result["rows"]) <= 5 and result["rows_total"] >= len(result["rows"])
     assert any(row["name"] == "aten::mm" or "linear" in row["name"] for row in result["rows"])
     assert "| kernel / operator |" in (tmp_path / "profile-hypenet-48-b1.md").read_text()
+    assert main(["bench", "profile", "--toy", "--device", "cpu", "--dtype", "float32", "--context", "48",
+                 "--steps", "2", "--top", "5", "--no-compile", "--fuse-projections", "--out", str(tmp_path)]) == 0
+    fused = json.loads((tmp_path / "profile-hypenet-fused-48-b1.json").read_text())
+
+    def matrix_products(rows):
+        return next(row["calls_per_step"] for row in rows if row["name"] == "aten::mm")
+
+    # Each block's 8 input/output maps (q, k, v, gate, o; MLP gate, up, down) become 4 (qkv+gate, o, gate+up, down).
+    layers = len(hypenet_config(toy=True).layer_types)
+    assert matrix_products(result["rows"]) - matrix_products(fused["rows"]) == 4 * layers

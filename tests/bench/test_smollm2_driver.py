@@ -87,3 +87,36 @@ def test_corpus_tokens_cut_the_corpus(tmp_path):
     default = graph_of(tmp_path).jobs["corpus"].command()
     assert default[default.index("--max-tokens") + 1] == driver.SMOKE.corpus_tokens
     assert driver.GPU.corpus_tokens == "200000000" and driver.SMOKE.corpus_tokens == "300000"
+
+
+def test_scaling_docs_move_the_largest_text_files_into_their_own_corpus(tmp_path):
+    text = tmp_path / "text"
+    (text / "a").mkdir(parents=True)
+    sizes = {"a/small.txt": 10, "a/big.txt": 500, "mid.txt": 300, "largest.txt": 900, "tiny.txt": 5}
+    for name, size in sizes.items():
+        (text / name).write_text("x" * size)
+    graph = graph_of(tmp_path, "--text", str(text), "--scaling-docs", "2", "--ablations", "abl-uniform")
+    assert graph.jobs["corpus"].needs == ["scaling-corpus"]
+    scaling_corpus = str(tmp_path / "run" / "scaling-corpus")
+    for name in ("convert-main", "convert-select"):
+        assert f"scaling.data={scaling_corpus}" in graph.jobs[name].command()
+    command = graph.jobs["scaling-corpus"].command()
+    moved = tmp_path / "run" / "scaling-text"
+    assert sorted(p.name for p in moved.iterdir()) == ["a__big.txt", "largest.txt"]
+    assert sorted(str(p.relative_to(text)) for p in text.rglob("*.txt")) == ["a/small.txt", "mid.txt", "tiny.txt"]
+    assert command[command.index("--source") + 1] == str(moved) and command[-1] == scaling_corpus
+    graph.jobs["scaling-corpus"].command()  # a rerun moves nothing more
+    assert len(list(text.rglob("*.txt"))) == 3
+    (tmp_path / "run" / "main" / "00-data").mkdir(parents=True)
+    (tmp_path / "run" / "main" / "01-align").mkdir()
+    assert f"scaling.data={scaling_corpus}" in graph.jobs["convert-abl-uniform"].command()
+    with pytest.raises(SystemExit):
+        driver.parse_args(["--teacher", "t", "--run", str(tmp_path), "--scaling-docs", "2"])
+
+
+def test_several_recall_ranges_give_one_source_each(tmp_path):
+    command = graph_of(tmp_path, "--text", "/data/text", "--recall", "1000-12000,20000-60000",
+                       "--corpus-weights", "6,2,1,1").jobs["corpus"].command()
+    sources = [command[i + 1] for i, item in enumerate(command) if item == "--source"]
+    assert sources == ["/data/text", "recall@1000-12000:/data/text", "recall@20000-60000:/data/text", "stdlib"]
+    assert command[command.index("--weights") + 1] == "6,2,1,1"

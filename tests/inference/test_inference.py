@@ -41,14 +41,24 @@ MODELS = {
 }
 
 
+MODELS["biases-no-gates"] = dict(attention_bias=True, attention_output_gate=False, lightning_output_gate=False)
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
-@pytest.mark.parametrize("chunk", [7, 64])
-def test_prefill_and_decode_match_model_forward(name, chunk):
+@pytest.mark.parametrize("chunk,fused", [(7, False), (64, False), (7, True)])
+def test_prefill_and_decode_match_model_forward(name, chunk, fused):
     model = tiny_model(**MODELS[name])
+    if name == "biases-no-gates":
+        assert model.model.layers[0].mixer.gate_projection() is None and model.model.layers[0].mixer.q_proj.bias is not None
+        with torch.no_grad():  # biases start at zero: make them count
+            for block in model.model.layers:
+                for linear in (block.mixer.q_proj, block.mixer.k_proj, block.mixer.v_proj):
+                    linear.bias.normal_(0.0, 0.5)
     tokens = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=chunk)
+    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=chunk, fuse_projections=fused)
+    assert all((f is not None) == fused for f in engine.fused)
     logits = [engine.prefill(tokens[:, :21])]
     for t in range(21, 29):
         logits.append(engine.decode(tokens[:, t : t + 1]))
@@ -87,13 +97,15 @@ def test_engine_refuses_overflow_and_unknown_layers():
 
 
 @pytest.mark.slow
-def test_compiled_decode_blocks_match_model_forward():
+@pytest.mark.parametrize("fused", [False, True])
+def test_compiled_decode_blocks_match_model_forward(fused):
     # torch.compile traces the same block functions on CPU as on CUDA (inductor emits C++ here, Triton there).
     model = tiny_model(num_hidden_layers=2, layer_types=["lightning", "attention"])
     tokens = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=2, max_length=16, prefill_chunk=5, compile_blocks=True)
+    engine = InferenceEngine(model, batch_size=2, max_length=16, prefill_chunk=5, compile_blocks=True,
+                             fuse_projections=fused)
     logits = [engine.prefill(tokens[:, :9])] + [engine.decode(tokens[:, t : t + 1]) for t in range(9, 12)]
     assert rel(torch.stack(logits, 1), full[:, 8:]) <= TOL
 

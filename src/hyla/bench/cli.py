@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model = verbs.add_parser("model", help="HypeNet-2B vs the Qwen3-1.7B shape: prefill, decode, memory")
     model.add_argument("--contexts", type=_lengths, default=None, help="comma list (default 8K,32K,128K,512K,1M)")
     model.add_argument("--systems", default=None, help="comma list of hypenet, qwen3-engine, qwen3-hf-default, "
-                                                       "qwen3-hf-graph (default: all)")
+                                                       "qwen3-hf-graph (default: these four), and hypenet-fused")
     model.add_argument("--qwen3-engine-max-prefill", type=_count, default=2**19)
     model.add_argument("--hypenet-max-prefill", type=_count, default=2**20)
     model.add_argument("--attention-backend", default="auto", choices=("auto", "cudnn", "flash", "torch"),
@@ -41,6 +41,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
     model.add_argument("--prefill-chunk", type=_count, default=2**16)
     model.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    model.add_argument("--fuse-projections", action="store_true",
+                       help="engine decode through each block's concatenated input maps (every engine system; the "
+                            "system hypenet-fused does this for the HypeNet shape alone, beside hypenet)")
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
@@ -51,6 +54,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--steps", type=int, default=10, help="profiled decode steps, after 3 warm-up steps")
     profile.add_argument("--top", type=int, default=40, help="kernels listed, most expensive first")
     profile.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    profile.add_argument("--fuse-projections", action="store_true",
+                         help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up)")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
@@ -140,7 +145,7 @@ def run_model(args: argparse.Namespace) -> int:
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
         decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk,
-        compile_blocks=not args.no_compile,
+        compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
@@ -162,12 +167,14 @@ def run_profile(args: argparse.Namespace) -> int:
     from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown
 
     settings = ProfileSettings(system=args.system, context=args.context, batch=args.batch, steps=args.steps,
-                               compile_blocks=not args.no_compile, toy=args.toy, device=args.device,
+                               compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
+                               toy=args.toy, device=args.device,
                                dtype=args.dtype, top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = profile_decode(settings)
-    stem = f"profile-{settings.system}-{settings.context}-b{settings.batch}"
+    system = settings.system + ("-fused" if settings.fuse_projections else "")
+    stem = f"profile-{system}-{settings.context}-b{settings.batch}"
     _write_json(out / f"{stem}.json", {"environment": environment(), **result})
     (out / f"{stem}.md").write_text(profile_markdown(result))
     print(profile_markdown(result))

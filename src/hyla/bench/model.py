@@ -21,6 +21,9 @@ from hyla.inference import InferenceEngine
 from hyla.ops.dispatch import use_backend
 
 SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
+# Also runnable on request: the HypeNet shape on the engine with fused decode projections (`fuse_projections`),
+# beside "hypenet" in the same run for an A/B of that one change.
+EXTRA_SYSTEMS = ("hypenet-fused",)
 # bf16 weights and activations; the engine and the reference round at different points (chunked attention merged in
 # fp32, fp32 recurrent state vs fla's chunk kernel, split-K decode): ~1e-2 relative on logits, as the model's own
 # GPU test allows for fla vs reference in bf16. See check_engine for the bar actually applied.
@@ -44,6 +47,7 @@ class ModelSettings:
     repeats: int = 3  # timed repetitions of each measurement (fewer at long prefills)
     prefill_chunk: int = 2**16
     compile_blocks: bool = True
+    fuse_projections: bool = False  # engine decode through concatenated q/k/v(/gate) and gate/up maps
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
@@ -87,7 +91,8 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     _free()
     own = reference(ids, use_cache=False).logits[:, length - 1 :].float()
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
-                             compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend)
+                             compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
+                             fuse_projections=settings.fuse_projections)
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -161,6 +166,7 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
     device = model.device
     engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
                              prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
+                             fuse_projections=settings.fuse_projections,
                              attention_backend=settings.attention_backend)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
@@ -204,6 +210,7 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
                            attention_backend="flash" if model.device.type == "cuda" else "torch")
         check = check_engine(model, reference, settings)
     result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
+              "fused_projections": settings.fuse_projections,
               "prefill_attention": settings.attention_backend,
               "prefill": [], "decode": [], "skipped": []}
     log(f"  check: {result['check']['relative_errors']}")
@@ -321,18 +328,23 @@ def bench_hf_graph(model, shape, settings, log) -> dict:
 
 def run_model_bench(settings: ModelSettings, *, log=print, save=None) -> dict:
     """Run the requested systems; `save(results)` is called after each system so that partial results survive."""
-    unknown = sorted(set(settings.systems) - set(SYSTEMS))
+    unknown = sorted(set(settings.systems) - set(SYSTEMS + EXTRA_SYSTEMS))
     if unknown:
-        raise ValueError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+        raise ValueError(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS + EXTRA_SYSTEMS)}")
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     if "qwen3-hf-graph" in settings.systems and device.type != "cuda":
         raise ValueError("qwen3-hf-graph needs a CUDA device")
     results = {"settings": asdict(settings), "systems": {}}
     log(f"model bench on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
         f"{settings.dtype}, contexts {list(settings.contexts)}, systems {list(settings.systems)}")
-    if "hypenet" in settings.systems:
+    hypenet_systems = [s for s in settings.systems if s in ("hypenet", "hypenet-fused")]
+    if hypenet_systems:
         model = build_hypenet(shapes.hypenet_config(toy=settings.toy), device=device, dtype=dtype)
-        results["systems"]["hypenet"] = bench_engine_system("hypenet", model, model, settings, log)
+        for name in hypenet_systems:
+            own = replace(settings, fuse_projections=settings.fuse_projections or name == "hypenet-fused")
+            results["systems"][name] = bench_engine_system(name, model, model, own, log)
+            _free()
+            save and save(results)
         del model
         _free()
         save and save(results)

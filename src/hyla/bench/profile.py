@@ -28,6 +28,7 @@ class ProfileSettings:
     batch: int = 1
     steps: int = 10
     compile_blocks: bool = True
+    fuse_projections: bool = False
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -64,7 +65,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
     model = _build(settings, device, dtype)
     shape = ModelShape.of(model)
     engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
-                             compile_blocks=settings.compile_blocks)
+                             compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections)
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()

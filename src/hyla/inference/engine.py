@@ -9,7 +9,10 @@ attention (prefill) or split-K flash decoding with a device-side length (decode)
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from hyla.inference.cache import StaticHybridCache
 from hyla.inference.decode_attention import decode_attention
@@ -21,31 +24,77 @@ from hyla.ops.lightning import lightning_attention
 SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 
 
-def lightning_block_decode(block, hidden, position_ids, cos, sin, state, decay, scale):
+class FusedProjections(NamedTuple):
+    """One block's input-side linear maps concatenated, so that decode reads each block's weights in 4 matrix-vector
+    products instead of 8: mixer q/k/v (+ output gate) in one, MLP gate/up in one. Copies of the weights."""
+
+    mixer_weight: torch.Tensor
+    mixer_bias: torch.Tensor | None
+    mixer_sizes: tuple[int, ...]
+    mlp_weight: torch.Tensor
+    mlp_bias: torch.Tensor | None
+    mlp_sizes: tuple[int, ...]
+
+
+def _concatenate(linears) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
+    weight = torch.cat([linear.weight for linear in linears]).contiguous()
+    bias = None
+    if any(linear.bias is not None for linear in linears):
+        bias = torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
+                          for linear in linears])
+    return weight, bias, tuple(linear.out_features for linear in linears)
+
+
+@torch.no_grad()
+def fuse_block_projections(block) -> FusedProjections:
+    mixer, mlp = block.mixer, block.mlp
+    gate = mixer.gate_projection()
+    mixer_linears = [mixer.q_proj, mixer.k_proj, mixer.v_proj] + ([gate] if gate is not None else [])
+    return FusedProjections(*_concatenate(mixer_linears), *_concatenate([mlp.gate_proj, mlp.up_proj]))
+
+
+def _project(mixer, x, context, fused: FusedProjections | None):
+    """(q, k, v, output-gate pre-activation or None) for the decode step, through the fused map when given."""
+    if fused is None:
+        return (*mixer._project(x, context), None)
+    parts = F.linear(x, fused.mixer_weight, fused.mixer_bias).split(fused.mixer_sizes, dim=-1)
+    q, k, v = mixer._finish_projection(parts[0], parts[1], parts[2], context)
+    return q, k, v, parts[3] if len(parts) > 3 else None
+
+
+def _mlp(block, hidden, fused: FusedProjections | None):
+    x = block.post_attention_layernorm(hidden)
+    if fused is None:
+        return block.mlp(x)
+    gate, up = F.linear(x, fused.mlp_weight, fused.mlp_bias).split(fused.mlp_sizes, dim=-1)
+    return block.mlp.down_proj(block.mlp.act_fn(gate) * up)
+
+
+def lightning_block_decode(block, hidden, position_ids, cos, sin, state, decay, scale, fused=None):
     """One Lightning block for one token: S = gamma S + k^T v (fp32, in place), o = scale q S, then the mixer's own
     tail and the MLP. hidden: [B, 1, hidden]; state: [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay)."""
     x = block.input_layernorm(hidden)
-    q, k, v = block.mixer._project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
     acc = state.dtype
     state.mul_(decay).add_(k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc))
     output = torch.matmul(q[:, 0, :, None, :].to(acc), state) * scale
-    hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x)
-    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+    hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x, gate)
+    return hidden + _mlp(block, hidden, fused)
 
 
-def attention_block_decode_pre(block, hidden, position_ids, cos, sin, keys, values, position):
+def attention_block_decode_pre(block, hidden, position_ids, cos, sin, keys, values, position, fused=None):
     """Norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache write at `position` ([1]
-    int64 device tensor). Returns (mixer input x, q [B, H, D])."""
+    int64 device tensor). Returns (mixer input x, q [B, H, D], output-gate pre-activation or None)."""
     x = block.input_layernorm(hidden)
-    q, k, v = block.mixer._project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
     keys.index_copy_(2, position, k.transpose(1, 2))
     values.index_copy_(2, position, v.transpose(1, 2))
-    return x, q[:, 0].contiguous()
+    return x, q[:, 0].contiguous(), gate
 
 
-def attention_block_decode_post(block, hidden, x, attention_output):
-    hidden = hidden + block.mixer._output(attention_output[:, None], x)
-    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+def attention_block_decode_post(block, hidden, x, attention_output, gate=None, fused=None):
+    hidden = hidden + block.mixer._output(attention_output[:, None], x, gate)
+    return hidden + _mlp(block, hidden, fused)
 
 
 class InferenceEngine:
@@ -53,7 +102,9 @@ class InferenceEngine:
     engine.capture_graph(); logits = engine.decode(next_ids) (or engine.generate_greedy(n))."""
 
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
-                 attention_backend: str = "auto", compile_blocks: bool = False):
+                 attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False):
+        """fuse_projections: decode through each block's input-side maps concatenated (`FusedProjections`: 4
+        matrix-vector products a block instead of 8; costs a copy of those weights, ~2/3 of a block's)."""
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -78,6 +129,7 @@ class InferenceEngine:
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         self._blocks = self._block_functions(compile_blocks)
+        self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self._logits = None
         self._graph = None
@@ -168,14 +220,15 @@ class InferenceEngine:
         cos, sin = model.rotary_emb(position_ids, hidden.dtype)
         valid_length = cache.length + 1
         for index, block in enumerate(model.layers):
+            fused = self.fused[index]
             if block.layer_type == "lightning":
                 state = cache.states[index]
-                hidden = lightning_step(block, hidden, position_ids, cos, sin, state, self.decay, self.scale)
+                hidden = lightning_step(block, hidden, position_ids, cos, sin, state, self.decay, self.scale, fused)
                 continue
             keys, values = cache.keys[index], cache.values[index]
-            x, q = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position)
+            x, q, gate = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position, fused)
             output = decode_attention(q, keys, values, valid_length, scale=self.scale)
-            hidden = attention_post(block, hidden, x, output)
+            hidden = attention_post(block, hidden, x, output, gate, fused)
         cache.length.add_(1)
         return self.model.lm_head(model.norm(hidden))[:, 0]
 

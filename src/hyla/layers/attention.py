@@ -75,10 +75,16 @@ class Attention(nn.Module):
         )
 
     def _project(self, hidden_states: torch.Tensor, context: MixerContext):
-        batch, length = hidden_states.shape[:2]
-        q = self.q_proj(hidden_states).view(batch, length, self.num_heads, self.head_dim)
-        k = self.k_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(hidden_states).view(batch, length, self.num_kv_heads, self.head_dim)
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return self._finish_projection(q, k, v, context)
+
+    def _finish_projection(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+        """q/k/v from their linear maps to [B, T, heads, D], with q/k norms, RoPE and logit scaling as the layer has
+        them; shared with the inference engine's fused projections."""
+        batch, length = q.shape[:2]
+        q = q.view(batch, length, self.num_heads, self.head_dim)
+        k = k.view(batch, length, self.num_kv_heads, self.head_dim)
+        v = v.view(batch, length, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
@@ -115,9 +121,16 @@ class Attention(nn.Module):
         output = softmax_attention(q, k, v, scale=self.head_dim**-0.5, attention_mask=mask, window=window)
         return self._output(output, hidden_states)
 
-    def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]."""
+    def _output(
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
+        output gate's pre-activation (x W + b) when the caller computed it already."""
         output = output.reshape(hidden_states.shape[:2] + (-1,))
         if self.g_proj is not None:
-            output = output * self.g_proj(hidden_states)
+            output = output * (self.g_proj(hidden_states) if gate is None else torch.sigmoid(gate))
         return self.o_proj(output)
+
+    def gate_projection(self) -> nn.Linear | None:
+        """The linear map whose output `_output` takes as `gate` (None without an output gate)."""
+        return self.g_proj

@@ -45,10 +45,14 @@ class LightningAttention(nn.Module):
         return self._log_decay_by_device[device]
 
     def _project(self, hidden_states: torch.Tensor, context: MixerContext):
-        shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
-        q = self.q_proj(hidden_states).view(shape)
-        k = self.k_proj(hidden_states).view(shape)
-        v = self.v_proj(hidden_states).view(shape)
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return self._finish_projection(q, k, v, context)
+
+    def _finish_projection(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D], with q/k norms and RoPE; shared with
+        the inference engine's fused projections."""
+        shape = q.shape[:2] + (self.num_heads, self.head_dim)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
@@ -67,9 +71,16 @@ class LightningAttention(nn.Module):
         )
         return self._output(output, hidden_states)
 
-    def _output(self, output: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]."""
+    def _output(
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
+        output gate's pre-activation z_proj(hidden_states) when the caller computed it already."""
         output = self.o_norm(output.reshape(hidden_states.shape[:2] + (-1,)))
         if self.z_proj is not None:
-            output = output * torch.sigmoid(self.z_proj(hidden_states))
+            output = output * torch.sigmoid(self.z_proj(hidden_states) if gate is None else gate)
         return self.o_proj(output)
+
+    def gate_projection(self) -> nn.Linear | None:
+        """The linear map whose output `_output` takes as `gate` (None without an output gate)."""
+        return self.z_proj
