@@ -97,6 +97,8 @@ def test_scaling_docs_move_the_largest_text_files_into_their_own_corpus(tmp_path
         (text / name).write_text("x" * size)
     graph = graph_of(tmp_path, "--text", str(text), "--scaling-docs", "2", "--ablations", "abl-uniform")
     assert graph.jobs["corpus"].needs == ["scaling-corpus"]
+    assert graph.jobs["corpus"].env == graph.jobs["scaling-corpus"].env == {"TOKENIZERS_PARALLELISM": "true"}
+    assert graph.jobs["convert-main"].env == {}
     scaling_corpus = str(tmp_path / "run" / "scaling-corpus")
     for name in ("convert-main", "convert-select"):
         assert f"scaling.data={scaling_corpus}" in graph.jobs[name].command()
@@ -120,3 +122,13 @@ def test_several_recall_ranges_give_one_source_each(tmp_path):
     sources = [command[i + 1] for i, item in enumerate(command) if item == "--source"]
     assert sources == ["/data/text", "recall@1000-12000:/data/text", "recall@20000-60000:/data/text", "stdlib"]
     assert command[command.index("--weights") + 1] == "6,2,1,1"
+
+
+def test_a_jobs_own_environment_reaches_its_process(tmp_path):
+    graph = driver.Graph(tmp_path / "run", parallel=2, train_slots=1)
+    show = [sys.executable, "-c", "import os; print('X =', os.environ.get('HYLA_DRIVER_TEST'))"]
+    graph.add("with", lambda: show, env={"HYLA_DRIVER_TEST": "on"})
+    graph.add("without", lambda: show)
+    assert graph.run_all()
+    assert "X = on" in (tmp_path / "run" / "logs" / "with.log").read_text()
+    assert "X = None" in (tmp_path / "run" / "logs" / "without.log").read_text()
