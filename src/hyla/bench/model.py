@@ -343,11 +343,9 @@ def run_model_bench(settings: ModelSettings, *, log=print, save=None) -> dict:
         for name in hypenet_systems:
             own = replace(settings, fuse_projections=settings.fuse_projections or name == "hypenet-fused")
             results["systems"][name] = bench_engine_system(name, model, model, own, log)
-            _free()
             save and save(results)
         del model
         _free()
-        save and save(results)
     qwen3_systems = [s for s in settings.systems if s.startswith("qwen3")]
     if not qwen3_systems:
         return results

@@ -26,7 +26,8 @@ SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 
 class FusedProjections(NamedTuple):
     """One block's input-side linear maps concatenated, so that decode reads each block's weights in 4 matrix-vector
-    products instead of 8: mixer q/k/v (+ output gate) in one, MLP gate/up in one. Copies of the weights."""
+    products instead of 8: mixer q/k/v (+ output gate) in one, MLP gate/up in one. Copies of the weights, taken
+    when the engine is built (later changes to the model's weights do not reach them)."""
 
     mixer_weight: torch.Tensor
     mixer_bias: torch.Tensor | None
