@@ -35,6 +35,7 @@ SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, n
 ATTENTION = [0, 1, 7, 16, 18, 19, 23]  # the recorded HALO choice
 CASES = [("align", 32, 512), ("distill", 32, 512), ("distill", 8, 2048), ("distill", 4, 4096),
          ("finetune", 4, 16384)]
+PROFILED = ("distill", 4, 4096)
 
 
 def build(stage: str, teacher_hf, device):
@@ -56,7 +57,8 @@ def _sync(env) -> None:
         torch.cuda.synchronize()
 
 
-def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int) -> dict:
+def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int,
+            profile_steps: int = 0) -> dict:
     if env.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -81,8 +83,31 @@ def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, w
     result = {"stage": stage, "batch": batch, "seq_len": seq_len, "median_step_s": median,
               "tok_per_s": batch * seq_len / median, "first_step_s": times[0],
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else None}
+    if profile_steps:
+        result["profile"] = profile(model, loss_fn, optimizer, scheduler, optim, env, vocab, batch, seq_len,
+                                    profile_steps)
     del model, optimizer
     return result
+
+
+def profile(model, loss_fn, optimizer, scheduler, optim, env, vocab, batch, seq_len, steps) -> dict:
+    """Where a training step's time goes: torch.profiler over `steps` steps; kernels (CPU: operators) by cost."""
+    from hyla.bench.profile import kernel_table
+
+    cuda = env.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        _sync(env)
+        started = time.perf_counter()
+        for _ in range(steps):
+            ids = torch.randint(0, vocab, (batch, seq_len + 1), device=env.device)
+            _step(model, loss_fn, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}, optimizer, scheduler, optim, env)
+        _sync(env)
+        wall_ms = (time.perf_counter() - started) * 1e3 / steps
+    rows = kernel_table(prof, steps, cuda)
+    return {"steps": steps, "wall_ms_per_step": wall_ms,
+            "kernel_ms_per_step": sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None,
+            "kernels_per_step": sum(row["calls_per_step"] for row in rows), "rows": rows[:30]}
 
 
 def main() -> int:
@@ -91,6 +116,8 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (checks the plumbing, times nothing)")
+    parser.add_argument("--profile-steps", type=int, default=3,
+                        help="also profile this many distillation steps at 4x4096 (kernels by device time; 0: no)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("error: probe.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
@@ -102,14 +129,23 @@ def main() -> int:
     env = Distributed(device=torch.device("cpu" if args.smoke else "cuda"))
     cases = [(stage, 2, seq_len // 64) for stage, _, seq_len in CASES] if args.smoke else CASES
     results = []
-    for stage, batch, seq_len in cases:
-        results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup))
+    for index, (stage, batch, seq_len) in enumerate(cases):
+        profiled = args.profile_steps if CASES[index] == PROFILED else 0
+        results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup, profiled))
         device = torch.cuda.get_device_name() if env.device.type == "cuda" else "cpu"
         write_json(Path(args.out), {"device": device, "torch": torch.__version__, "cases": results})
     print(f"{'stage':9s} {'shape':>9s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} {'peak GiB':>8s}")
     for r in results:
         print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {r['tok_per_s']:9.0f} {r['median_step_s']:7.3f} "
               f"{r['first_step_s']:8.1f} {r['peak_gib'] or 0:8.1f}")
+    for r in results:
+        if "profile" in r:
+            p = r["profile"]
+            kernels = "" if p["kernel_ms_per_step"] is None else f", kernels {p['kernel_ms_per_step']:.1f} ms"
+            print(f"\nprofile of {r['stage']} {r['batch']}x{r['seq_len']}: wall {p['wall_ms_per_step']:.1f} ms/step"
+                  f"{kernels}, {p['kernels_per_step']:.0f} kernels/step; top 15:")
+            for row in p["rows"][:15]:
+                print(f"  {row['us_per_step'] / 1e3:8.2f} ms  {row['calls_per_step']:6.0f}x  {row['name'][:90]}")
     return 0
 
 

@@ -58,6 +58,21 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
+def kernel_table(prof, steps: int, cuda: bool) -> list[dict]:
+    """Rows {name, calls_per_step, us_per_step} of a finished torch.profiler run over `steps` steps, most expensive
+    first: device kernels by their device time on CUDA, operators by CPU self time otherwise."""
+    rows = []
+    for event in prof.key_averages():
+        device_us = _device_time_us(event)
+        if cuda and device_us <= 0:
+            continue
+        if not cuda:
+            device_us = float(event.self_cpu_time_total)
+        rows.append({"name": event.key, "calls_per_step": event.count / steps, "us_per_step": device_us / steps})
+    rows.sort(key=lambda row: row["us_per_step"], reverse=True)
+    return rows
+
+
 @torch.no_grad()
 def profile_decode(settings: ProfileSettings) -> dict:
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
@@ -83,16 +98,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
         if cuda:
             torch.cuda.synchronize(device)
         wall_ms = (time.perf_counter() - started) * 1e3 / settings.steps
-    rows = []
-    for event in prof.key_averages():
-        device_us = _device_time_us(event)
-        if cuda and device_us <= 0:
-            continue
-        if not cuda:
-            device_us = float(event.self_cpu_time_total)
-        rows.append({"name": event.key, "calls_per_step": event.count / settings.steps,
-                     "us_per_step": device_us / settings.steps})
-    rows.sort(key=lambda row: row["us_per_step"], reverse=True)
+    rows = kernel_table(prof, settings.steps, cuda)
     kernels_ms = sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None
     floor_ms = shape.decode_floor_ms(settings.context, settings.batch) if cuda else None
     result = {
