@@ -45,3 +45,37 @@ def test_chunked_cross_entropy_matches_and_ignores_masked_labels():
     labels[0, :5] = -100
     expected = F.cross_entropy(scores.flatten(0, 1), labels.flatten())
     assert distill.chunked_cross_entropy(scores, labels).item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+@pytest.mark.parametrize("ignored", [False, True])
+def test_chunked_cross_entropy_value_and_gradient_match_the_formula(ignored):
+    scores = logits(4).requires_grad_()
+    labels = torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(5))
+    if ignored:
+        labels[0, :9] = -100
+        labels[1, 30:] = -100
+    reference = scores.detach().clone().requires_grad_()
+    weight = 1.3
+    (distill.cross_entropy(scores, labels) * weight).backward()
+    expected = F.cross_entropy(reference.reshape(-1, 50), labels.reshape(-1), ignore_index=-100) * weight
+    expected.backward()
+    assert distill.cross_entropy(scores.detach(), labels).item() == pytest.approx(expected.item() / weight, rel=1e-6)
+    # Written out: (softmax - onehot) / valid rows on valid rows, zero on ignored ones.
+    valid = labels != -100
+    closed_form = F.softmax(scores.detach(), -1) - F.one_hot(labels.clamp(min=0), 50).double()
+    closed_form = closed_form * valid[..., None] * weight / valid.sum()
+    assert torch.allclose(scores.grad, closed_form, rtol=1e-5, atol=1e-9)
+    assert torch.allclose(reference.grad, closed_form, rtol=1e-9, atol=1e-12)
+
+
+def test_finetune_loss_is_the_models_next_token_cross_entropy():
+    class Student(torch.nn.Module):
+        def forward(self, input_ids, use_cache=False):
+            return type("Output", (), {"logits": logits(6, shape=(*input_ids.shape, 50))})()
+
+    pair = distill.StudentWithTeacher(Student())
+    batch = {"input_ids": torch.zeros(2, 37, dtype=torch.long),
+             "labels": torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(7))}
+    loss, _ = distill.finetune_loss(pair, batch)
+    expected = F.cross_entropy(logits(6).reshape(-1, 50), batch["labels"].reshape(-1))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)

@@ -40,7 +40,8 @@ class StudentWithTeacher(nn.Module):
         self.teacher = [teacher] if teacher is not None else []
 
 
-# Rows of the [tokens, vocabulary] logits handled at once: float32 temporaries stay ~4 x 2048 x V x 4 bytes.
+# Rows of the [tokens, vocabulary] logits handled at once by the KL and cross-entropy: float32 temporaries stay
+# ~4 x 2048 x V x 4 bytes.
 KL_CHUNK_ROWS = 2048
 
 
@@ -86,15 +87,48 @@ def kl_divergence(teacher_logits: torch.Tensor, student_logits: torch.Tensor) ->
     return _ChunkedKL.apply(teacher_logits.detach().reshape(-1, vocab), student_logits.reshape(-1, vocab))
 
 
+class _ChunkedCrossEntropy(torch.autograd.Function):
+    """Mean cross-entropy over the rows whose label is not -100, computed and differentiated a chunk of rows at a
+    time in float32 (no float32 copy of the whole logits tensor). The gradient with respect to the logits is
+    (softmax(logits) - onehot(label)) / valid rows, zero on ignored rows."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        count = (labels != -100).sum().clamp(min=1)
+        total = torch.zeros((), dtype=torch.float64, device=logits.device)
+        for start in range(0, logits.shape[0], KL_CHUNK_ROWS):
+            rows = slice(start, start + KL_CHUNK_ROWS)
+            total += F.cross_entropy(logits[rows].float(), labels[rows], ignore_index=-100, reduction="sum")
+        ctx.save_for_backward(logits, labels, count)
+        return (total / count).to(torch.float32)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        logits, labels, count = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        scale = grad_output.float() / count
+        for start in range(0, logits.shape[0], KL_CHUNK_ROWS):
+            rows = slice(start, start + KL_CHUNK_ROWS)
+            probabilities = F.softmax(logits[rows].float(), dim=-1)
+            chunk_labels = labels[rows]
+            valid = chunk_labels != -100
+            index = torch.arange(chunk_labels.shape[0], device=logits.device)[valid]
+            probabilities[index, chunk_labels[valid]] -= 1.0
+            probabilities[~valid] = 0.0
+            grad[rows] = (probabilities * scale).to(grad.dtype)
+        return grad, None
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy (labels -100 ignored) in row chunks, differentiable; equal to
+    `F.cross_entropy(logits.float(), labels, ignore_index=-100)` up to float32 summation order."""
+    vocab = logits.shape[-1]
+    return _ChunkedCrossEntropy.apply(logits.reshape(-1, vocab), labels.reshape(-1))
+
+
 def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Mean next-token cross-entropy without a float32 copy of all logits (for metrics; no gradient)."""
-    vocab = logits.shape[-1]
-    logits, labels = logits.detach().reshape(-1, vocab), labels.reshape(-1)
-    total = torch.zeros((), dtype=torch.float64, device=logits.device)
-    for start in range(0, logits.shape[0], KL_CHUNK_ROWS):
-        rows = slice(start, start + KL_CHUNK_ROWS)
-        total += F.cross_entropy(logits[rows].float(), labels[rows], ignore_index=-100, reduction="sum")
-    return total / (labels != -100).sum().clamp(min=1)
+    return cross_entropy(logits.detach(), labels)
 
 
 def distill_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
@@ -108,7 +142,7 @@ def distill_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, 
 
 def finetune_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
     logits = model.student(batch["input_ids"], use_cache=False).logits
-    return F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten()), {}
+    return cross_entropy(logits, batch["labels"]), {}
 
 
 @torch.no_grad()
