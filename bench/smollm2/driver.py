@@ -41,12 +41,13 @@ class Sizes:
     main: list[str]  # --set overrides of the main conversion
     ablation: list[str]  # --set overrides of every ablation (same budget for all of them)
     short: list[str]  # NIAH lengths run 4 at a time
-    long: list[str]  # NIAH lengths run 1 at a time (the ablations' lengths)
+    long: list[str]  # NIAH lengths run 1 at a time
     samples: int  # NIAH samples per task and length (teacher, main hybrid)
     ablation_samples: int
     csr_limit: int
     ppl_len: str
     ppl_sequences: int
+    ablation_lengths: list[str] = field(default_factory=list)  # NIAH lengths of the ablations (default: `long`)
     max_new_tokens: int = 40
     corpus_tokens: str = "200000000"
     parallel: int = 14
@@ -303,7 +304,8 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                       needs=[need])
     for name in ablations:
         model = run / name / "06-export"
-        graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.long, sizes.ablation_samples, 1),
+        graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.ablation_lengths,
+                                                                         sizes.ablation_samples, 1),
                   needs=[f"convert-{name}"])
         graph.add(f"csr-{name}", lambda m=model, o=f"csr-{name}": csr(m, o), needs=[f"convert-{name}"])
     if args.evals_after_training:  # the hybrids' evaluations; the teacher's run beside the first stages
@@ -350,6 +352,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
                         help="extra --set for every ablation conversion (repeatable)")
     parser.add_argument("--ablations", default="all",
                         help=f"ablation conversions to run: all, none, or some of {','.join(ABLATIONS)} (default all)")
+    parser.add_argument("--ablation-lengths", default=None, metavar="L1,L2,...",
+                        help="NIAH lengths of the ablations (default: the long lengths, 32K,64K on GPU), e.g. "
+                             "4K,32K,64K to see them where retrieval is not yet zero")
     parser.add_argument("--evals-after-training", action="store_true",
                         help="start the hybrids' evaluations only when every conversion has ended (the teacher's "
                              "start as soon as it is checked, beside the corpus and the first stages)")
@@ -385,6 +390,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     sizes.ablation = sizes.ablation + args.ablation_set
     if args.corpus_tokens:
         sizes.corpus_tokens = str(int(float(args.corpus_tokens)))
+    sizes.ablation_lengths = args.ablation_lengths.split(",") if args.ablation_lengths else list(sizes.long)
     return args, sizes
 
 

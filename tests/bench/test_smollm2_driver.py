@@ -132,3 +132,12 @@ def test_a_jobs_own_environment_reaches_its_process(tmp_path):
     assert graph.run_all()
     assert "X = on" in (tmp_path / "run" / "logs" / "with.log").read_text()
     assert "X = None" in (tmp_path / "run" / "logs" / "without.log").read_text()
+
+
+def test_ablation_lengths_default_to_the_long_ones(tmp_path):
+    def lengths(graph):
+        command = graph.jobs["niah-abl-uniform"].command()
+        return command[command.index("--lengths") + 1]
+
+    assert lengths(graph_of(tmp_path, "--ablations", "abl-uniform")) == ",".join(driver.SMOKE.long)
+    assert lengths(graph_of(tmp_path, "--ablations", "abl-uniform", "--ablation-lengths", "4K,32K")) == "4K,32K"
