@@ -30,6 +30,10 @@ HYLA = [sys.executable, "-m", "hyla.cli"]
 # here on 2 cores for 8M tokens of text + recall documents: 21.3 s off, 15.5 s on.
 TOKENIZE_ENV = {"TOKENIZERS_PARALLELISM": "true"}
 TASKS = ["SK1", "SK2", "SK3"]
+# What stages 00-02 depend on: --main-set items of these sections reach the ablations too; --ablation-set may not
+# change them (nor the held-out tail's size, scaling.length and scaling.num_docs, which the data stage holds out).
+SHARED_SECTIONS = ("align", "selection")
+SHARED_SETTINGS = ("scaling.length", "scaling.num_docs")
 
 
 @dataclass
@@ -256,10 +260,15 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     halo = run / "main"
     graph.add("convert-select", lambda: convert(halo, sizes.main, "--until-stage", "select"),
               needs=["corpus", "teacher-check"], kind="train")
+    # The ablations copy the HALO run's stages 00-02 (or redo its alignment): they take its alignment and selection
+    # settings, so that the copied stages match and only the design or the selection rule differs.
+    shared = [item for item in sizes.main
+              if item.split(".", 1)[0] in SHARED_SECTIONS or item.split("=", 1)[0] in SHARED_SETTINGS]
     for name, (extra, origin) in ablations.items():
         if origin == "own-align":
-            graph.add(f"{name}-align", lambda n=name, e=extra: convert(run / n, sizes.ablation + e, "--until-stage",
-                                                                      "align"), needs=["corpus", "teacher-check"], kind="train")
+            graph.add(f"{name}-align", lambda n=name, e=extra: convert(run / n, shared + sizes.ablation + e,
+                                                                      "--until-stage", "align"),
+                      needs=["corpus", "teacher-check"], kind="train")
     graph.add("convert-main", lambda: convert(halo, sizes.main), needs=["convert-select"], kind="train")
     for name, (extra, origin) in ablations.items():
         def start(n=name, e=extra, o=origin):
@@ -267,7 +276,7 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                 copy_stages(halo, run / n, ["00-data", "01-align", "02-select"])
             elif o == "copy-align":
                 copy_stages(halo, run / n, ["00-data", "01-align"])
-            items = sizes.ablation + e
+            items = shared + sizes.ablation + e
             if o == "own-align":  # the HALO run's attention layers, so that only the design differs
                 items = items + [f"selection.method={chosen_layers(halo)}"]
             return convert(run / n, items)
@@ -383,6 +392,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     if unknown:
         parser.error(f"unknown ablations {unknown}; choose from {', '.join(ABLATIONS)}")
     args.ablations = names
+    fixed = [item for item in args.ablation_set
+             if item.split(".", 1)[0] in SHARED_SECTIONS or item.split("=", 1)[0] in SHARED_SETTINGS]
+    if fixed:
+        parser.error(f"--ablation-set {fixed[0]}: the ablations share the HALO run's data, alignment and selection "
+                     f"stages; set it with --main-set for all of them")
     if args.scaling_docs and not args.text:
         parser.error("--scaling-docs needs --text (the files it takes the longest of)")
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)

@@ -141,3 +141,21 @@ def test_ablation_lengths_default_to_the_long_ones(tmp_path):
 
     assert lengths(graph_of(tmp_path, "--ablations", "abl-uniform")) == ",".join(driver.SMOKE.long)
     assert lengths(graph_of(tmp_path, "--ablations", "abl-uniform", "--ablation-lengths", "4K,32K")) == "4K,32K"
+
+
+def test_ablations_share_the_halo_runs_alignment_and_selection_settings(tmp_path):
+    graph = graph_of(tmp_path, "--main-set", "selection.method=0,1,7", "--main-set", "align.tokens=4096",
+                     "--main-set", "distill.tokens=9999", "--ablation-set", "distill.tokens=1024")
+    (tmp_path / "run" / "main" / "00-data").mkdir(parents=True)
+    for stage in ("01-align", "02-select"):
+        (tmp_path / "run" / "main" / stage).mkdir()
+    halo = graph.jobs["convert-abl-halo"].command()
+    assert "selection.method=0,1,7" in halo and "align.tokens=4096" in halo
+    assert "distill.tokens=9999" not in halo and halo[-1] == "distill.tokens=1024"
+    uniform = graph.jobs["convert-abl-uniform"].command()
+    methods = [item for item in uniform if item.startswith("selection.method=")]
+    assert methods[-1] == "selection.method=uniform"  # its own rule wins over the shared one
+    assert "align.tokens=4096" in graph.jobs["abl-no-rnn-rope-align"].command()
+    for item in ("selection.k=3", "align.lr=1e-4", "scaling.num_docs=2"):
+        with pytest.raises(SystemExit):
+            driver.parse_args(["--teacher", "t", "--run", str(tmp_path), "--ablation-set", item])
