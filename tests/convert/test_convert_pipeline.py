@@ -60,6 +60,9 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     prompt = tokenizer("The quick brown fox", return_tensors="pt")
     generated = model.generate(**prompt, max_new_tokens=5, do_sample=False)
     assert generated.shape[1] == prompt.input_ids.shape[1] + 5
+    # Complete training stages keep their output, not their resume checkpoints.
+    for stage in ("01-align", "03-distill", "04-finetune"):
+        assert (out / stage / "manifest.json").exists() and not (out / stage / "checkpoints").exists(), stage
     report = json.loads((model_dir / "conversion.json").read_text())
     assert report["total_training_tokens"] == 2048 + 2048 + 1024
     assert "HypeNet converted" in (model_dir / "README.md").read_text()
