@@ -44,7 +44,7 @@ part1)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
   [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout 300 python3 bench/smollm2/probe.py --out "$OUT/probe.json" 2>&1
-  cp "$OUT/probe.json" $keep/ 2>/dev/null
+  cp "$OUT/probe.json" $keep/ 2>/dev/null || true  # none with PROBE=0
   ;;
 start)
   cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
