@@ -56,7 +56,7 @@ start)
   args=${DRIVER_ARGS:-}
   if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
     [ -f $keep/probe.json ] || { echo "error: DISTILL_SECONDS needs part1's probe.json (run part1 with PROBE=1)"; exit 2; }
-    tokens=$(python3 bench/smollm2/plan_tokens.py $keep/probe.json "$DISTILL_SECONDS" "${DISTILL_MAX_TOKENS:-80e6}" $args) || exit 1
+    tokens=$(PYTHONPATH=$keep/site:src python3 bench/smollm2/plan_tokens.py $keep/probe.json "$DISTILL_SECONDS" "${DISTILL_MAX_TOKENS:-80e6}" $args) || exit 1
     echo "distillation budget: $tokens tokens (${DISTILL_SECONDS} s at part1's measured tokens/s)"
     args="$args --main-set distill.tokens=$tokens"
   fi

@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from hyla.bench.profile import profile_steps
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, distill_loss, finetune_loss
 from hyla.convert.transfer import to_hypenet
@@ -58,7 +59,7 @@ def _sync(env) -> None:
 
 
 def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int,
-            profile_steps: int = 0) -> dict:
+            profiled_steps: int = 0) -> dict:
     if env.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
@@ -67,47 +68,31 @@ def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, w
     optim = OptimSettings(lr=1e-4, min_lr=1e-5, warmup_steps=1)
     optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], optim, steps + warmup)
     vocab = teacher_hf.config.vocab_size
-    times = []
-    for step in range(warmup + steps):
+
+    def train_step():
         ids = torch.randint(0, vocab, (batch, seq_len + 1), device=env.device)
         data = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+        return _step(model, loss_fn, data, optimizer, scheduler, optim, env)[0]
+
+    times = []
+    for step in range(warmup + steps):
         _sync(env)
         started = time.perf_counter()
-        loss, _, _ = _step(model, loss_fn, data, optimizer, scheduler, optim, env)
-        loss.item()
+        loss = train_step().item()
         _sync(env)
         times.append(time.perf_counter() - started)
-        print(f"  {stage} {batch}x{seq_len} step {step + 1}: {times[-1]:.3f} s, loss {loss.item():.3f}", flush=True)
+        print(f"  {stage} {batch}x{seq_len} step {step + 1}: {times[-1]:.3f} s, loss {loss:.3f}", flush=True)
     timed = sorted(times[warmup:])
     median = timed[len(timed) // 2]
     result = {"stage": stage, "batch": batch, "seq_len": seq_len, "median_step_s": median,
               "tok_per_s": batch * seq_len / median, "first_step_s": times[0],
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else None}
-    if profile_steps:
-        result["profile"] = profile(model, loss_fn, optimizer, scheduler, optim, env, vocab, batch, seq_len,
-                                    profile_steps)
-    del model, optimizer
+    if profiled_steps:  # where a training step's time goes: kernels (CPU: operators) by cost
+        profiled = profile_steps(train_step, profiled_steps, env.device)
+        result["profile"] = {"steps": profiled_steps, "wall_ms_per_step": profiled["wall_ms_per_step"],
+                             "kernel_ms_per_step": profiled["kernel_ms_per_step"],
+                             "kernels_per_step": profiled["calls_per_step"], "rows": profiled["rows"][:30]}
     return result
-
-
-def profile(model, loss_fn, optimizer, scheduler, optim, env, vocab, batch, seq_len, steps) -> dict:
-    """Where a training step's time goes: torch.profiler over `steps` steps; kernels (CPU: operators) by cost."""
-    from hyla.bench.profile import kernel_table
-
-    cuda = env.device.type == "cuda"
-    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
-    with torch.profiler.profile(activities=activities) as prof:
-        _sync(env)
-        started = time.perf_counter()
-        for _ in range(steps):
-            ids = torch.randint(0, vocab, (batch, seq_len + 1), device=env.device)
-            _step(model, loss_fn, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}, optimizer, scheduler, optim, env)
-        _sync(env)
-        wall_ms = (time.perf_counter() - started) * 1e3 / steps
-    rows = kernel_table(prof, steps, cuda)
-    return {"steps": steps, "wall_ms_per_step": wall_ms,
-            "kernel_ms_per_step": sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None,
-            "kernels_per_step": sum(row["calls_per_step"] for row in rows), "rows": rows[:30]}
 
 
 def main() -> int:

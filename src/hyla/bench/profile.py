@@ -9,6 +9,7 @@ device), and the kernels grouped by name, most expensive first, beside the bytes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -58,9 +59,21 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
-def kernel_table(prof, steps: int, cuda: bool) -> list[dict]:
-    """Rows {name, calls_per_step, us_per_step} of a finished torch.profiler run over `steps` steps, most expensive
-    first: device kernels by their device time on CUDA, operators by CPU self time otherwise."""
+def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> dict:
+    """Run `step` `steps` times under torch.profiler. Returns the wall time per step, the summed device time of its
+    kernels (None on CPU), the kernels (CPU: operators) per step, and rows {name, calls_per_step, us_per_step}, most
+    expensive first: device kernels by their device time on CUDA, operators by CPU self time otherwise."""
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        if cuda:
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        for _ in range(steps):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+        wall_ms = (time.perf_counter() - started) * 1e3 / steps
     rows = []
     for event in prof.key_averages():
         device_us = _device_time_us(event)
@@ -70,7 +83,9 @@ def kernel_table(prof, steps: int, cuda: bool) -> list[dict]:
             device_us = float(event.self_cpu_time_total)
         rows.append({"name": event.key, "calls_per_step": event.count / steps, "us_per_step": device_us / steps})
     rows.sort(key=lambda row: row["us_per_step"], reverse=True)
-    return rows
+    return {"wall_ms_per_step": wall_ms,
+            "kernel_ms_per_step": sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None,
+            "calls_per_step": sum(row["calls_per_step"] for row in rows), "rows": rows}
 
 
 @torch.no_grad()
@@ -86,20 +101,8 @@ def profile_decode(settings: ProfileSettings) -> dict:
         engine.capture_graph()
 
     decode_at(engine, settings.context, 3)  # warm-up
-    if cuda:
-        torch.cuda.synchronize(device)
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if cuda:
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    with torch.profiler.profile(activities=activities) as prof:
-        started = time.perf_counter()
-        for _ in range(settings.steps):
-            decode_at(engine, settings.context, 1)
-        if cuda:
-            torch.cuda.synchronize(device)
-        wall_ms = (time.perf_counter() - started) * 1e3 / settings.steps
-    rows = kernel_table(prof, settings.steps, cuda)
-    kernels_ms = sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None
+    profiled = profile_steps(lambda: decode_at(engine, settings.context, 1), settings.steps, device)
+    rows, wall_ms, kernels_ms = profiled["rows"], profiled["wall_ms_per_step"], profiled["kernel_ms_per_step"]
     floor_ms = shape.decode_floor_ms(settings.context, settings.batch) if cuda else None
     result = {
         "settings": asdict(settings),
@@ -107,7 +110,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
         "wall_ms_per_step": wall_ms,
         "kernel_ms_per_step": kernels_ms,
         "gap_ms_per_step": None if kernels_ms is None else wall_ms - kernels_ms,
-        "kernel_launches_per_step": sum(row["calls_per_step"] for row in rows) if cuda else None,
+        "kernel_launches_per_step": profiled["calls_per_step"] if cuda else None,
         "floor_ms": floor_ms,
         "rows": rows[: settings.top],
         "rows_total": len(rows),

@@ -75,6 +75,11 @@ def heldout_sequences(corpus: TokenCorpus, *, length: int, num_docs: int):
     return torch.from_numpy(np.stack(windows)), longest_document_spans(corpus, starts, length)
 
 
+def scaling_documents(scaling) -> tuple:
+    """The windows a `ScalingPlan` with `data` set scores `a` on: `long_documents` of that prepared corpus."""
+    return long_documents(TokenCorpus(scaling.data), length=scaling.length, num_docs=scaling.num_docs)
+
+
 def long_documents(corpus: TokenCorpus, *, length: int, num_docs: int):
     """The first `length` tokens of each of the first `num_docs` documents of `corpus` that are at least `length`
     tokens long, as LongTensor [N, length], and their document spans (all `length`). Raises ValueError when the

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hyla.convert.data import long_documents, prepared_corpus
-from hyla.data.loader import TokenCorpus
+from hyla.convert.data import prepared_corpus, scaling_documents
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
 from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
@@ -100,7 +99,7 @@ def convert(request: ConvertRequest) -> dict:
     # Settings are checked before the teacher loads (the teacher's size only scales the paper presets' budgets).
     early = apply_overrides(make_plan(request.preset, 0), request.overrides)
     if early.scaling.data is not None:  # read only at the end: check it now
-        long_documents(TokenCorpus(early.scaling.data), length=early.scaling.length, num_docs=early.scaling.num_docs)
+        scaling_documents(early.scaling)
     env = init_distributed(request.device)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device)
     num_params = sum(p.numel() for p in hf_teacher.parameters())

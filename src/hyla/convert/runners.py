@@ -12,13 +12,12 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
-from hyla.convert.data import heldout_sequences, long_documents, prepared_corpus, split_corpus, training_loader
+from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_documents, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
 from hyla.convert.weights import full_state_dict, load_weights, save_weights
-from hyla.data.loader import TokenCorpus
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.distributed import Distributed, barrier, shard_model
 
@@ -163,7 +162,7 @@ def run_scaling(run: Run, stage: Stage) -> dict:
     if plan.data is None:
         sequences, spans = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
     else:
-        sequences, spans = long_documents(TokenCorpus(plan.data), length=plan.length, num_docs=plan.num_docs)
+        sequences, spans = scaling_documents(plan)
     if max(spans) < plan.length // 4:
         run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
                 f"choice sees no dependency longer than that; set scaling.data to a corpus of long documents")
