@@ -49,10 +49,13 @@ test)
   python3 -c 'import torch, triton; from hyla.ops.gdn.gpu import fla_backward_blocker as b
 print("torch", torch.__version__, "triton", triton.__version__, "from", triton.__file__); print("blocker:", b())' \
     || exit 1
-  HYLA_TEST_REPORT="$OUT/gdn-t371-report.txt" timeout "${TESTS_TIMEOUT_S:-300}" python3 -m pytest \
-    tests/ops/test_gla_gdn_swa_gpu.py tests/models/test_family_gpu.py::test_training_step_gradients_are_finite \
-    -k "gdn or training_step" -m gpu -n "${TEST_WORKERS:-4}" -v -rA --tb=short -p no:cacheprovider \
-    >"$OUT/gdn-t371.txt" 2>&1
+  # The GDN cases by their parameter ids (`-k gdn` would also match the file's name and select every case).
+  mapfile -t cases < <(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/ops/test_gla_gdn_swa_gpu.py \
+    | grep -E '[[-]gdn\]$')
+  echo "${#cases[@]} GDN cases, and the family's training step"
+  HYLA_TEST_REPORT="$OUT/gdn-t371-report.txt" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest "${cases[@]}" \
+    tests/models/test_family_gpu.py::test_training_step_gradients_are_finite \
+    -m gpu -n "${TEST_WORKERS:-8}" -v -rA --tb=short -p no:cacheprovider >"$OUT/gdn-t371.txt" 2>&1
   echo "pytest exit $?" | tee -a "$OUT/gdn-t371.txt"
   grep -E "^(PASSED|FAILED|SKIPPED|ERROR) " "$OUT/gdn-t371-report.txt" | cut -d' ' -f1 | sort | uniq -c
   grep -A30 "^FAILED \|^ERROR " "$OUT/gdn-t371-report.txt" | head -n 80

@@ -8,30 +8,51 @@
 #   bash bench/h200_speed.sh c   # mixer kernels, 4K..1M, forward and forward+backward (~3 min)
 #   bash bench/h200_speed.sh d   # one decode step kernel by kernel: HypeNet at 8K and 512K (plain and with fused
 #                                # projections), Qwen3 shape at 512K
+#   bash bench/h200_speed.sh e   # prefill: the last 64K chunk of a 512K prompt kernel by kernel, HypeNet and the
+#                                # Qwen3 shape, eager and with --compile-prefill; then both systems at 512K with
+#                                # --compile-prefill (~8 min)
+# A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
-# Then, here: hyla bench report docs/results/speed/hypenet/model.json docs/results/speed/qwen3/model.json \
-#   --out docs/results/speed
+# Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
+#   --out docs/results/speed/<date>
 # Add --no-compile to the model commands if torch.compile of the decode blocks is too slow on a cold machine.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
+  local stage=$1; shift
+  (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null
+}
 case "$1" in
   a)
     HYLA_TEST_REPORT=$OUT/gate-report.txt python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -x \
       -k "triton or fused" 2>&1 | tee $OUT/gate.txt || exit 1
-    python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log ;;
+    python3 -m hyla.cli bench model --systems hypenet --out $OUT/hypenet 2>&1 | tee $OUT/hypenet.log
+    pack a hypenet ;;
   b)
     python3 -m hyla.cli bench model --systems "${SYSTEMS:-qwen3-engine,qwen3-hf-graph,qwen3-hf-default}" \
-      ${CONTEXTS:+--contexts "$CONTEXTS"} --out $OUT/qwen3 2>&1 | tee $OUT/qwen3.log ;;
+      ${CONTEXTS:+--contexts "$CONTEXTS"} --out $OUT/qwen3 2>&1 | tee $OUT/qwen3.log
+    pack b qwen3 ;;
   c)
-    python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log ;;
+    python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log
+    pack c kernels ;;
   d)
     for spec in "hypenet 8K" "hypenet 512K" "hypenet 512K --fuse-projections" "qwen3-engine 512K"; do
       set -- $spec
       python3 -m hyla.cli bench profile --system "$1" --context "$2" ${3:-} --out $OUT/profile 2>&1 \
         | tee -a $OUT/profile.log
-    done ;;
+    done
+    pack d profile ;;
+  e)
+    for spec in "hypenet" "hypenet --compile-prefill" "qwen3-engine" "qwen3-engine --compile-prefill"; do
+      set -- $spec
+      python3 -m hyla.cli bench profile --phase prefill --system "$1" --context 448K --chunk 64K ${2:-} \
+        --out $OUT/prefill-profile 2>&1 | tee -a $OUT/prefill-profile.log
+    done
+    python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
+      --compile-prefill --out $OUT/compiled-prefill 2>&1 | tee $OUT/compiled-prefill.log
+    pack e prefill-profile compiled-prefill ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e" >&2; exit 2 ;;
 esac

@@ -145,3 +145,36 @@ def test_bench_profile_toy_writes_results(tmp_path):
     # Each block's 8 input/output maps (q, k, v, gate, o; MLP gate, up, down) become 4 (qkv+gate, o, gate+up, down).
     layers = len(hypenet_config(toy=True).layer_types)
     assert matrix_products(result["rows"]) - matrix_products(fused["rows"]) == 4 * layers
+
+
+def prefill_profile(tmp_path, *extra: str) -> dict:
+    assert main(["bench", "profile", "--phase", "prefill", "--toy", "--device", "cpu", "--dtype", "float32",
+                 "--context", "48", "--chunk", "16", "--steps", "1", "--top", "1000", "--out", str(tmp_path),
+                 *extra]) == 0
+    name = "hypenet-compiled" if "--compile-prefill" in extra else "hypenet"
+    assert "Prefill chunk profile" in (tmp_path / f"profile-{name}-prefill16-48-b1.md").read_text()
+    return json.loads((tmp_path / f"profile-{name}-prefill16-48-b1.json").read_text())
+
+
+def test_bench_profile_prefill_chunk_toy(tmp_path):
+    result = prefill_profile(tmp_path)
+    shape = ModelShape.of(model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"),
+                                              dtype=torch.float32))
+    assert result["flops_per_step"] == shape.prefill_flops(64) - shape.prefill_flops(48)
+    assert result["floor_ms"] is None and result["wall_ms_per_step"] > 0  # no FLOP ceiling for a CPU
+    assert len(result["rows"]) == result["rows_total"]
+    kinds = result["us_per_step_by_kind"]
+    assert sum(kinds.values()) == pytest.approx(sum(row["us_per_step"] for row in result["rows"]))
+    assert kinds["matmul"] > 0
+
+
+@pytest.mark.slow
+def test_bench_profile_compiled_prefill_toy(tmp_path):
+    # Compiled, the norms, RoPE, gates and MLP activations run inside compiled regions: fewer eager operator calls.
+    plain, compiled = prefill_profile(tmp_path), prefill_profile(tmp_path, "--compile-prefill")
+    assert compiled["settings"]["compile_prefill"]
+
+    def eager_calls(result):
+        return sum(row["calls_per_step"] for row in result["rows"] if row["name"] in ("aten::mul", "aten::add"))
+
+    assert eager_calls(compiled) < eager_calls(plain)

@@ -110,6 +110,22 @@ def test_compiled_decode_blocks_match_model_forward(fused):
     assert rel(torch.stack(logits, 1), full[:, 8:]) <= TOL
 
 
+@pytest.mark.slow
+def test_compiled_prefill_matches_model_forward():
+    # Chunks of 5, 5 and 3 tokens: the second length turns the compiled functions' length symbolic; a later prompt
+    # of another length must still be right. The layers include RoPE attention, NoPE attention with logit scaling
+    # and Lightning.
+    model = tiny_model(layer_types=["lightning", "attention_rope", "attention", "lightning"])
+    tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=2, max_length=20, prefill_chunk=5, compile_prefill=True)
+    logits = [engine.prefill(tokens[:, :13])] + [engine.decode(tokens[:, t : t + 1]) for t in range(13, 16)]
+    assert rel(torch.stack(logits, 1), full[:, 12:]) <= TOL
+    engine.reset()
+    assert rel(engine.prefill(tokens[:, :11]), full[:, 10]) <= TOL
+
+
 def test_decode_attention_reference_matches_softmax_over_valid_prefix():
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 8, 16, generator=gen, dtype=torch.float64)

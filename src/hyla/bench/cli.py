@@ -44,18 +44,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--fuse-projections", action="store_true",
                        help="engine decode through each block's concatenated input maps (every engine system; the "
                             "system hypenet-fused does this for the HypeNet shape alone, beside hypenet)")
+    model.add_argument("--compile-prefill", action="store_true",
+                       help="torch.compile the engine's prefill around its mixing kernels (norms, projections, "
+                            "RoPE, gates, MLP), every engine system")
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
-    profile = verbs.add_parser("profile", help="one decode step, kernel by kernel (torch.profiler), beside its floor")
+    profile = verbs.add_parser("profile", help="one decode step or one prefill chunk, kernel by kernel "
+                                               "(torch.profiler), beside its floor")
     profile.add_argument("--system", default="hypenet", choices=("hypenet", "qwen3-engine"))
+    profile.add_argument("--phase", default="decode", choices=("decode", "prefill"),
+                         help="decode: one token after CONTEXT cached positions; prefill: one chunk of CHUNK tokens "
+                              "after CONTEXT cached positions")
     profile.add_argument("--context", type=_count, default=2**19, help="cached positions (default 512K)")
+    profile.add_argument("--chunk", type=_count, default=2**16, help="prefill chunk length (--phase prefill)")
     profile.add_argument("--batch", type=int, default=1)
-    profile.add_argument("--steps", type=int, default=10, help="profiled decode steps, after 3 warm-up steps")
+    profile.add_argument("--steps", type=int, default=None,
+                         help="profiled steps after warm-up (default 10 decode steps, 2 prefill chunks)")
     profile.add_argument("--top", type=int, default=40, help="kernels listed, most expensive first")
     profile.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
     profile.add_argument("--fuse-projections", action="store_true",
                          help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up)")
+    profile.add_argument("--compile-prefill", action="store_true",
+                         help="torch.compile the prefill around its mixing kernels (--phase prefill)")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
@@ -146,6 +157,7 @@ def run_model(args: argparse.Namespace) -> int:
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
         decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
+        compile_prefill=args.compile_prefill,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
@@ -164,17 +176,21 @@ def run_model(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown
+    from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown, profile_prefill
 
-    settings = ProfileSettings(system=args.system, context=args.context, batch=args.batch, steps=args.steps,
-                               compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
-                               toy=args.toy, device=args.device,
-                               dtype=args.dtype, top=args.top)
+    prefill = args.phase == "prefill"
+    steps = args.steps if args.steps is not None else (2 if prefill else 10)
+    settings = ProfileSettings(system=args.system, phase=args.phase, context=args.context, chunk=args.chunk,
+                               batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
+                               fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
+                               toy=args.toy, device=args.device, dtype=args.dtype, top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    result = profile_decode(settings)
-    system = settings.system + ("-fused" if settings.fuse_projections else "")
-    stem = f"profile-{system}-{settings.context}-b{settings.batch}"
+    result = profile_prefill(settings) if prefill else profile_decode(settings)
+    system = settings.system + ("-fused" if settings.fuse_projections and not prefill else "")
+    system += "-compiled" if settings.compile_prefill and prefill else ""
+    what = f"prefill{settings.chunk}-" if prefill else ""
+    stem = f"profile-{system}-{what}{settings.context}-b{settings.batch}"
     _write_json(out / f"{stem}.json", {"environment": environment(), **result})
     (out / f"{stem}.md").write_text(profile_markdown(result))
     print(profile_markdown(result))

@@ -48,6 +48,7 @@ class ModelSettings:
     prefill_chunk: int = 2**16
     compile_blocks: bool = True
     fuse_projections: bool = False  # engine decode through concatenated q/k/v(/gate) and gate/up maps
+    compile_prefill: bool = False  # torch.compile the engine's prefill around the mixing kernels
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
@@ -92,7 +93,7 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     own = reference(ids, use_cache=False).logits[:, length - 1 :].float()
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
                              compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
-                             fuse_projections=settings.fuse_projections)
+                             fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill)
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -166,7 +167,7 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
     device = model.device
     engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
                              prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
-                             fuse_projections=settings.fuse_projections,
+                             fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
                              attention_backend=settings.attention_backend)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
@@ -206,11 +207,11 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
             raise
         # cuDNN attention and torch.compile are optimisations with fallbacks (flash; plain graph); the check decides.
         log(f"  fast path failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); trying flash, uncompiled")
-        settings = replace(settings, compile_blocks=False,
+        settings = replace(settings, compile_blocks=False, compile_prefill=False,
                            attention_backend="flash" if model.device.type == "cuda" else "torch")
         check = check_engine(model, reference, settings)
     result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
-              "fused_projections": settings.fuse_projections,
+              "fused_projections": settings.fuse_projections, "compiled_prefill": settings.compile_prefill,
               "prefill_attention": settings.attention_backend,
               "prefill": [], "decode": [], "skipped": []}
     log(f"  check: {result['check']['relative_errors']}")

@@ -1,13 +1,17 @@
-"""`hyla bench profile`: where one decode step's time goes, kernel by kernel.
+"""`hyla bench profile`: where one decode step's or one prefill chunk's time goes, kernel by kernel.
 
-The engine's decode step (graph-captured on CUDA, eager on CPU) of `hypenet` or `qwen3-engine`, batch B, over a
-synthetic cache of `context` positions, recorded by torch.profiler for `steps` steps after a warm-up. It reports the
-step's wall time, the summed device time of its kernels and the difference between the two (launch gaps and idle
-device), and the kernels grouped by name, most expensive first, beside the bytes-per-token floor.
+Decode: the engine's decode step (graph-captured on CUDA, eager on CPU) of `hypenet` or `qwen3-engine`, batch B, over
+a synthetic cache of `context` positions, beside the bytes-per-token floor. Prefill: one chunk of `chunk` tokens
+appended after `context` synthetic cached positions (the last chunk of a `context + chunk` prompt), beside the FLOP
+floor of that chunk (the prefill FLOPs of `context + chunk` tokens minus those of `context`). Either is recorded by
+torch.profiler for `steps` steps after a warm-up; the report gives the wall time per step, the summed device time of
+its kernels and the difference between the two (launch gaps and idle device), the device time by kind of kernel, and
+the kernels grouped by name, most expensive first.
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -15,29 +19,43 @@ from dataclasses import asdict, dataclass
 import torch
 
 from hyla.bench import shapes
-from hyla.bench.floors import ModelShape
-from hyla.bench.model import MARGIN, build_hypenet, decode_at
+from hyla.bench.floors import MATMUL_RATE, ModelShape
+from hyla.bench.model import MARGIN, _random_ids, build_hypenet, decode_at
 from hyla.inference import InferenceEngine
 
 PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
+PHASES = ("decode", "prefill")
+# Kinds of kernel, by name (first match wins); the rest is "other".
+KERNEL_KINDS = (
+    ("softmax attention", r"cudnn|flash|fmha|_split_kernel|_merge_kernel|attention"),
+    ("linear attention (fla)", r"chunk|recurrent|fused_recurrent"),
+    ("matmul", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|aten::(mm|addmm|bmm|einsum)$"),
+    ("elementwise, norms, copies", r"triton_|elementwise|reduce_kernel|copy|Cat|index|Memset|memcpy"
+                                   r"|aten::(mul|add|sub|div|pow|rsqrt|mean|sigmoid|silu|exp|neg|cat|clone|fill_)$"),
+)
 
 
 @dataclass(frozen=True)
 class ProfileSettings:
     system: str = "hypenet"
+    phase: str = "decode"
     context: int = 2**19
+    chunk: int = 2**16  # prefill phase: tokens in the profiled chunk
     batch: int = 1
     steps: int = 10
     compile_blocks: bool = True
     fuse_projections: bool = False
+    compile_prefill: bool = False
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
     top: int = 40
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch < 1 or self.context < 1:
-            raise ValueError("steps, batch and context must be >= 1")
+        if self.steps < 1 or self.batch < 1 or self.context < 1 or self.chunk < 1:
+            raise ValueError("steps, batch, context and chunk must be >= 1")
+        if self.phase not in PHASES:
+            raise ValueError(f"unknown phase {self.phase!r}; choose from {', '.join(PHASES)}")
         if self.system not in PROFILED_SYSTEMS:
             raise ValueError(f"unknown system {self.system!r}; choose from {', '.join(PROFILED_SYSTEMS)}")
 
@@ -102,34 +120,85 @@ def profile_decode(settings: ProfileSettings) -> dict:
 
     decode_at(engine, settings.context, 3)  # warm-up
     profiled = profile_steps(lambda: decode_at(engine, settings.context, 1), settings.steps, device)
-    rows, wall_ms, kernels_ms = profiled["rows"], profiled["wall_ms_per_step"], profiled["kernel_ms_per_step"]
     floor_ms = shape.decode_floor_ms(settings.context, settings.batch) if cuda else None
-    result = {
+    return _result(settings, shape, profiled, floor_ms=floor_ms)
+
+
+def kernel_kinds(rows: list[dict]) -> dict[str, float]:
+    """Device (CPU: self) microseconds per step by kind of kernel (KERNEL_KINDS, by name; the rest is "other")."""
+    totals = {kind: 0.0 for kind, _ in KERNEL_KINDS} | {"other": 0.0}
+    for row in rows:
+        kind = next((k for k, pattern in KERNEL_KINDS if re.search(pattern, row["name"])), "other")
+        totals[kind] += row["us_per_step"]
+    return totals
+
+
+@torch.no_grad()
+def profile_prefill(settings: ProfileSettings) -> dict:
+    """One prefill chunk of `settings.chunk` tokens after `settings.context` synthetic cached positions."""
+    device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
+    model = _build(settings, device, dtype)
+    shape = ModelShape.of(model)
+    engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + settings.chunk,
+                             prefill_chunk=settings.chunk, compile_prefill=settings.compile_prefill)
+    engine.fill_synthetic(settings.context)
+    states = {index: state.clone() for index, state in engine.cache.states.items()}
+    ids = _random_ids(model, settings.batch, settings.chunk, seed=settings.context)
+
+    def chunk() -> None:  # the same work every time: the cache back at `context`, the states as filled
+        engine.num_cached = settings.context
+        engine.cache.length.fill_(settings.context)
+        for index, state in states.items():
+            engine.cache.states[index].copy_(state)
+        engine.prefill(ids)
+
+    chunk()  # warm-up (compilation, attention plans, autotuning)
+    profiled = profile_steps(chunk, settings.steps, device)
+    cuda = device.type == "cuda"
+    flops = settings.batch * (shape.prefill_flops(settings.context + settings.chunk)
+                              - shape.prefill_flops(settings.context))
+    return _result(settings, shape, profiled, floor_ms=flops / MATMUL_RATE * 1e3 if cuda else None, flops=flops)
+
+
+def _result(settings: ProfileSettings, shape: ModelShape, profiled: dict, *, floor_ms, flops=None) -> dict:
+    rows, wall_ms, kernels_ms = profiled["rows"], profiled["wall_ms_per_step"], profiled["kernel_ms_per_step"]
+    return {
         "settings": asdict(settings),
         "shape": {"num_params": shape.num_params, "num_attention_layers": shape.num_attention_layers},
         "wall_ms_per_step": wall_ms,
         "kernel_ms_per_step": kernels_ms,
         "gap_ms_per_step": None if kernels_ms is None else wall_ms - kernels_ms,
-        "kernel_launches_per_step": profiled["calls_per_step"] if cuda else None,
+        "kernel_launches_per_step": profiled["calls_per_step"] if settings.device.startswith("cuda") else None,
         "floor_ms": floor_ms,
+        "flops_per_step": flops,
+        "us_per_step_by_kind": kernel_kinds(rows),
         "rows": rows[: settings.top],
         "rows_total": len(rows),
     }
-    return result
 
 
 def profile_markdown(result: dict) -> str:
     s = result["settings"]
-    lines = [f"# Decode step profile: {s['system']}, context {s['context']}, batch {s['batch']}, "
-             f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}", ""]
+    if s.get("phase", "decode") == "prefill":
+        title = (f"# Prefill chunk profile: {s['system']}, {s['chunk']} tokens after {s['context']} cached, batch "
+                 f"{s['batch']}, {s['dtype']} on {s['device']}, compiled prefill {s['compile_prefill']}")
+        floor = "FLOP floor of the chunk"
+    else:
+        title = (f"# Decode step profile: {s['system']}, context {s['context']}, batch {s['batch']}, "
+                 f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}")
+        floor = "bytes-per-token floor"
+    lines = [title, ""]
     lines.append(f"- wall time per step: {result['wall_ms_per_step']:.3f} ms")
     if result["kernel_ms_per_step"] is not None:
         lines.append(f"- device time of its kernels: {result['kernel_ms_per_step']:.3f} ms "
                      f"({result['kernel_launches_per_step']:.0f} kernels a step); gap (launches, idle device): "
                      f"{result['gap_ms_per_step']:.3f} ms")
-        lines.append(f"- bytes-per-token floor: {result['floor_ms']:.3f} ms")
+        lines.append(f"- {floor}: {result['floor_ms']:.3f} ms")
     else:
-        lines.append("- CPU run: the table shows CPU self time per operator (no device timeline)")
+        lines.append("- CPU run: the tables show CPU self time per operator (no device timeline)")
+    if result.get("us_per_step_by_kind"):
+        lines += ["", "| kind | us per step |", "|---|---|"]
+        lines += [f"| {kind} | {us:.1f} |" for kind, us in result["us_per_step_by_kind"].items()]
     lines += ["", "| kernel / operator | calls per step | us per step |", "|---|---|---|"]
     for row in result["rows"]:
         name = row["name"].replace("|", "/")

@@ -98,14 +98,33 @@ def attention_block_decode_post(block, hidden, x, attention_output, gate=None, f
     return hidden + _mlp(block, hidden, fused)
 
 
+def block_prefill_pre(block, hidden, position_ids, cos, sin):
+    """A prefill chunk's block input: norm, then the mixer's projections (q/k norms, RoPE or logit scaling as the
+    layer has them). Returns (mixer input x, q, k, v), each [B, T, heads, D] but x."""
+    x = block.input_layernorm(hidden)
+    q, k, v = block.mixer._project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    return x, q, k, v
+
+
+def block_prefill_post(block, hidden, x, mixed):
+    """A prefill chunk's block output: the mixer's tail (output norm, gate, o_proj) on `mixed` [B, T, H, D], the
+    residual, then the MLP and its residual."""
+    hidden = hidden + block.mixer._output(mixed, x)
+    return hidden + block.mlp(block.post_attention_layernorm(hidden))
+
+
 class InferenceEngine:
     """engine = InferenceEngine(model, batch_size=1, max_length=2**20); logits = engine.prefill(ids);
     engine.capture_graph(); logits = engine.decode(next_ids) (or engine.generate_greedy(n))."""
 
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
-                 attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False):
-        """fuse_projections: decode through each block's input-side maps concatenated (`FusedProjections`: 4
-        matrix-vector products a block instead of 8; costs a copy of those weights, ~2/3 of a block's)."""
+                 attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False,
+                 compile_prefill: bool = False):
+        """compile_blocks: torch.compile the decode step's block functions. fuse_projections: decode through each
+        block's input-side maps concatenated (`FusedProjections`: 4 matrix-vector products a block instead of 8;
+        costs a copy of those weights, ~2/3 of a block's). compile_prefill: torch.compile what surrounds the sequence
+        mixing in a prefill chunk (`block_prefill_pre`, `block_prefill_post`: norms, projections, RoPE, gates,
+        MLP), fusing their elementwise work; the mixing kernels themselves run as they are."""
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -130,23 +149,38 @@ class InferenceEngine:
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         self._blocks = self._block_functions(compile_blocks)
+        self._prefill_blocks = self._prefill_functions(compile_prefill)
         self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self._logits = None
         self._graph = None
 
     @staticmethod
-    def _block_functions(compile_blocks: bool):
-        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
-        if not compile_blocks:
-            return functions
+    def _raise_recompile_limits() -> None:
         import torch._dynamo
 
         # Every layer of a kind runs the same code on different weights: allow one compiled entry per layer.
         for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(torch._dynamo.config, name):
                 setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
+
+    @staticmethod
+    def _block_functions(compile_blocks: bool):
+        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
+        if not compile_blocks:
+            return functions
+        InferenceEngine._raise_recompile_limits()
         return tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in functions)
+
+    @staticmethod
+    def _prefill_functions(compile_prefill: bool):
+        functions = (block_prefill_pre, block_prefill_post)
+        if not compile_prefill:
+            return functions
+        InferenceEngine._raise_recompile_limits()
+        # Chunk lengths vary (the last chunk of a prompt is shorter): dynamic=None compiles the first length as it
+        # is and turns the length symbolic when a second one arrives, instead of one compilation per length.
+        return tuple(torch.compile(f, dynamic=None, fullgraph=True) for f in functions)
 
     @property
     def batch_size(self) -> int:
@@ -181,35 +215,32 @@ class InferenceEngine:
         position_ids = torch.arange(start, start + input_ids.shape[1], device=self.device)[None]
         position_ids = position_ids.expand(input_ids.shape[0], -1)
         hidden = model.embed_tokens(input_ids)
-        context = MixerContext(position_ids=position_ids, rope=model.rotary_emb(position_ids, hidden.dtype))
+        cos, sin = model.rotary_emb(position_ids, hidden.dtype)
+        pre, post = self._prefill_blocks
         for index, block in enumerate(model.layers):
-            x = block.input_layernorm(hidden)
+            x, q, k, v = pre(block, hidden, position_ids, cos, sin)
             if block.layer_type == "lightning":
-                mixed = self._lightning_prefill(block.mixer, x, context, index)
+                mixed = self._lightning_mix(block.mixer, q, k, v, index)
             else:
-                mixed = self._attention_prefill(block.mixer, x, context, index, start)
-            hidden = hidden + mixed
-            hidden = hidden + block.mlp(block.post_attention_layernorm(hidden))
+                mixed = self._attention_mix(q, k, v, index, start)
+            hidden = post(block, hidden, x, mixed)
         return hidden
 
-    def _lightning_prefill(self, mixer, x, context, index):
-        q, k, v = mixer._project(x, context)
+    def _lightning_mix(self, mixer, q, k, v, index):
         state = self.cache.states[index]
         output, final_state = lightning_attention(
             q, k, v, log_decay=mixer.log_decay(q.device), scale=self.scale, initial_state=state,
             output_final_state=True,
         )
         state.copy_(final_state)
-        return mixer._output(output, x)
+        return output
 
-    def _attention_prefill(self, mixer, x, context, index, start):
-        q, k, v = mixer._project(x, context)
-        end = start + x.shape[1]
+    def _attention_mix(self, q, k, v, index, start):
+        end = start + q.shape[1]
         keys, values = self.cache.keys[index], self.cache.values[index]
         keys[:, :, start:end] = k.transpose(1, 2)
         values[:, :, start:end] = v.transpose(1, 2)
-        output = chunk_attention(q, keys, values, start=start, scale=self.scale, backend=self.attention_backend)
-        return mixer._output(output, x)
+        return chunk_attention(q, keys, values, start=start, scale=self.scale, backend=self.attention_backend)
 
     def _decode_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One token per row at position cache.length; graph-safe (no host reads). Returns logits [B, V]."""
