@@ -11,6 +11,9 @@
 #   bash bench/h200_speed.sh e   # prefill: the last 64K chunk of a 512K prompt kernel by kernel, HypeNet and the
 #                                # Qwen3 shape, eager and with --compile-prefill; then both systems at 512K with
 #                                # --compile-prefill (~8 min)
+#   bash bench/h200_speed.sh f   # decode A/B of torch.compile's mode for the decode blocks (default vs
+#                                # max-autotune-no-cudagraphs), HypeNet fused and the Qwen3 shape at 8K and 512K
+#                                # over synthetic caches, then the autotuned HypeNet step profiled at 512K (~8 min)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -53,6 +56,15 @@ case "$1" in
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
       --compile-prefill --out $OUT/compiled-prefill 2>&1 | tee $OUT/compiled-prefill.log
     pack e prefill-profile compiled-prefill ;;
+  f)
+    for mode in default max-autotune-no-cudagraphs; do
+      python3 -m hyla.cli bench model --systems hypenet-fused,qwen3-engine --contexts 8K,512K \
+        --hypenet-max-prefill 1 --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --compile-mode $mode \
+        --out $OUT/decode-$mode 2>&1 | tee -a $OUT/compile-mode.log
+    done
+    python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections \
+      --compile-mode max-autotune-no-cudagraphs --out $OUT/profile 2>&1 | tee -a $OUT/compile-mode.log
+    pack f decode-default decode-max-autotune-no-cudagraphs profile ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f" >&2; exit 2 ;;
 esac

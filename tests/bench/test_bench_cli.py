@@ -178,3 +178,19 @@ def test_bench_profile_compiled_prefill_toy(tmp_path):
         return sum(row["calls_per_step"] for row in result["rows"] if row["name"] in ("aten::mul", "aten::add"))
 
     assert eager_calls(compiled) < eager_calls(plain)
+
+
+def test_compile_modes_reach_torch_compile(monkeypatch):
+    from hyla.bench import cli
+    from hyla.inference import engine as engine_module
+
+    assert cli.COMPILE_MODES_CLI == engine_module.COMPILE_MODES
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda f, **kwargs: modes.append(kwargs["mode"]) or f)
+    toy = model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"), dtype=torch.float32)
+    engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
+                                  compile_mode="max-autotune-no-cudagraphs")
+    assert modes == ["max-autotune-no-cudagraphs"] * 3  # the three decode block functions
+    with pytest.raises(ValueError, match="compile_mode"):
+        engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
+                                      compile_mode="reduce-overhead")

@@ -11,6 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# hyla.inference.engine.COMPILE_MODES, written out so that `hyla --help` does not import torch (a test keeps them equal)
+COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     bench = subparsers.add_parser("bench", help="kernel and whole-model speed benchmarks")
@@ -41,6 +44,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
     model.add_argument("--prefill-chunk", type=_count, default=2**16)
     model.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    model.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
+                       help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times its "
+                            "matrix-product kernels against cuBLAS per shape while compiling)")
     model.add_argument("--fuse-projections", action="store_true",
                        help="engine decode through each block's concatenated input maps (every engine system; the "
                             "system hypenet-fused does this for the HypeNet shape alone, beside hypenet)")
@@ -63,6 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="profiled steps after warm-up (default 10 decode steps, 2 prefill chunks)")
     profile.add_argument("--top", type=int, default=40, help="kernels listed, most expensive first")
     profile.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    profile.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
+                         help="torch.compile mode of the decode blocks")
     profile.add_argument("--fuse-projections", action="store_true",
                          help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up)")
     profile.add_argument("--compile-prefill", action="store_true",
@@ -157,7 +165,7 @@ def run_model(args: argparse.Namespace) -> int:
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
         decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
-        compile_prefill=args.compile_prefill,
+        compile_prefill=args.compile_prefill, compile_mode=args.compile_mode,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
@@ -183,7 +191,8 @@ def run_profile(args: argparse.Namespace) -> int:
     settings = ProfileSettings(system=args.system, phase=args.phase, context=args.context, chunk=args.chunk,
                                batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
                                fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
-                               toy=args.toy, device=args.device, dtype=args.dtype, top=args.top)
+                               compile_mode=args.compile_mode, toy=args.toy, device=args.device, dtype=args.dtype,
+                               top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = profile_prefill(settings) if prefill else profile_decode(settings)

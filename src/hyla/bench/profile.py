@@ -46,6 +46,7 @@ class ProfileSettings:
     compile_blocks: bool = True
     fuse_projections: bool = False
     compile_prefill: bool = False
+    compile_mode: str = "default"
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -113,7 +114,8 @@ def profile_decode(settings: ProfileSettings) -> dict:
     model = _build(settings, device, dtype)
     shape = ModelShape.of(model)
     engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
-                             compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections)
+                             compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections,
+                             compile_mode=settings.compile_mode)
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()
@@ -185,7 +187,9 @@ def profile_markdown(result: dict) -> str:
         floor = "FLOP floor of the chunk"
     else:
         title = (f"# Decode step profile: {s['system']}, context {s['context']}, batch {s['batch']}, "
-                 f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}")
+                 f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}"
+                 + (f" ({s['compile_mode']})" if s["compile_blocks"] and s.get("compile_mode", "default") != "default"
+                    else ""))
         floor = "bytes-per-token floor"
     lines = [title, ""]
     lines.append(f"- wall time per step: {result['wall_ms_per_step']:.3f} ms")

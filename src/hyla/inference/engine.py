@@ -22,6 +22,8 @@ from hyla.ops.lightning import lightning_attention
 
 # Global softmax attention (NoPE or RoPE) and Lightning; the other mixers have no fast path here yet.
 SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
+# torch.compile modes for the decode blocks: the engine captures the whole step in one CUDA graph itself.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 
 
 class FusedProjections(NamedTuple):
@@ -119,8 +121,11 @@ class InferenceEngine:
 
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
                  attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False,
-                 compile_prefill: bool = False):
-        """compile_blocks: torch.compile the decode step's block functions. fuse_projections: decode through each
+                 compile_prefill: bool = False, compile_mode: str = "default"):
+        """compile_blocks: torch.compile the decode step's block functions, in torch.compile's `compile_mode`
+        ("default"; "max-autotune-no-cudagraphs" times inductor's matrix-product kernels against cuBLAS for each
+        shape while compiling and keeps the fastest; the step is graph-captured by `capture_graph` either way, so
+        the modes that capture graphs themselves are refused). fuse_projections: decode through each
         block's input-side maps concatenated (`FusedProjections`: 4 matrix-vector products a block instead of 8;
         costs a copy of those weights, ~2/3 of a block's). compile_prefill: torch.compile what surrounds the sequence
         mixing in a prefill chunk (`block_prefill_pre`, `block_prefill_post`: norms, projections, RoPE, gates,
@@ -148,7 +153,9 @@ class InferenceEngine:
         log_decay = lightning[0].log_decay(self.device) if lightning else None
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
-        self._blocks = self._block_functions(compile_blocks)
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+        self._blocks = self._block_functions(compile_blocks, compile_mode)
         self._prefill_blocks = self._prefill_functions(compile_prefill)
         self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
@@ -165,12 +172,12 @@ class InferenceEngine:
                 setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
 
     @staticmethod
-    def _block_functions(compile_blocks: bool):
+    def _block_functions(compile_blocks: bool, mode: str = "default"):
         functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
         if not compile_blocks:
             return functions
         InferenceEngine._raise_recompile_limits()
-        return tuple(torch.compile(f, dynamic=False, fullgraph=True) for f in functions)
+        return tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
 
     @staticmethod
     def _prefill_functions(compile_prefill: bool):
