@@ -18,9 +18,12 @@ from hyla.convert.presets import apply_overrides, make_plan
 def plan(probe: dict, seconds: float, max_tokens: float, driver_args: list[str]) -> int:
     main_sets = [value for flag, value in zip(driver_args, driver_args[1:]) if flag == "--main-set"]
     distill = apply_overrides(make_plan(GPU.preset, 0), GPU.main + main_sets).distill
-    cases = [c for c in probe["cases"] if c["stage"] == "distill" and c["seq_len"] == distill.seq_len]
+    # The compiled case's rate when the run compiles (`--main-set distill.compile=true`) and the probe measured it.
+    cases = [c for c in probe["cases"] if c["stage"] == "distill" and c["seq_len"] == distill.seq_len
+             and "error" not in c and bool(c.get("compiled", False)) == distill.compile]
     if not cases:
-        raise SystemExit(f"plan_tokens: the probe has no distill case at seq_len {distill.seq_len}")
+        compiled = " compiled" if distill.compile else ""
+        raise SystemExit(f"plan_tokens: the probe has no{compiled} distill case at seq_len {distill.seq_len}")
     step = distill.seq_len * distill.batch_size
     tokens = min(max_tokens, cases[0]["tok_per_s"] * seconds)
     return max(1, int(tokens // step)) * step

@@ -8,6 +8,11 @@ Each case builds the stage's real modules (`AlignmentTwins` + `alignment_loss`, 
 `distill_loss` / `finetune_loss`), runs `--warmup` steps (kernel compilation) and then `--steps` timed steps of
 the training loop's own step function (bf16 autocast, AdamW, clipping) on random tokens, and reports tokens/s and
 peak memory. Weights are random: speed depends on shapes, not values.
+
+Then the COMPILED cases (`--compiled`, default the distillation at 4x4096 and the fine-tuning) run again with
+every block compiled as `--set STAGE.compile=true` does it (`hyla.compile.compile_blocks`: the trained model's
+blocks and the teacher's), marked `"compiled": true`: the A/B of torch.compile for training, in one run. A
+compiled case that fails is reported with its error, and the probe goes on.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyla.bench.profile import profile_steps
+from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, distill_loss, finetune_loss
 from hyla.convert.transfer import to_hypenet
@@ -37,20 +43,24 @@ ATTENTION = [0, 1, 7, 16, 18, 19, 23]  # the recorded HALO choice
 CASES = [("align", 32, 512), ("distill", 32, 512), ("distill", 8, 2048), ("distill", 4, 4096),
          ("finetune", 4, 16384)]
 PROFILED = ("distill", 4, 4096)
+COMPILED = [("distill", 4, 4096), ("finetune", 4, 16384)]
 
 
-def build(stage: str, teacher_hf, device):
+def build(stage: str, teacher_hf, device, compiled: bool = False):
     teacher = to_hypenet(teacher_hf, attention_rope=True).to(device).eval()
     if stage == "align":
         model = AlignmentTwins(teacher, teacher_hf).to(device)
         for param in model.parameters():
             param.data = param.data.float()
+        if compiled:
+            compile_blocks(model.twins)
         return model, alignment_loss
     layer_types = ["attention" if i in ATTENTION else "lightning" for i in range(teacher_hf.config.num_hidden_layers)]
     student = to_hypenet(teacher_hf, layer_types, attention_output_gate=True).to(device).float()
-    if stage == "distill":
-        return StudentWithTeacher(student, teacher), distill_loss
-    return StudentWithTeacher(student, None), finetune_loss
+    pair = StudentWithTeacher(student, teacher if stage == "distill" else None)
+    if compiled:  # as hyla.convert.runners.train_budget does for `compile=true`
+        compile_blocks([*student.model.layers, *(teacher.model.layers if stage == "distill" else [])])
+    return pair, distill_loss if stage == "distill" else finetune_loss
 
 
 def _sync(env) -> None:
@@ -59,11 +69,11 @@ def _sync(env) -> None:
 
 
 def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int,
-            profiled_steps: int = 0) -> dict:
+            profiled_steps: int = 0, compiled: bool = False) -> dict:
     if env.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model, loss_fn = build(stage, teacher_hf, env.device)
+    model, loss_fn = build(stage, teacher_hf, env.device, compiled)
     model.train()
     optim = OptimSettings(lr=1e-4, min_lr=1e-5, warmup_steps=1)
     optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], optim, steps + warmup)
@@ -81,10 +91,11 @@ def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, w
         loss = train_step().item()
         _sync(env)
         times.append(time.perf_counter() - started)
-        print(f"  {stage} {batch}x{seq_len} step {step + 1}: {times[-1]:.3f} s, loss {loss:.3f}", flush=True)
+        print(f"  {stage} {batch}x{seq_len}{' compiled' if compiled else ''} step {step + 1}: {times[-1]:.3f} s, "
+              f"loss {loss:.3f}", flush=True)
     timed = sorted(times[warmup:])
     median = timed[len(timed) // 2]
-    result = {"stage": stage, "batch": batch, "seq_len": seq_len, "median_step_s": median,
+    result = {"stage": stage, "batch": batch, "seq_len": seq_len, "compiled": compiled, "median_step_s": median,
               "tok_per_s": batch * seq_len / median, "first_step_s": times[0],
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else None}
     if profiled_steps:  # where a training step's time goes: kernels (CPU: operators) by cost
@@ -103,6 +114,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny sizes on CPU (checks the plumbing, times nothing)")
     parser.add_argument("--profile-steps", type=int, default=3,
                         help="also profile this many distillation steps at 4x4096 (kernels by device time; 0: no)")
+    parser.add_argument("--compiled", default=",".join(f"{s}:{b}x{t}" for s, b, t in COMPILED),
+                        help="cases to run again with compiled blocks, STAGE:BATCHxLEN comma list ('' for none)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("error: probe.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
@@ -112,17 +125,35 @@ def main() -> int:
                  num_key_value_heads=2, vocab_size=512) if args.smoke else SMOLLM2_135M
     teacher_hf = LlamaForCausalLM(LlamaConfig(**sizes)).eval()
     env = Distributed(device=torch.device("cpu" if args.smoke else "cuda"))
-    cases = [(stage, 2, seq_len // 64) for stage, _, seq_len in CASES] if args.smoke else CASES
+    smoke = (lambda case: (case[0], 2, case[2] // 64)) if args.smoke else (lambda case: case)
+    compiled = [(s, int(b), int(t)) for s, shape in (c.split(":") for c in args.compiled.split(",") if c)
+                for b, t in [shape.split("x")]]
+    unknown = [c for c in compiled if c not in CASES]
+    if unknown:
+        parser.error(f"--compiled: {unknown} are not probe cases; cases: {CASES}")
+    runs = [(case, False) for case in CASES] + [(case, True) for case in compiled]
     results = []
-    for index, (stage, batch, seq_len) in enumerate(cases):
-        profiled = args.profile_steps if CASES[index] == PROFILED else 0
-        results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup, profiled))
-        device = torch.cuda.get_device_name() if env.device.type == "cuda" else "cpu"
+    device = torch.cuda.get_device_name() if env.device.type == "cuda" else "cpu"
+    for case, with_compile in runs:
+        stage, batch, seq_len = smoke(case)
+        profiled = args.profile_steps if case == PROFILED and not with_compile else 0
+        try:
+            results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup, profiled,
+                                   with_compile))
+        except Exception as err:  # noqa: BLE001  (a compiled case may fail; the probe reports it and goes on)
+            if not with_compile:
+                raise
+            results.append({"stage": stage, "batch": batch, "seq_len": seq_len, "compiled": True,
+                            "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"})
+            print(f"  {stage} {batch}x{seq_len} compiled: {results[-1]['error']}", flush=True)
         write_json(Path(args.out), {"device": device, "torch": torch.__version__, "cases": results})
-    print(f"{'stage':9s} {'shape':>9s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} {'peak GiB':>8s}")
+    print(f"{'stage':9s} {'shape':>9s} {'compiled':>8s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} {'peak GiB':>8s}")
     for r in results:
-        print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {r['tok_per_s']:9.0f} {r['median_step_s']:7.3f} "
-              f"{r['first_step_s']:8.1f} {r['peak_gib'] or 0:8.1f}")
+        if "error" in r:
+            print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {'yes':>8s} {r['error']}")
+            continue
+        print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {'yes' if r['compiled'] else 'no':>8s} "
+              f"{r['tok_per_s']:9.0f} {r['median_step_s']:7.3f} {r['first_step_s']:8.1f} {r['peak_gib'] or 0:8.1f}")
     for r in results:
         if "profile" in r:
             p = r["profile"]

@@ -47,10 +47,10 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         data = {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed}
     own = {
         "data": data,
-        "align": {"budget": plan.align.__dict__, "twins": plan.twin_options()},
+        "align": {"budget": plan.align.settings(), "twins": plan.twin_options()},
         "select": {"plan": plan.selection.__dict__},
-        "distill": {"budget": plan.distill.__dict__, "attention_rope": plan.model.attention_rope},
-        "finetune": {"budget": plan.finetune.__dict__},
+        "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope},
+        "finetune": {"budget": plan.finetune.settings()},
         "scaling": {"plan": plan.scaling.settings()}, "export": {},
     }
     settings, upstream = {}, ""

@@ -23,10 +23,16 @@ class StageBudget:
     schedule: str = "cosine"
     warmup_steps: int = 50
     checkpoint_every: int = 100
+    compile: bool = False  # torch.compile each block of the trained model and of its teacher (speed only)
 
     @property
     def steps(self) -> int:
         return max(1, self.tokens // (self.seq_len * self.batch_size))
+
+    def settings(self) -> dict[str, Any]:
+        """What the stage's output depends on: `compile` changes speed, not results, and is left out (a run can be
+        resumed with it switched either way, and earlier runs keep their hash)."""
+        return {name: value for name, value in self.__dict__.items() if name != "compile"}
 
 
 @dataclass

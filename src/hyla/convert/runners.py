@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_documents, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
+from hyla.compile import compile_blocks
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
@@ -63,9 +64,14 @@ class Run:
         return self.cache["corpus"]
 
 
-def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None) -> dict:
+def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
+                 frozen_blocks=()) -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
-    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls."""
+    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls. With
+    `budget.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block."""
+    if budget.compile:
+        count = compile_blocks([*blocks, *frozen_blocks])
+        run.log(f"[{name}] torch.compile: {count} blocks")
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
@@ -140,7 +146,8 @@ def load_student(run: Run, weights_stage: str | None) -> Any:
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
     student = load_student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
-    summary = train_budget(run, stage.path, stage.name, pair, loss_fn, budget, list(student.model.layers), root=student)
+    summary = train_budget(run, stage.path, stage.name, pair, loss_fn, budget, list(student.model.layers), root=student,
+                           frozen_blocks=list(teacher.model.layers) if teacher is not None else ())
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary

@@ -14,6 +14,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from hyla.compile import raise_recompile_limits
 from hyla.inference.cache import StaticHybridCache
 from hyla.inference.decode_attention import decode_attention
 from hyla.inference.prefill_attention import chunk_attention, pick_attention_backend
@@ -163,20 +164,11 @@ class InferenceEngine:
         self._graph = None
 
     @staticmethod
-    def _raise_recompile_limits() -> None:
-        import torch._dynamo
-
-        # Every layer of a kind runs the same code on different weights: allow one compiled entry per layer.
-        for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
-            if hasattr(torch._dynamo.config, name):
-                setattr(torch._dynamo.config, name, max(256, getattr(torch._dynamo.config, name)))
-
-    @staticmethod
     def _block_functions(compile_blocks: bool, mode: str = "default"):
         functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
         if not compile_blocks:
             return functions
-        InferenceEngine._raise_recompile_limits()
+        raise_recompile_limits()
         return tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
 
     @staticmethod
@@ -184,7 +176,7 @@ class InferenceEngine:
         functions = (block_prefill_pre, block_prefill_post)
         if not compile_prefill:
             return functions
-        InferenceEngine._raise_recompile_limits()
+        raise_recompile_limits()
         # Chunk lengths vary (the last chunk of a prompt is shorter): dynamic=None compiles the first length as it
         # is and turns the length symbolic when a second one arrives, instead of one compilation per length.
         return tuple(torch.compile(f, dynamic=None, fullgraph=True) for f in functions)

@@ -1,0 +1,32 @@
+"""torch.compile helpers shared by training and inference.
+
+Every block of a model runs the same code on different weights, and dynamo guards on a block's plain attributes (its
+layer index, for one), so a 30-layer model can need one compiled entry per layer: `raise_recompile_limits` allows
+that instead of dynamo's default of 8, past which it silently runs the remaining layers uncompiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+
+def raise_recompile_limits(limit: int = 256) -> None:
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
+
+
+def compile_blocks(blocks: Iterable[torch.nn.Module]) -> int:
+    """torch.compile each block in place (`nn.Module.compile`: parameter names, state dicts and checkpoints stay as
+    they are). What dynamo cannot trace (a custom kernel's Python wrapper, say) runs eagerly between compiled
+    regions. Returns the number of blocks compiled."""
+    raise_recompile_limits()
+    count = 0
+    for block in blocks:
+        block.compile()
+        count += 1
+    return count

@@ -1,0 +1,54 @@
+"""`compile=true` for training stages: blocks compiled in place compute the same loss and gradients as the eager
+model, keep their parameter names, and leave the stages' hashes alone (speed only)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla.compile import compile_blocks
+from hyla.convert.pipeline import stage_settings
+from hyla.convert.presets import apply_overrides, make_plan
+
+
+@pytest.mark.slow
+def test_compiled_blocks_give_the_eager_loss_and_gradients():
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           layer_types=["lightning", "attention", "lightning"], attention_output_gate=True,
+                           attn_logits_scaling_a=5.0)
+    eager = HypeNetForCausalLM(config).double().train()
+    compiled = copy.deepcopy(eager)
+    keys = list(compiled.state_dict())
+    torch._dynamo.reset()
+    assert compile_blocks(compiled.model.layers) == 3
+    assert list(compiled.state_dict()) == keys  # checkpoints and safetensors exports see the same names
+    tokens = torch.randint(0, 60, (2, 37), generator=torch.Generator().manual_seed(1))
+    losses = []
+    for model in (eager, compiled):
+        loss = model(tokens, labels=tokens, use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 0  # something was compiled
+    assert losses[1] == pytest.approx(losses[0], rel=1e-12)
+    for (name, a), b in zip(eager.named_parameters(), compiled.parameters()):
+        assert ((a.grad - b.grad).norm() / a.grad.norm()).item() <= 1e-9, name
+
+
+def test_compile_setting_leaves_stage_hashes_alone():
+    plan = make_plan("smoke", 1_000_000)
+    compiled = apply_overrides(make_plan("smoke", 1_000_000),
+                               ["align.compile=true", "distill.compile=true", "finetune.compile=true"])
+    assert compiled.distill.compile and not plan.distill.compile
+    request = SimpleNamespace(data=["somewhere"])
+    assert stage_settings(compiled, request) == stage_settings(plan, request)
+    # The budget's other fields are all in its settings: leaving out `compile` kept the hashes of earlier runs.
+    assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items() if k != "compile"}
+    changed = apply_overrides(make_plan("smoke", 1_000_000), ["distill.seq_len=64"])
+    assert stage_settings(changed, request)["distill"] != stage_settings(plan, request)["distill"]
