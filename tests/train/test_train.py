@@ -119,3 +119,18 @@ def test_schedule_warms_up_then_decays_to_min_lr():
     assert lr_at(100, 100, settings) == pytest.approx(1e-5)
     constant = OptimSettings(lr=1e-5, min_lr=1e-5, warmup_steps=0, schedule="constant")
     assert lr_at(7, 100, constant) == 1e-5
+
+
+def test_train_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    import argparse
+
+    from hyla.train import cli
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    train = next(a for a in parser._subparsers._group_actions[0].choices.values())
+    undocumented = [a.option_strings for a in train._actions if a.option_strings and not a.help]
+    assert undocumented == []
+    assert "--compile" in capsys.readouterr().out

@@ -23,7 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
     parser.add_argument("--min-lr", type=float, default=1e-5, help="final learning rate of the cosine (1e-5)")
     parser.add_argument("--warmup-steps", type=int, default=50, help="linear warm-up steps (default 50)")
-    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine")
+    parser.add_argument("--schedule", choices=("cosine", "constant"), default="cosine",
+                        help="learning rate after warm-up: cosine down to --min-lr, or constant (default cosine)")
     parser.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default 0.1)")
     parser.add_argument("--loss", choices=LOSSES, default="ce",
                         help="ce: next-token cross-entropy; longce: cross-entropy weighted by how much the long "
@@ -31,8 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--longce-window", type=int, default=256, help="LongCE short-context window (default 256)")
     parser.add_argument("--longce-cap", type=float, default=5.0, help="LongCE weight cap (default 5)")
     parser.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (200)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and the data order (0)")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile each block before training (in place; checkpoints keep their names)")
     parser.set_defaults(handler=_run)
 
 

@@ -12,6 +12,7 @@ import torch
 
 from hyla.data.loader import TokenCorpus, TokenLoader
 from hyla.models import HypeNetConfig, HypeNetForCausalLM
+from hyla.compile import compile_blocks
 from hyla.train.distributed import init_distributed, shard_model
 from hyla.train.loop import LoopSettings, run_training
 from hyla.train.losses import LOSSES, ce_loss, longce_loss
@@ -37,6 +38,7 @@ class TrainRequest:
     checkpoint_every: int = 200
     seed: int = 0
     device: str | None = None
+    compile: bool = False  # torch.compile each block in place before training (speed only)
 
 
 def load_config(path: Path, vocab_size: int) -> HypeNetConfig:
@@ -63,6 +65,8 @@ def train(request: TrainRequest) -> dict:
         print(f"hyla train: {num_params / 1e6:.1f}M params, layers {config.layer_types}, loss {request.loss}, "
               f"{request.steps} steps x {request.batch_size} x {request.seq_len} tokens, device {env.device} "
               f"x{env.world_size}")
+    if request.compile:
+        compile_blocks(model.model.layers)
     if env.enabled:
         shard_model(model, list(model.model.layers), mixed_precision=env.device.type == "cuda")
     loss_fn = ce_loss if request.loss == "ce" else functools.partial(
