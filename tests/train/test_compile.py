@@ -27,6 +27,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients():
     compiled = copy.deepcopy(eager)
     keys = list(compiled.state_dict())
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     assert compile_blocks(compiled.model.layers) == 3
     assert list(compiled.state_dict()) == keys  # checkpoints and safetensors exports see the same names
     tokens = torch.randint(0, 60, (2, 37), generator=torch.Generator().manual_seed(1))
