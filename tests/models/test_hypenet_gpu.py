@@ -42,3 +42,30 @@ def test_gpu_cached_decode_matches_full_forward():
             out = m(tokens[:, t : t + 1], past_key_values=cache, use_cache=True)
             pieces.append(out.logits)
     assert ((torch.cat(pieces, 1) - full).norm() / full.norm()).item() <= 2e-3
+
+
+def test_compiled_blocks_match_eager_training_step_on_fla():
+    """`STAGE.compile=true` on CUDA: blocks compiled around fla's kernels, under bf16 autocast as the training loop
+    runs them, against the float32 eager step; they may not add more than half again the eager bf16 step's own
+    error (the rule of hyla.bench.model.check_engine), nor exceed 2e-2 where that is larger."""
+    import copy
+
+    from hyla.compile import compile_blocks
+
+    reference = model(torch.float32).train()
+    eager, compiled = copy.deepcopy(reference), copy.deepcopy(reference)
+    compile_blocks(compiled.model.layers)
+    tokens = torch.randint(0, 1000, (2, 512), device="cuda", generator=torch.Generator("cuda").manual_seed(3))
+    losses = []
+    for m, autocast in ((reference, False), (eager, True), (compiled, True)):
+        with use_backend("fla"), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
+            loss = m(tokens, labels=tokens, use_cache=False).loss
+        loss.backward()
+        losses.append(loss.item())
+
+    def rel(a, b):
+        return ((a - b).norm() / b.norm()).item()
+
+    assert abs(losses[2] - losses[0]) <= max(1e-3 * losses[0], 1.5 * abs(losses[1] - losses[0]))
+    for (name, ref), own, fast in zip(reference.named_parameters(), eager.parameters(), compiled.parameters()):
+        assert rel(fast.grad, ref.grad) <= max(2e-2, 1.5 * rel(own.grad, ref.grad)), name
