@@ -31,6 +31,21 @@ def test_the_cap_and_the_default_shape():
     assert plan_tokens.plan(PROBE, 0.1, 1e9, []) == 512 * 32  # 5,000 tokens: at least one step
 
 
+def test_a_compiled_run_is_planned_from_the_compiled_rate():
+    probe = {"cases": PROBE["cases"] + [
+        {"stage": "distill", "seq_len": 4096, "batch": 4, "compiled": True, "tok_per_s": 90_000.0},
+        {"stage": "finetune", "seq_len": 16384, "batch": 4, "compiled": True, "error": "RuntimeError: x"}]}
+    shape = ["--main-set", "distill.seq_len=4096", "--main-set", "distill.batch_size=4"]
+    step = 4096 * 4
+    assert plan_tokens.plan(probe, 100, 1e9, shape) == int(56_535.6 * 100 // step) * step  # eager run: eager rate
+    compiled = plan_tokens.plan(probe, 100, 1e9, shape + ["--main-set", "distill.compile=true"])
+    assert compiled == int(90_000.0 * 100 // step) * step
+    failed = {"cases": PROBE["cases"] + [
+        {"stage": "distill", "seq_len": 4096, "batch": 4, "compiled": True, "error": "RuntimeError: x"}]}
+    with pytest.raises(SystemExit, match="no compiled distill case at seq_len 4096"):
+        plan_tokens.plan(failed, 100, 1e9, shape + ["--main-set", "distill.compile=true"])
+
+
 def test_a_shape_the_probe_did_not_measure_is_refused():
     with pytest.raises(SystemExit, match="no distill case at seq_len 2048"):
         plan_tokens.plan(PROBE, 100, 1e9, ["--main-set", "distill.seq_len=2048"])
@@ -40,9 +55,10 @@ def test_a_shape_the_probe_did_not_measure_is_refused():
 def test_probe_runs_every_stage_on_cpu(tmp_path):
     out = tmp_path / "probe.json"
     done = subprocess.run([sys.executable, str(BENCH / "probe.py"), "--out", str(out), "--smoke", "--steps", "1",
-                           "--warmup", "1"], capture_output=True, text=True, timeout=300)
+                           "--warmup", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     cases = json.loads(out.read_text())["cases"]
-    assert [(c["stage"], c["seq_len"]) for c in cases] == [("align", 8), ("distill", 8), ("distill", 32),
-                                                           ("distill", 64), ("finetune", 256)]
+    assert [(c["stage"], c["seq_len"], c["compiled"]) for c in cases] == [
+        ("align", 8, False), ("distill", 8, False), ("distill", 32, False), ("distill", 64, False),
+        ("finetune", 256, False), ("distill", 64, True), ("finetune", 256, True)]  # then the compiled A/B cases
     assert all(c["tok_per_s"] > 0 for c in cases)
