@@ -9,7 +9,8 @@
 # own session (it outlives the call) and then waits like `wait`: up to WAIT_S seconds (default 540) or until the
 # driver ends, then writes $OUT/summary.json, plots and results.tar.gz (bench/smollm2/summarize.py).
 # `part1` also measures each stage's training throughput alone on the GPU at this teacher's shape with random weights
-# (bench/smollm2/probe.py, ~2 min; $OUT/probe.json); `DISTILL_SECONDS=S bash h200.sh start` then sets the main
+# (bench/smollm2/probe.py, ~2 min, then the same compiled (torch.compile) for distillation and fine-tuning: at most
+# PROBE_TIMEOUT_S, default 520 s; $OUT/probe.json); `DISTILL_SECONDS=S bash h200.sh start` then sets the main
 # distillation's tokens to what that throughput gives in S seconds (at most DISTILL_MAX_TOKENS, default 80e6).
 set -uo pipefail
 keep=/root/keep
@@ -43,7 +44,9 @@ part1)
   mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
-  [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout 300 python3 bench/smollm2/probe.py --out "$OUT/probe.json" 2>&1
+  # The eager cases come first and probe.json is rewritten after each case, so a cut run keeps what it measured.
+  [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout "${PROBE_TIMEOUT_S:-520}" python3 bench/smollm2/probe.py \
+    --out "$OUT/probe.json" 2>&1
   cp "$OUT/probe.json" $keep/ 2>/dev/null || true  # none with PROBE=0
   ;;
 start)
