@@ -46,7 +46,7 @@ part1)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
   # The eager cases come first and probe.json is rewritten after each case, so a cut run keeps what it measured.
   [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout "${PROBE_TIMEOUT_S:-520}" python3 bench/smollm2/probe.py \
-    --out "$OUT/probe.json" ${PROBE_ARGS:-} 2>&1  # e.g. PROBE_ARGS="--compiled distill:4x4096" or "--compiled ''"
+    --out "$OUT/probe.json" ${PROBE_ARGS:-} 2>&1  # e.g. PROBE_ARGS="--compiled distill:4x4096" or "--compiled none"
   cp "$OUT/probe.json" $keep/ 2>/dev/null || true  # none with PROBE=0
   ;;
 start)

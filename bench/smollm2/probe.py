@@ -115,7 +115,7 @@ def main() -> int:
     parser.add_argument("--profile-steps", type=int, default=3,
                         help="also profile this many distillation steps at 4x4096 (kernels by device time; 0: no)")
     parser.add_argument("--compiled", default=",".join(f"{s}:{b}x{t}" for s, b, t in COMPILED),
-                        help="cases to run again with compiled blocks, STAGE:BATCHxLEN comma list ('' for none)")
+                        help="cases to run again with compiled blocks, STAGE:BATCHxLEN comma list ('none': none)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("error: probe.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
@@ -126,8 +126,11 @@ def main() -> int:
     teacher_hf = LlamaForCausalLM(LlamaConfig(**sizes)).eval()
     env = Distributed(device=torch.device("cpu" if args.smoke else "cuda"))
     smoke = (lambda case: (case[0], 2, case[2] // 64)) if args.smoke else (lambda case: case)
-    compiled = [(s, int(b), int(t)) for s, shape in (c.split(":") for c in args.compiled.split(",") if c)
-                for b, t in [shape.split("x")]]
+    wanted = [] if args.compiled in ("", "none") else args.compiled.split(",")
+    try:
+        compiled = [(s, int(b), int(t)) for s, shape in (c.split(":") for c in wanted) for b, t in [shape.split("x")]]
+    except ValueError:
+        parser.error(f"--compiled: expected STAGE:BATCHxLEN items or 'none', got {args.compiled!r}")
     unknown = [c for c in compiled if c not in CASES]
     if unknown:
         parser.error(f"--compiled: {unknown} are not probe cases; cases: {CASES}")
