@@ -194,3 +194,18 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
     with pytest.raises(ValueError, match="compile_mode"):
         engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
                                       compile_mode="reduce-overhead")
+
+
+def test_prefill_traffic_scales_with_the_chunk():
+    """bench/prefill_bytes.py scales bytes counted at T tokens to 64K: the count must be per-token work."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from prefill_bytes import block_traffic
+
+    for kind in ("lightning", "attention"):
+        small = block_traffic(hypenet_config(toy=True), kind, 64)
+        large = block_traffic(hypenet_config(toy=True), kind, 128)
+        assert small[1] == large[1] > 10  # the same operations
+        assert large[0] / small[0] == pytest.approx(2.0, rel=2e-3)  # bytes in proportion to tokens
