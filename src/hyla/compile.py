@@ -25,8 +25,7 @@ def compile_blocks(blocks: Iterable[torch.nn.Module]) -> int:
     they are). What dynamo cannot trace (a custom kernel's Python wrapper, say) runs eagerly between compiled
     regions. Returns the number of blocks compiled."""
     raise_recompile_limits()
-    count = 0
+    blocks = list(blocks)
     for block in blocks:
         block.compile()
-        count += 1
-    return count
+    return len(blocks)
