@@ -69,7 +69,7 @@ def run_with_grads(op, inputs, state, cu_seqlens, backend):
     return out, final, grads
 
 
-def compare(name, inputs, gate_names, state, cu_seqlens, dtype):
+def compare(name, inputs, gate_names, state, cu_seqlens, dtype, skip=()):
     if name == "gdn":
         from hyla.ops.gdn.gpu import fla_backward_blocker
 
@@ -83,6 +83,8 @@ def compare(name, inputs, gate_names, state, cu_seqlens, dtype):
     assert rel(fast[0], ref[0]) <= TOLERANCE[dtype], "output"
     assert rel(fast[1], ref[1]) <= TOLERANCE[dtype], "final state"
     for grad_name, g_ref in ref[2].items():
+        if grad_name in skip:
+            continue
         gate = grad_name[1:] in gate_names
         tol = (GATE_TOLERANCE if gate else TOLERANCE)[dtype]
         assert rel(fast[2][grad_name], g_ref) <= tol, grad_name
@@ -186,12 +188,37 @@ def test_sliding_window_attention_fla_matches_reference(length, window):
         assert rel(a, b) <= 2 * TOLERANCE[torch.bfloat16], name  # bf16 gradients: two rounded products deep
 
 
+def strong_gate_inputs(name, length):
+    inputs, gate_names = OPS[name][1](2, length, torch.float32, seed=7)
+    inputs["g"] = inputs["g"] * 0 - 5.0 + torch.rand_like(inputs["g"])
+    return inputs, gate_names, torch.randn(2, HEADS, DIM, DIM, device="cuda") * 0.1
+
+
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("length", [65, 100])
 def test_strong_gates_stay_finite(name, length):
     """SPEC §7's hazard (NaN final states of chunk kernels for |log-decay| > ~1.41 on lengths not a multiple of 64),
-    checked for the data-dependent gates with log-gates around -5 per token."""
-    inputs, gate_names = OPS[name][1](2, length, torch.float32, seed=7)
-    inputs["g"] = inputs["g"] * 0 - 5.0 + torch.rand_like(inputs["g"])
-    state = torch.randn(2, HEADS, DIM, DIM, device="cuda") * 0.1
-    compare(name, inputs, gate_names, state, None, torch.float32)
+    checked for the data-dependent gates with log-gates around -5 per token: finite, and every output, state and
+    gradient at the usual tolerance, except GDN's gate gradient (the next test)."""
+    inputs, gate_names, state = strong_gate_inputs(name, length)
+    compare(name, inputs, gate_names, state, None, torch.float32, skip=("dg",) if name == "gdn" else ())
+
+
+# GDN's gate gradient under strong gates, measured 2026-11-30 on the H200 (Triton 3.7.1, fla 0.6.0): 4.5e-2 (T=65)
+# and 4.4e-2 (T=100) relative, against 4e-3. Reproduced without a GPU by bench/fla_interpret_check.py --strong-gates
+# --dim 64 --heads 4: fla's kernels in full fp32 give 1.0e-5 / 6.1e-5, the same kernels with their fp32 dots rounded
+# to TF32 (as Hopper's tensor cores do) 2.7e-2 / 6.2e-2, while every other output and gradient stays <= 4.3e-4. The
+# error is fla's TF32 arithmetic, amplified by cancellation in dg when decays are ~e^-5 per token; not a bound this
+# test may relax, so the case stays here, expected to fail, until fla computes it differently.
+@pytest.mark.xfail(strict=True, reason="fla's GDN dg from TF32 dots: 3-6% relative error under log-gates <= -4")
+@pytest.mark.parametrize("length", [65, 100])
+def test_gdn_gate_gradient_under_strong_gates(length):
+    inputs, _, state = strong_gate_inputs("gdn", length)
+    from hyla.ops.gdn.gpu import fla_backward_blocker
+
+    if fla_backward_blocker():
+        pytest.skip(fla_backward_blocker())
+    ref = run_with_grads(gdn_attention, inputs, state, None, "torch")
+    fast = run_with_grads(gdn_attention, inputs, state, None, "fla")
+    assert torch.isfinite(fast[2]["dg"]).all()
+    assert rel(fast[2]["dg"], ref[2]["dg"]) <= GATE_TOLERANCE[torch.float32]
