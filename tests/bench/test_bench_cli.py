@@ -209,3 +209,29 @@ def test_prefill_traffic_scales_with_the_chunk():
         large = block_traffic(hypenet_config(toy=True), kind, 128)
         assert small[1] == large[1] > 10  # the same operations
         assert large[0] / small[0] == pytest.approx(2.0, rel=2e-3)  # bytes in proportion to tokens
+
+
+def test_device_rows_count_each_kernel_once():
+    """Eager CUDA profiles list an operator (aten::mm, an autograd function, inductor's launch record named as its
+    kernel) beside each kernel it launched, both holding the kernel's device time, and CUPTI's "Command Buffer Full"
+    beside them: the 2026-11-30 prefill profiles summed all of it, 7.7 s of "kernels" in a 3.9 s step."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from hyla.bench.profile import device_rows
+
+    def event(key, us, device_type, count=2):
+        return SimpleNamespace(key=key, self_device_time_total=us, count=count, device_type=device_type)
+
+    events = [event("aten::mm", 300.0, DeviceType.CPU), event("nvjet_sm90_tst_192x192", 300.0, DeviceType.CUDA),
+              event("triton_poi_fused_mul_0", 40.0, DeviceType.CPU), event("triton_poi_fused_mul_0", 40.0,
+                                                                              DeviceType.CUDA),
+              event("ChunkSimpleGLAFunction", 20.0, DeviceType.CPU), event("chunk_fwd_kernel_o", 20.0, DeviceType.CUDA),
+              event("Command Buffer Full", 900.0, DeviceType.CUDA), event("Memset (Device)", 2.0, DeviceType.CUDA),
+              event("aten::empty", 0.0, DeviceType.CPU)]
+    rows, queue_full_ms = device_rows(events, steps=2)
+    assert sorted(row["name"] for row in rows) == ["Memset (Device)", "chunk_fwd_kernel_o", "nvjet_sm90_tst_192x192",
+                                                    "triton_poi_fused_mul_0"]
+    assert sum(row["us_per_step"] for row in rows) == (300 + 40 + 20 + 2) / 2
+    assert queue_full_ms == 900 / 2 / 1e3

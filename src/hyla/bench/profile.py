@@ -5,8 +5,8 @@ a synthetic cache of `context` positions, beside the bytes-per-token floor. Pref
 appended after `context` synthetic cached positions (the last chunk of a `context + chunk` prompt), beside the FLOP
 floor of that chunk (the prefill FLOPs of `context + chunk` tokens minus those of `context`). Either is recorded by
 torch.profiler for `steps` steps after a warm-up; the report gives the wall time per step, the summed device time of
-its kernels and the difference between the two (launch gaps and idle device), the device time by kind of kernel, and
-the kernels grouped by name, most expensive first.
+its kernels (device activities only, not the operators that launched them) and the difference between the two (launch
+gaps and idle device), the device time by kind of kernel, and the kernels grouped by name, most expensive first.
 """
 
 from __future__ import annotations
@@ -78,10 +78,34 @@ def _device_time_us(event) -> float:
     return 0.0
 
 
+# CUPTI overhead records that kineto lists beside the kernels; not device work. "Command Buffer Full" is the time the
+# CPU waited because the launch queue was full (the device was busy): reported apart, as launch_queue_full_ms.
+CUPTI_OVERHEAD = ("Command Buffer Full", "Activity Buffer Request", "Activity Buffer Flush", "Instrumentation",
+                  "Resource")
+
+
+def device_rows(events, steps: int) -> tuple[list[dict], float]:
+    """Rows {name, calls_per_step, us_per_step} of the device's own activities (kernels, memcpy, memset) from
+    `prof.key_averages()`, and the launch-queue-full milliseconds per step. Operator records (aten::*, autograd
+    functions, inductor's launch records that carry their kernel's name) also hold device time, that of the kernels
+    they launched: counting them too would count every eager kernel twice."""
+    rows, queue_full_us = [], 0.0
+    for event in events:
+        device_us = _device_time_us(event)
+        if event.key in CUPTI_OVERHEAD:
+            queue_full_us += device_us if event.key == "Command Buffer Full" else 0.0
+            continue
+        if device_us <= 0 or getattr(event, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        rows.append({"name": event.key, "calls_per_step": event.count / steps, "us_per_step": device_us / steps})
+    return rows, queue_full_us / steps / 1e3
+
+
 def profile_steps(step: Callable[[], object], steps: int, device: torch.device) -> dict:
     """Run `step` `steps` times under torch.profiler. Returns the wall time per step, the summed device time of its
     kernels (None on CPU), the kernels (CPU: operators) per step, and rows {name, calls_per_step, us_per_step}, most
-    expensive first: device kernels by their device time on CUDA, operators by CPU self time otherwise."""
+    expensive first: device kernels by their device time on CUDA (device_rows), operators by CPU self time
+    otherwise."""
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     with torch.profiler.profile(activities=activities) as prof:
@@ -93,18 +117,17 @@ def profile_steps(step: Callable[[], object], steps: int, device: torch.device) 
         if cuda:
             torch.cuda.synchronize(device)
         wall_ms = (time.perf_counter() - started) * 1e3 / steps
-    rows = []
-    for event in prof.key_averages():
-        device_us = _device_time_us(event)
-        if cuda and device_us <= 0:
-            continue
-        if not cuda:
-            device_us = float(event.self_cpu_time_total)
-        rows.append({"name": event.key, "calls_per_step": event.count / steps, "us_per_step": device_us / steps})
+    if cuda:
+        rows, queue_full_ms = device_rows(prof.key_averages(), steps)
+    else:
+        rows, queue_full_ms = [{"name": event.key, "calls_per_step": event.count / steps,
+                                "us_per_step": float(event.self_cpu_time_total) / steps}
+                               for event in prof.key_averages()], None
     rows.sort(key=lambda row: row["us_per_step"], reverse=True)
     return {"wall_ms_per_step": wall_ms,
             "kernel_ms_per_step": sum(row["us_per_step"] for row in rows) / 1e3 if cuda else None,
-            "calls_per_step": sum(row["calls_per_step"] for row in rows), "rows": rows}
+            "calls_per_step": sum(row["calls_per_step"] for row in rows), "rows": rows,
+            "launch_queue_full_ms": queue_full_ms}
 
 
 @torch.no_grad()
@@ -171,6 +194,7 @@ def _result(settings: ProfileSettings, shape: ModelShape, profiled: dict, *, flo
         "kernel_ms_per_step": kernels_ms,
         "gap_ms_per_step": None if kernels_ms is None else wall_ms - kernels_ms,
         "kernel_launches_per_step": profiled["calls_per_step"] if settings.device.startswith("cuda") else None,
+        "launch_queue_full_ms_per_step": profiled.get("launch_queue_full_ms"),
         "floor_ms": floor_ms,
         "flops_per_step": flops,
         "us_per_step_by_kind": kernel_kinds(rows),
@@ -198,6 +222,9 @@ def profile_markdown(result: dict) -> str:
                      f"({result['kernel_launches_per_step']:.0f} kernels a step); gap (launches, idle device): "
                      f"{result['gap_ms_per_step']:.3f} ms")
         lines.append(f"- {floor}: {result['floor_ms']:.3f} ms")
+        if result.get("launch_queue_full_ms_per_step"):
+            lines.append(f"- CPU waiting on a full launch queue (device busy): "
+                         f"{result['launch_queue_full_ms_per_step']:.3f} ms a step")
     else:
         lines.append("- CPU run: the tables show CPU self time per operator (no device timeline)")
     if result.get("us_per_step_by_kind"):
