@@ -14,6 +14,9 @@
 #   bash bench/h200_speed.sh f   # decode A/B of torch.compile's mode for the decode blocks (default vs
 #                                # max-autotune-no-cudagraphs), HypeNet fused and the Qwen3 shape at 8K and 512K
 #                                # over synthetic caches, then the autotuned HypeNet step profiled at 512K (~8 min)
+#   bash bench/h200_speed.sh g   # every target from one run, fast settings on both systems: HypeNet and the Qwen3
+#                                # shape at 512K with --compile-prefill --fuse-projections, three timed 512K
+#                                # prefills each (--long-prefill-repeats 3), batch 32 at 32K (~7 min, estimate)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -65,6 +68,10 @@ case "$1" in
     python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections \
       --compile-mode max-autotune-no-cudagraphs --out $OUT/profile 2>&1 | tee -a $OUT/compile-mode.log
     pack f decode-default decode-max-autotune-no-cudagraphs profile ;;
+  g)
+    python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
+      --compile-prefill --fuse-projections --long-prefill-repeats 3 --out $OUT/fast 2>&1 | tee $OUT/fast.log
+    pack g fast ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g" >&2; exit 2 ;;
 esac

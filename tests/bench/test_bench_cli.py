@@ -235,3 +235,27 @@ def test_device_rows_count_each_kernel_once():
                                                     "triton_poi_fused_mul_0"]
     assert sum(row["us_per_step"] for row in rows) == (300 + 40 + 20 + 2) / 2
     assert queue_full_ms == 900 / 2 / 1e3
+
+
+def test_long_prefill_repeats_are_all_timed_after_one_chunk_of_warm_up():
+    """At >= 128K the benchmark warms up on one chunk, then times `long_repeats` full prefills, however long each
+    takes (time_ms would otherwise cut repeats past 10 s), and keeps every time."""
+    import statistics
+    from types import SimpleNamespace
+
+    from hyla.bench import model as bench_model
+    from hyla.bench.floors import ModelShape
+    from hyla.bench.shapes import hypenet_config
+    from hyla.models.configuration import HypeNetConfig
+
+    calls = []
+    fake_model = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(vocab_size=100))
+    engine = SimpleNamespace(model=fake_model, device=torch.device("cpu"), batch_size=1, prefill_chunk=2**16,
+                             reset=lambda: calls.append("reset"), prefill=lambda ids: calls.append(ids.shape[1]))
+    shape = ModelShape.of(bench_model.build_hypenet(HypeNetConfig(**hypenet_config(toy=True).to_dict()),
+                                                    device="cpu", dtype=torch.float32))
+    row = bench_model.time_engine_prefill(engine, shape, 2**17, log=lambda _: None, repeats=3, long_repeats=4)
+    assert [c for c in calls if c != "reset"] == [2**16] + [2**17] * 4
+    assert len(row["times_ms"]) == 4 and row["ms"] == statistics.median(row["times_ms"])
+    row = bench_model.time_engine_prefill(engine, shape, 2**10, log=lambda _: None, repeats=3)
+    assert len(row["times_ms"]) == 3  # short contexts: one warm-up run, then `repeats`

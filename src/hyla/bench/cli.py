@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--large-batch-contexts", type=_lengths, default=None, help="default 8K,32K")
     model.add_argument("--decode-steps", type=int, default=20, help="graph replays per timed decode measurement")
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
+    model.add_argument("--long-prefill-repeats", type=int, default=1,
+                       help="timed prefills at contexts >= 128K, each after the same one-chunk warm-up (median "
+                            "reported, every time kept in the JSON)")
     model.add_argument("--prefill-chunk", type=_count, default=2**16)
     model.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
     model.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
@@ -163,7 +166,8 @@ def run_model(args: argparse.Namespace) -> int:
         attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
         large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
-        decode_steps=args.decode_steps, repeats=args.repeats, prefill_chunk=args.prefill_chunk,
+        decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
+        prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
         compile_prefill=args.compile_prefill, compile_mode=args.compile_mode,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,

@@ -44,7 +44,8 @@ class ModelSettings:
     large_batch: int = 32
     large_batch_contexts: tuple[int, ...] = (2**13, 2**15)
     decode_steps: int = 20
-    repeats: int = 3  # timed repetitions of each measurement (fewer at long prefills)
+    repeats: int = 3  # timed repetitions of each measurement (fewer when one takes seconds)
+    long_prefill_repeats: int = 1  # timed prefills at >= 128K (median reported, every time kept)
     prefill_chunk: int = 2**16
     compile_blocks: bool = True
     fuse_projections: bool = False  # engine decode through concatenated q/k/v(/gate) and gate/up maps
@@ -127,7 +128,9 @@ def _decode_row(shape: ModelShape, context: int, batch: int, ms: float, device, 
             "peak_gib": peak_memory_gib(device), **extra}
 
 
-def time_engine_prefill(engine, shape, context, log, repeats) -> dict:
+def time_engine_prefill(engine, shape, context, log, repeats, long_repeats: int = 1) -> dict:
+    """Prefill time at `context`: the median of `repeats` runs after a warm-up run; at >= 128K of `long_repeats`
+    runs (default one) after a one-chunk warm-up. The row keeps every timed run (`times_ms`)."""
     ids = _random_ids(engine.model, engine.batch_size, context, seed=context)
 
     def run():
@@ -140,8 +143,12 @@ def time_engine_prefill(engine, shape, context, log, repeats) -> dict:
         engine.prefill(ids[:, : engine.prefill_chunk])
     reset_peak_memory(engine.device)
     before = allocated_gib(engine.device)
-    timing = time_ms(run, device=engine.device, warmup=0 if long else 1, repeats=1 if long else repeats)
+    if long:
+        timing = time_ms(run, device=engine.device, warmup=0, repeats=long_repeats, budget_s=None)
+    else:
+        timing = time_ms(run, device=engine.device, warmup=1, repeats=repeats)
     row = _prefill_row(shape, context, engine.batch_size, timing["median_ms"], engine.device)
+    row["times_ms"] = timing["times_ms"]
     # The static cache is sized for the longest context: what this length needs is weights + its KV + temporaries.
     row["allocated_before_gib"] = before
     log(f"  prefill T={context:>8d} B={engine.batch_size}: {row['ms'] / 1e3:8.3f} s  {row['us_per_token']:7.2f} us/tok"
@@ -176,7 +183,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
                              compile_mode=settings.compile_mode, attention_backend=settings.attention_backend)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
-        prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats))
+        prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats,
+                                           settings.long_prefill_repeats))
         if context == max(prefill_contexts) and device.type == "cuda":
             engine.capture_graph()
             decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,

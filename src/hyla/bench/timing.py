@@ -14,13 +14,13 @@ class CheckFailed(RuntimeError):
 
 
 def time_ms(fn: Callable[[], object], *, device: torch.device, warmup: int = 1, repeats: int = 5,
-            budget_s: float = 10.0) -> dict:
+            budget_s: float | None = 10.0) -> dict:
     """Median, min and all times (ms) of `fn()`. Repeats shrink (to at least one) when one call is long, so that a
-    measurement stays within about `budget_s` seconds."""
+    measurement stays within about `budget_s` seconds (None: every repeat runs)."""
     for _ in range(warmup):
         fn()
     first = _one(fn, device)
-    count = max(1, min(repeats, int(budget_s * 1e3 / max(first, 1e-3))))
+    count = max(1, repeats if budget_s is None else min(repeats, int(budget_s * 1e3 / max(first, 1e-3))))
     times = [first] + [_one(fn, device) for _ in range(count - 1)]
     return {"median_ms": statistics.median(times), "min_ms": min(times), "times_ms": times}
 
