@@ -12,7 +12,8 @@
 #   bash bench/gdn_triton371.sh part   # device call with carry [".whl", ".gpu-inputs/t371/a"] (then another with /b):
 #                                      # keeps the part in /root/keep-t371 for the next call
 #   bash bench/gdn_triton371.sh test   # device, once both parts were kept: unpack, check the version, then the GDN
-#                                      # cases of tests/ops/test_gla_gdn_swa_gpu.py and the family training step
+#                                      # cases of tests/ops/test_gla_gdn_swa_gpu.py and the family training step,
+#                                      # then GDN's strong-gate dg with TRITON_F32_DEFAULT=ieee
 # `part` and `test` can precede other work in the same call (`bash bench/gdn_triton371.sh part && bash ...`).
 set -uo pipefail
 keep=/root/keep-t371
@@ -51,12 +52,18 @@ print("torch", torch.__version__, "triton", triton.__version__, "from", triton._
     || exit 1
   # The GDN cases by their parameter ids (`-k gdn` would also match the file's name and select every case).
   mapfile -t cases < <(python3 -m pytest --collect-only -q -m gpu -p no:cacheprovider tests/ops/test_gla_gdn_swa_gpu.py \
-    | grep -E '[[-]gdn\]$')
+    | grep -E '[[-]gdn\]$|test_gdn_')
   echo "${#cases[@]} GDN cases, and the family's training step"
   HYLA_TEST_REPORT="$OUT/gdn-t371-report.txt" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest "${cases[@]}" \
     tests/models/test_family_gpu.py::test_training_step_gradients_are_finite \
     -m gpu -n "${TEST_WORKERS:-8}" -v -rA --tb=short -p no:cacheprovider >"$OUT/gdn-t371.txt" 2>&1
   echo "pytest exit $?" | tee -a "$OUT/gdn-t371.txt"
+  # GDN's gate gradient under strong gates with fp32 dots in IEEE precision instead of TF32 (expected to pass there;
+  # with TF32 it is a strict expected failure): own kernel cache, since the precision is compiled into the kernels.
+  TRITON_F32_DEFAULT=ieee TRITON_CACHE_DIR=$keep/cache-ieee HYLA_TEST_REPORT="$OUT/gdn-t371-report.txt" \
+    timeout "${IEEE_TIMEOUT_S:-240}" python3 -m pytest -m gpu -v -rA --tb=short -p no:cacheprovider \
+    "tests/ops/test_gla_gdn_swa_gpu.py::test_gdn_gate_gradient_under_strong_gates" >>"$OUT/gdn-t371.txt" 2>&1
+  echo "pytest (TRITON_F32_DEFAULT=ieee) exit $?" | tee -a "$OUT/gdn-t371.txt"
   grep -E "^(PASSED|FAILED|SKIPPED|ERROR) " "$OUT/gdn-t371-report.txt" | cut -d' ' -f1 | sort | uniq -c
   grep -A30 "^FAILED \|^ERROR " "$OUT/gdn-t371-report.txt" | head -n 80
   ;;
