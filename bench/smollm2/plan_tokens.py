@@ -24,6 +24,8 @@ def plan(probe: dict, seconds: float, max_tokens: float, driver_args: list[str])
     if not cases:
         compiled = " compiled" if distill.compile else ""
         raise SystemExit(f"plan_tokens: the probe has no{compiled} distill case at seq_len {distill.seq_len}")
+    # The run's own batch size where the probe measured it (a larger step can be faster per token).
+    cases = [c for c in cases if c["batch"] == distill.batch_size] or cases
     step = distill.seq_len * distill.batch_size
     tokens = min(max_tokens, cases[0]["tok_per_s"] * seconds)
     return max(1, int(tokens // step)) * step
