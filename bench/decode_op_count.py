@@ -9,9 +9,9 @@ from hyla.bench import shapes
 from hyla.bench.model import build_hypenet
 from hyla.inference import InferenceEngine
 
-# Metadata-only operations launch no kernel.
+# Metadata-only operations launch no kernel (splits return views too).
 VIEWS = {"view", "_unsafe_view", "expand", "transpose", "slice", "select", "unsqueeze", "t", "detach", "alias",
-         "squeeze", "permute", "_reshape_alias", "as_strided"}
+         "squeeze", "permute", "_reshape_alias", "as_strided", "split", "split_with_sizes", "unbind", "chunk"}
 
 
 class CountOps(TorchDispatchMode):

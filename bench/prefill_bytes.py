@@ -25,8 +25,8 @@ from hyla.bench.floors import COPY_BANDWIDTH
 from hyla.bench.model import build_hypenet
 from hyla.inference import InferenceEngine
 
-# decode_op_count's metadata-only operations, and the splits a prefill chunk also takes (views: no traffic).
-VIEWS = decode_op_count.VIEWS | {"split", "split_with_sizes", "unbind", "chunk"}
+# decode_op_count's metadata-only operations (views: no traffic).
+VIEWS = decode_op_count.VIEWS
 MATMULS = {"mm", "addmm", "bmm", "matmul", "linear", "baddbmm", "embedding"}
 
 
