@@ -190,7 +190,8 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
     toy = model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"), dtype=torch.float32)
     engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
                                   compile_mode="max-autotune-no-cudagraphs")
-    assert modes == ["max-autotune-no-cudagraphs"] * 3  # the three decode block functions
+    # the decode step's five functions: Lightning block, attention block before and after attention, embed, logits
+    assert modes == ["max-autotune-no-cudagraphs"] * 5
     with pytest.raises(ValueError, match="compile_mode"):
         engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
                                       compile_mode="reduce-overhead")

@@ -46,6 +46,19 @@ def test_a_compiled_run_is_planned_from_the_compiled_rate():
         plan_tokens.plan(failed, 100, 1e9, shape + ["--main-set", "distill.compile=true"])
 
 
+def test_the_runs_batch_size_picks_its_rate():
+    probe = {"cases": PROBE["cases"] + [
+        {"stage": "distill", "seq_len": 4096, "batch": 8, "tok_per_s": 70_000.0},
+        {"stage": "distill", "seq_len": 4096, "batch": 16, "error": "OutOfMemoryError: x"}]}
+    shape = ["--main-set", "distill.seq_len=4096"]
+    step = 4096 * 8
+    assert plan_tokens.plan(probe, 100, 1e9, shape + ["--main-set", "distill.batch_size=8"]) == \
+        int(70_000.0 * 100 // step) * step
+    # a batch size the probe did not measure: the first case at that length
+    assert plan_tokens.plan(probe, 100, 1e9, shape + ["--main-set", "distill.batch_size=2"]) == \
+        int(56_535.6 * 100 // 8192) * 8192
+
+
 def test_a_shape_the_probe_did_not_measure_is_refused():
     with pytest.raises(SystemExit, match="no distill case at seq_len 2048"):
         plan_tokens.plan(PROBE, 100, 1e9, ["--main-set", "distill.seq_len=2048"])
@@ -58,7 +71,8 @@ def test_probe_runs_every_stage_on_cpu(tmp_path):
                            "--warmup", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     cases = json.loads(out.read_text())["cases"]
-    assert [(c["stage"], c["seq_len"], c["compiled"]) for c in cases] == [
-        ("align", 8, False), ("distill", 8, False), ("distill", 32, False), ("distill", 64, False),
-        ("finetune", 256, False), ("distill", 64, True), ("finetune", 256, True)]  # then the compiled A/B cases
+    assert [(c["stage"], c["batch"], c["seq_len"], c["compiled"]) for c in cases] == [
+        ("align", 8, 8, False), ("distill", 8, 8, False), ("distill", 2, 32, False), ("distill", 1, 64, False),
+        ("distill", 2, 64, False), ("distill", 4, 64, False), ("finetune", 1, 256, False),
+        ("distill", 1, 64, True), ("finetune", 1, 256, True)]  # then the compiled A/B cases
     assert all(c["tok_per_s"] > 0 for c in cases)

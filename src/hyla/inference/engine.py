@@ -74,31 +74,54 @@ def _mlp(block, hidden, fused: FusedProjections | None):
     return block.mlp.down_proj(block.mlp.act_fn(gate) * up)
 
 
-def lightning_block_decode(block, hidden, position_ids, cos, sin, state, decay, scale, fused=None):
-    """One Lightning block for one token: S = gamma S + k^T v (fp32, in place), o = scale q S, then the mixer's own
-    tail and the MLP. hidden: [B, 1, hidden]; state: [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay)."""
+# The decode step's residual stream travels as (hidden, delta): each block returns its MLP output as `delta`
+# without adding it, and the next block (or the final norm) adds it first, so that the add and the next RMSNorm are
+# one fused kernel when compiled, instead of an add at the end of one compiled block and a norm at the start of the
+# next.
+
+
+def decode_embed(model, input_ids, position_ids):
+    """The decode step's input: embeddings [B, 1, hidden], a zero `delta`, and RoPE's cos/sin at the positions."""
+    hidden = model.embed_tokens(input_ids)
+    cos, sin = model.rotary_emb(position_ids, hidden.dtype)
+    return hidden, torch.zeros_like(hidden), cos, sin
+
+
+def decode_logits(model, lm_head, hidden, delta):
+    """Logits [B, V] of the decode step from the last block's (hidden, delta)."""
+    return lm_head(model.norm(hidden + delta))[:, 0]
+
+
+def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None):
+    """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, in place),
+    o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state: [B, H, D, D]; decay:
+    [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum is the block's output."""
+    hidden = hidden + delta
     x = block.input_layernorm(hidden)
     q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
     acc = state.dtype
     state.mul_(decay).add_(k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc))
     output = torch.matmul(q[:, 0, :, None, :].to(acc), state) * scale
     hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x, gate)
-    return hidden + _mlp(block, hidden, fused)
+    return hidden, _mlp(block, hidden, fused)
 
 
-def attention_block_decode_pre(block, hidden, position_ids, cos, sin, keys, values, position, fused=None):
-    """Norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache write at `position` ([1]
-    int64 device tensor). Returns (mixer input x, q [B, H, D], output-gate pre-activation or None)."""
+def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position, fused=None):
+    """On input `hidden + delta`: norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache
+    write at `position` ([1] int64 device tensor). Returns (the block's input hidden + delta, mixer input x,
+    q [B, H, D], output-gate pre-activation or None)."""
+    hidden = hidden + delta
     x = block.input_layernorm(hidden)
     q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
     keys.index_copy_(2, position, k.transpose(1, 2))
     values.index_copy_(2, position, v.transpose(1, 2))
-    return x, q[:, 0].contiguous(), gate
+    return hidden, x, q[:, 0].contiguous(), gate
 
 
 def attention_block_decode_post(block, hidden, x, attention_output, gate=None, fused=None):
+    """Returns (hidden after the mixer, the MLP's output), as lightning_block_decode."""
     hidden = hidden + block.mixer._output(attention_output[:, None], x, gate)
-    return hidden + _mlp(block, hidden, fused)
+    return hidden, _mlp(block, hidden, fused)
 
 
 def block_prefill_pre(block, hidden, position_ids, cos, sin):
@@ -165,7 +188,8 @@ class InferenceEngine:
 
     @staticmethod
     def _block_functions(compile_blocks: bool, mode: str = "default"):
-        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post)
+        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post, decode_embed,
+                     decode_logits)
         if not compile_blocks:
             return functions
         raise_recompile_limits()
@@ -244,24 +268,25 @@ class InferenceEngine:
     def _decode_forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """One token per row at position cache.length; graph-safe (no host reads). Returns logits [B, V]."""
         model, cache = self.model.model, self.cache
-        lightning_step, attention_pre, attention_post = self._blocks
+        lightning_step, attention_pre, attention_post, embed, logits = self._blocks
         position = cache.length.view(1)
         position_ids = position.view(1, 1).expand(input_ids.shape[0], 1)
-        hidden = model.embed_tokens(input_ids)
-        cos, sin = model.rotary_emb(position_ids, hidden.dtype)
+        hidden, delta, cos, sin = embed(model, input_ids, position_ids)
         valid_length = cache.length + 1
         for index, block in enumerate(model.layers):
             fused = self.fused[index]
             if block.layer_type == "lightning":
                 state = cache.states[index]
-                hidden = lightning_step(block, hidden, position_ids, cos, sin, state, self.decay, self.scale, fused)
+                hidden, delta = lightning_step(block, hidden, delta, position_ids, cos, sin, state, self.decay,
+                                               self.scale, fused)
                 continue
             keys, values = cache.keys[index], cache.values[index]
-            x, q, gate = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position, fused)
+            hidden, x, q, gate = attention_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position,
+                                               fused)
             output = decode_attention(q, keys, values, valid_length, scale=self.scale)
-            hidden = attention_post(block, hidden, x, output, gate, fused)
+            hidden, delta = attention_post(block, hidden, x, output, gate, fused)
         cache.length.add_(1)
-        return self.model.lm_head(model.norm(hidden))[:, 0]
+        return logits(model, self.model.lm_head, hidden, delta)
 
     def _step(self) -> None:
         self._logits = self._decode_forward(self._tokens)
