@@ -6,6 +6,7 @@ step's functions split the work. Run: `python bench/decode_kernel_count.py`."""
 import re
 
 import torch
+import torch._inductor.config
 import torch._inductor.graph as inductor_graph
 
 from hyla.bench import shapes
@@ -26,6 +27,7 @@ def main():
         return module
 
     inductor_graph.GraphLowering.compile_to_module = counting
+    torch._inductor.config.force_disable_caches = True  # a cached graph would not be generated, so not counted
     config = shapes.hypenet_config(toy=True)
     engine = InferenceEngine(build_hypenet(config, device="cpu", dtype=torch.float32), batch_size=1, max_length=64,
                              compile_blocks=True, fuse_projections=True)
