@@ -93,15 +93,18 @@ def decode_logits(model, lm_head, hidden, delta):
 
 
 def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None):
-    """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, in place),
-    o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state: [B, H, D, D]; decay:
+    """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, written back in
+    place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state: [B, H, D, D]; decay:
     [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum is the block's output."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
     q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
     acc = state.dtype
-    state.mul_(decay).add_(k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc))
-    output = torch.matmul(q[:, 0, :, None, :].to(acc), state) * scale
+    # Written as a product and a sum rather than a batched matrix-vector product, so that compiled, the update, its
+    # write back and q S are one kernel that reads the state once.
+    updated = state * decay + k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc)
+    state.copy_(updated)
+    output = (q[:, 0, :, :, None].to(acc) * updated).sum(-2, keepdim=True) * scale
     hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x, gate)
     return hidden, _mlp(block, hidden, fused)
 
