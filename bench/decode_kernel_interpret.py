@@ -24,6 +24,9 @@ interpreter._patch_lang_tensor = _patch_with_scalar_index
 decode_triton._num_sms = lambda index: 4  # a few splits per row even for short buffers
 
 
+CONFIGS = [decode_triton.DecodeKernelConfig(block_n=b, programs_per_sm=p) for b, p in ((64, 4), (32, 1), (128, 8))]
+
+
 def main():
     torch.manual_seed(0)
     cases = [(1, 4, 2, 300, 1, torch.float32), (1, 4, 2, 300, 300, torch.float32), (2, 4, 2, 500, 277, torch.float16),
@@ -34,12 +37,15 @@ def main():
         values = torch.randn(batch, kv_heads, max_length, 32).to(dtype)
         keys[:, :, length:] = float("nan")  # never to be read
         values[:, :, length:] = float("nan")
-        out = decode_triton.decode_attention_triton(q, keys, values, torch.tensor(length), scale=32**-0.5)
         ref = decode_attention_reference(q.double(), keys[:, :, :length].double(), values[:, :, :length].double(),
                                          length, scale=32**-0.5)
-        error = ((out.double() - ref).norm() / ref.norm()).item()
         shape = f"B={batch} H={heads} Hkv={kv_heads} Tmax={max_length} length={length} {dtype}"
-        print(f"{shape}: relative error {error:.2e}")
+        for config in CONFIGS:  # the launch settings bench/decode_attention_sweep.py times on a GPU
+            out = decode_triton.decode_attention_triton(q, keys, values, torch.tensor(length), scale=32**-0.5,
+                                                        config=config)
+            error = ((out.double() - ref).norm() / ref.norm()).item()
+            print(f"{shape} block_n={config.block_n} programs/SM={config.programs_per_sm}: relative error "
+                  f"{error:.2e}")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@
 #   bash bench/h200_speed.sh g   # every target from one run, fast settings on both systems: HypeNet and the Qwen3
 #                                # shape at 512K with --compile-prefill --fuse-projections, three timed 512K
 #                                # prefills each (--long-prefill-repeats 3), batch 32 at 32K (~7 min, estimate)
+#   bash bench/h200_speed.sh h   # the decode attention kernel's launch settings (block, warps, stages, programs
+#                                # per SM), each checked then timed at 32K/128K/512K and B=32 at 32K (~3 min)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -72,6 +74,9 @@ case "$1" in
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
       --compile-prefill --fuse-projections --long-prefill-repeats 3 --out $OUT/fast 2>&1 | tee $OUT/fast.log
     pack g fast ;;
+  h)
+    python3 bench/decode_attention_sweep.py --out $OUT/sweep 2>&1 | tee $OUT/sweep.log
+    pack h sweep ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h" >&2; exit 2 ;;
 esac

@@ -10,13 +10,30 @@ Imported only on CUDA: `import hyla` never imports triton.
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-BLOCK_N = 64
 MAX_SPLITS = 128
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Launch settings of the split kernel: positions per loop step (block_n), warps and software-pipeline stages
+    per program, and programs per multiprocessor (which sets the number of splits). The defaults were the kernel's
+    fixed settings when it was measured on the H200 (3.95 TB/s at 512K); `python bench/decode_attention_sweep.py`
+    times alternatives on a GPU."""
+
+    block_n: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+    programs_per_sm: int = 4
+
+
+DEFAULT_CONFIG = DecodeKernelConfig()
+BLOCK_N = DEFAULT_CONFIG.block_n
 
 
 @triton.jit
@@ -88,24 +105,27 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def num_splits_for(batch: int, num_kv_heads: int, max_length: int, num_sms: int) -> int:
-    """About 4 programs per multiprocessor, at most MAX_SPLITS (the merge holds all splits of a head in registers),
-    and no more splits than BLOCK_N-position blocks in the buffer."""
-    wanted = max(1, -(-4 * num_sms // (batch * num_kv_heads)))
-    return min(wanted, MAX_SPLITS, -(-max_length // BLOCK_N))
+def num_splits_for(batch: int, num_kv_heads: int, max_length: int, num_sms: int, *, programs_per_sm: int = 4,
+                   block_n: int = BLOCK_N) -> int:
+    """About `programs_per_sm` programs per multiprocessor, at most MAX_SPLITS (the merge holds all splits of a head
+    in registers), and no more splits than block_n-position blocks in the buffer."""
+    wanted = max(1, -(-programs_per_sm * num_sms // (batch * num_kv_heads)))
+    return min(wanted, MAX_SPLITS, -(-max_length // block_n))
 
 
 def decode_attention_triton(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: torch.Tensor, *, scale: float
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: torch.Tensor, *, scale: float,
+    config: DecodeKernelConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
     """Same contract as `hyla.inference.decode_attention.decode_attention_reference`; length: int tensor on q's
-    device (scalar or one element)."""
+    device (scalar or one element); `config`: the split kernel's launch settings."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, max_length = keys.shape[1], keys.shape[2]
     group = num_heads // num_kv_heads
     if keys.stride(-1) != 1 or values.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("decode attention needs the head dimension contiguous in q, keys and values")
-    num_splits = num_splits_for(batch, num_kv_heads, max_length, _num_sms(q.device.index or 0))
+    num_splits = num_splits_for(batch, num_kv_heads, max_length, _num_sms(q.device.index or 0),
+                                programs_per_sm=config.programs_per_sm, block_n=config.block_n)
     part_out = torch.empty(batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(batch, num_heads, num_splits, device=q.device, dtype=torch.float32)
     _split_kernel[(batch * num_kv_heads, num_splits)](
@@ -113,8 +133,8 @@ def decode_attention_triton(
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
         values.stride(0), values.stride(1), values.stride(2),
         num_kv_heads, num_splits,
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=BLOCK_N, HEAD_DIM=head_dim,
-        num_warps=4, num_stages=3,
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n, HEAD_DIM=head_dim,
+        num_warps=config.num_warps, num_stages=config.num_stages,
     )
     out = torch.empty(batch, num_heads, head_dim, device=q.device, dtype=q.dtype)
     _merge_kernel[(batch * num_heads,)](

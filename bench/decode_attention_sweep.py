@@ -1,0 +1,135 @@
+"""Launch settings of the split-K decode attention kernel (`hyla.inference.decode_triton.DecodeKernelConfig`),
+timed on a GPU at HypeNet-2B's attention shape (16 query heads, 8 KV heads, head dim 128, bf16), beside the bytes
+floor of reading the keys and values. Every setting is first checked against the pure-torch reference; a setting
+that fails the check is reported as failed and not timed.
+
+    python bench/decode_attention_sweep.py --out DIR        # on a CUDA machine with triton; ~3 minutes
+    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/decode_attention_sweep.py --out DIR --smoke
+                                          # CPU, Triton's interpreter: tiny shapes, three settings (plumbing only)
+
+Writes DIR/decode-attention-sweep.json and .md: per shape, every setting's microseconds per call and GB/s, the
+default setting's rank, and the fastest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+
+from hyla.bench.floors import COPY_BANDWIDTH
+from hyla.bench.timing import time_ms
+from hyla.inference.decode_attention import decode_attention_reference
+from hyla.outputs import write_atomic, write_json
+
+HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
+SHAPES = [(1, 2**15), (1, 2**17), (1, 2**19), (32, 2**15)]  # (batch, context)
+CALLS = 20  # kernel calls per timed measurement
+
+
+def configs(smoke: bool = False):
+    from hyla.inference.decode_triton import DecodeKernelConfig
+
+    if smoke:
+        yield from (DecodeKernelConfig(), DecodeKernelConfig(block_n=32, programs_per_sm=1),
+                    DecodeKernelConfig(block_n=128, programs_per_sm=8))
+        return
+    for block_n, warps, stages, programs in itertools.product((32, 64, 128), (4, 8), (2, 3, 4), (2, 4, 8)):
+        yield DecodeKernelConfig(block_n=block_n, num_warps=warps, num_stages=stages, programs_per_sm=programs)
+
+
+def sweep(batch: int, context: int, log, device: str = "cuda", smoke: bool = False) -> dict:
+    from hyla.inference.decode_triton import DEFAULT_CONFIG, decode_attention_triton
+
+    dtype = torch.float32 if smoke else torch.bfloat16  # the interpreter has no bfloat16
+    gen = torch.Generator(device=device).manual_seed(context)
+    q = torch.randn(batch, HEADS, HEAD_DIM, device=device, generator=gen, dtype=dtype)
+    keys = torch.randn(batch, KV_HEADS, context + 64, HEAD_DIM, device=device, generator=gen, dtype=dtype)
+    values = torch.randn_like(keys)
+    length = torch.tensor(context, device=device)
+    calls = 1 if smoke else CALLS
+    scale = HEAD_DIM**-0.5
+    ref = decode_attention_reference(q.float(), keys[:, :, :context].float(), values[:, :, :context].float(),
+                                     context, scale=scale)
+    kv_bytes = 2 * batch * KV_HEADS * context * HEAD_DIM * keys.element_size()
+    rows = []
+    for config in configs(smoke):
+        row = {**config.__dict__}
+        try:
+            out = decode_attention_triton(q, keys, values, length, scale=scale, config=config)
+            error = ((out.float() - ref).norm() / ref.norm()).item()
+        except Exception as err:  # noqa: BLE001  (a setting the compiler refuses, e.g. out of shared memory)
+            rows.append({**row, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            continue
+        row["relative_error"] = error
+        if not error <= 1e-2:
+            rows.append({**row, "error": f"check failed: relative error {error:.2e} > 1e-2"})
+            continue
+        timing = time_ms(lambda: [decode_attention_triton(q, keys, values, length, scale=scale, config=config)
+                                  for _ in range(calls)], device=q.device, warmup=1, repeats=1 if smoke else 5)
+        us = timing["median_ms"] * 1e3 / calls
+        rows.append({**row, "us": us, "tb_per_s": kv_bytes / (us * 1e-6) / 1e12})
+    timed = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    default = next((r for r in timed if all(r[k] == v for k, v in DEFAULT_CONFIG.__dict__.items())), None)
+    floor_us = kv_bytes / COPY_BANDWIDTH * 1e6
+    result = {"batch": batch, "context": context, "kv_bytes": kv_bytes, "floor_us": floor_us, "rows": rows,
+              "fastest": timed[0] if timed else None, "default": default,
+              "default_rank": timed.index(default) + 1 if default else None, "timed": len(timed)}
+    if timed:
+        log(f"B={batch} T={context}: floor {floor_us:.1f} us; fastest {timed[0]['us']:.1f} us "
+            f"({timed[0]['tb_per_s']:.2f} TB/s) {({k: timed[0][k] for k in DEFAULT_CONFIG.__dict__})}; default "
+            f"{default['us'] if default else float('nan'):.1f} us (rank {result['default_rank']} of {len(timed)})")
+    return result
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["# Decode attention kernel: launch settings", "",
+             "| batch | context | floor us | default us (rank) | fastest us | fastest TB/s | fastest setting |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        f, d = r["fastest"], r["default"]
+        setting = ", ".join(f"{k}={f[k]}" for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")) if f else ""
+        lines.append(f"| {r['batch']} | {r['context']} | {r['floor_us']:.1f} | "
+                     f"{d['us'] if d else float('nan'):.1f} ({r['default_rank']}) | "
+                     f"{f['us'] if f else float('nan'):.1f} | {f['tb_per_s'] if f else float('nan'):.2f} | {setting} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: tiny shapes")
+    args = parser.parse_args()
+    if args.smoke:
+        import triton.runtime.interpreter as interpreter
+
+        import hyla.inference.decode_triton as decode_triton
+
+        patch = interpreter._patch_lang_tensor  # as bench/decode_kernel_interpret.py: scalars as loop bounds
+
+        def patched(tensor, scope):
+            patch(tensor, scope)
+            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+        interpreter._patch_lang_tensor = patched
+        decode_triton._num_sms = lambda index: 4
+    elif not torch.cuda.is_available():
+        print("error: decode_attention_sweep.py needs a CUDA GPU with triton", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    results = []
+    for batch, context in [(1, 300), (2, 200)] if args.smoke else SHAPES:
+        results.append(sweep(batch, context, lambda line: print(line, flush=True), "cpu" if args.smoke else "cuda",
+                             args.smoke))
+        device_name = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
+        write_json(out / "decode-attention-sweep.json", {"device": device_name, "results": results})
+    write_atomic(out / "decode-attention-sweep.md", markdown(results).encode())
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
