@@ -37,6 +37,27 @@ def test_triton_decode_matches_reference(batch, heads, kv_heads, max_length, len
     assert rel(out, ref) <= BF16_TOL
 
 
+@pytest.mark.parametrize("block_n,num_warps,num_stages,programs_per_sm", [(32, 8, 2, 1), (128, 8, 4, 8)])
+def test_triton_decode_launch_settings_match_reference(block_n, num_warps, num_stages, programs_per_sm):
+    """Settings that bench/decode_attention_sweep.py may pick, with the NaN poison past the valid length."""
+    from hyla.inference.decode_triton import DecodeKernelConfig, decode_attention_triton
+
+    config = DecodeKernelConfig(block_n=block_n, num_warps=num_warps, num_stages=num_stages,
+                                programs_per_sm=programs_per_sm)
+    gen = torch.Generator(device="cuda").manual_seed(block_n)
+    q = torch.randn(2, 16, 128, device="cuda", generator=gen).bfloat16()
+    keys = torch.randn(2, 8, 5000, 128, device="cuda", generator=gen).bfloat16()
+    values = torch.randn(2, 8, 5000, 128, device="cuda", generator=gen).bfloat16()
+    keys[:, :, 2777:] = float("nan")
+    values[:, :, 2777:] = float("nan")
+    out = decode_attention_triton(q, keys, values, torch.tensor(2777, device="cuda"), scale=128**-0.5,
+                                  config=config)
+    ref = decode_attention_reference(q.double(), keys[:, :, :2777].double(), values[:, :, :2777].double(), 2777,
+                                     scale=128**-0.5)
+    assert torch.isfinite(out).all()
+    assert rel(out, ref) <= BF16_TOL
+
+
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 @pytest.mark.parametrize("start", [0, 640, 1000])
 def test_fused_chunk_attention_matches_reference(backend, start):
