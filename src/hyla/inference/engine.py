@@ -94,8 +94,9 @@ def decode_logits(model, lm_head, hidden, delta):
 
 def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None):
     """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, written back in
-    place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state: [B, H, D, D]; decay:
-    [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum is the block's output."""
+    place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state:
+    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum
+    is the block's output."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
     q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
