@@ -91,7 +91,8 @@ def markdown(results: list[dict]) -> str:
              "|---|---|---|---|---|---|---|"]
     for r in results:
         f, d = r["fastest"], r["default"]
-        setting = ", ".join(f"{k}={f[k]}" for k in ("block_n", "num_warps", "num_stages", "programs_per_sm")) if f else ""
+        keys = ("block_n", "num_warps", "num_stages", "programs_per_sm")
+        setting = ", ".join(f"{k}={f[k]}" for k in keys) if f else ""
         lines.append(f"| {r['batch']} | {r['context']} | {r['floor_us']:.1f} | "
                      f"{d['us'] if d else float('nan'):.1f} ({r['default_rank']}) | "
                      f"{f['us'] if f else float('nan'):.1f} | {f['tb_per_s'] if f else float('nan'):.2f} | {setting} |")

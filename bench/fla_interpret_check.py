@@ -9,8 +9,9 @@ Each line gives relative errors, or the norm of fla's value where the reference 
 
 Options: `--tf32` rounds the inputs of fp32 dots that ask for TF32 to TF32, as Hopper's tensor cores do (the
 interpreter otherwise computes them in full fp32), and gives GDN's triangular solve the TF32 that fla gives it on
-GPUs; `--dim 64 --heads 4` for the GPU test's shapes; `--strong-gates` gives GDN the GPU test's strong gates (log-gates in [-5, -4) per token); `--hopper` makes fla believe it runs on Hopper and shows its
-refusal of GDN's backward under Triton < 3.7.1, and hyla's fallback; `--max-error X` exits with status 1 past X.
+GPUs; `--dim 64 --heads 4` for the GPU test's shapes; `--strong-gates` gives GDN the GPU test's strong gates
+(log-gates in [-5, -4) per token); `--hopper` makes fla believe it runs on Hopper and shows its refusal of GDN's
+backward under Triton < 3.7.1, and hyla's fallback; `--max-error X` exits with status 1 past X.
 The interpreter cannot run bfloat16 (numpy has none); `--dtype float16` exercises the 16-bit paths.
 
 Patches, for the interpreter only (compiled kernels are unaffected): scalars are 1-element arrays, which numpy 2
