@@ -15,6 +15,8 @@ import tarfile
 from collections import defaultdict
 from pathlib import Path
 
+from niah_digits import grade
+
 from hyla.outputs import write_json
 
 CSR_METRIC = {"hellaswag": "acc_norm", "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm",
@@ -49,10 +51,16 @@ def collect_evals(run: Path) -> dict:
         folder = path.parent.name
         label = label_of(folder)
         if result["kind"] == "niah":
+            graded = grade(result.get("records", []))  # numeric needles: how close the answers came
             for task, task_result in result["tasks"].items():
                 for length, accuracy in task_result["by_length"].items():
                     count = sum(1 for r in result.get("records", []) if r["task"] == task and r["length"] == int(length))
-                    niah[label][task][int(length)] = {"accuracy": accuracy, "num_samples": count or None}
+                    cell = {"accuracy": accuracy, "num_samples": count or None}
+                    if (task, int(length)) in graded:
+                        g = graded[(task, int(length))]
+                        cell |= {"number_answers": g["number_answer"], "near_misses": g["leading_4"],
+                                 "digits_right": g["digits_right"]}
+                    niah[label][task][int(length)] = cell
         elif result["kind"] == "csr":
             tasks = {task: {"metric": CSR_METRIC.get(task, "acc"), "value": values.get(CSR_METRIC.get(task, "acc")),
                             "stderr": values.get(f"{CSR_METRIC.get(task, 'acc')}_stderr"),
@@ -161,6 +169,15 @@ def print_tables(summary: dict) -> None:
         for task in sorted(niah[label]):
             cells = niah[label][task]
             row = " ".join(f"{cells[n]['accuracy']:6.2f}" if n in cells else "     -" for n in lengths)
+            print(f"{label:22s} {task:5s} {row}")
+    print("NIAH graded (SK1, SK2): answers holding a 7-digit number / with >= 4 leading digits of the needle")
+    for label in sorted(niah):
+        for task in sorted(niah[label]):
+            cells = niah[label][task]
+            if not any("number_answers" in c for c in cells.values()):
+                continue
+            row = " ".join(f"{cells[n]['number_answers']:4.2f}/{cells[n]['near_misses']:4.2f}"
+                           if "number_answers" in cells.get(n, {}) else "        -" for n in lengths)
             print(f"{label:22s} {task:5s} {row}")
     print("CSR (acc_norm; winogrande, lambada: acc)")
     for label, result in sorted(summary["csr"].items()):
