@@ -105,18 +105,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: tiny shapes")
     args = parser.parse_args()
     if args.smoke:
-        import triton.runtime.interpreter as interpreter
-
-        import hyla.inference.decode_triton as decode_triton
-
-        patch = interpreter._patch_lang_tensor  # as bench/decode_kernel_interpret.py: scalars as loop bounds
-
-        def patched(tensor, scope):
-            patch(tensor, scope)
-            scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-        interpreter._patch_lang_tensor = patched
-        decode_triton._num_sms = lambda index: 4
+        # The interpreter patches (scalars as loop bounds, 4 SMs) of bench/decode_kernel_interpret.py, by importing it.
+        import decode_kernel_interpret  # noqa: F401
     elif not torch.cuda.is_available():
         print("error: decode_attention_sweep.py needs a CUDA GPU with triton", file=sys.stderr)
         return 2
