@@ -39,6 +39,10 @@ def grade(records: list[dict]) -> dict[tuple[str, int], dict]:
 
 
 def main() -> int:
+    if len(sys.argv) != 2 or not glob.glob(sys.argv[1] + "/niah-*/results.json"):
+        print("usage: python bench/smollm2/niah_digits.py EVALS  (a folder holding niah-*/results.json)",
+              file=sys.stderr)
+        return 2
     print("| model | task | length | n | exact | digits right | >= 4 leading digits | answers with 7 digits |")
     print("|---|---|---|---|---|---|---|---|")
     for path in sorted(glob.glob(sys.argv[1] + "/niah-*/results.json")):

@@ -42,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--large-batch-contexts", type=_lengths, default=None, help="default 8K,32K")
     model.add_argument("--decode-steps", type=int, default=20, help="graph replays per timed decode measurement")
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
-    model.add_argument("--long-prefill-repeats", type=int, default=1,
+    model.add_argument("--long-prefill-repeats", type=_positive, default=1,
                        help="timed prefills at contexts >= 128K, each after the same one-chunk warm-up (median "
                             "reported, every time kept in the JSON)")
     model.add_argument("--prefill-chunk", type=_count, default=2**16)
@@ -100,6 +100,16 @@ def _count(text: str) -> int:
         return int(text[:-1] if scale > 1 else text) * scale
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"not a count: {text!r} (use e.g. 4096, 4K, 1M)") from err
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _lengths(text: str) -> tuple[int, ...]:
