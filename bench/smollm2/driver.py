@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -97,6 +98,7 @@ class Job:
     after: list[str] = field(default_factory=list)  # jobs that must have ended, whether or not they succeeded
     env: dict[str, str] = field(default_factory=dict)  # environment variables set for this job only
     state: str = "waiting"  # waiting, running, done, failed, skipped
+    alone: bool = False  # retried after running out of GPU memory: starts only when no other training runs
     started: float | None = None
     ended: float | None = None
     returncode: int | None = None
@@ -145,6 +147,18 @@ class Graph:
         job.state = "running"
         self.log(f"start   {job.name}")
 
+    def _ready(self, job: Job) -> bool:
+        ended = all(self.jobs[n].state in ("done", "failed", "skipped") for n in job.after)
+        return job.state == "waiting" and ended and all(self.jobs[n].state == "done" for n in job.needs)
+
+    def _out_of_memory(self, job: Job) -> bool:
+        """Whether the job's last lines report CUDA running out of memory."""
+        with open(self.run / "logs" / f"{job.name}.log", "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            handle.seek(max(0, handle.tell() - 20_000))
+            tail = handle.read().decode("utf-8", "replace")
+        return "OutOfMemoryError" in tail or "CUDA out of memory" in tail
+
     def run_all(self) -> bool:
         while True:
             changed = False
@@ -155,6 +169,10 @@ class Graph:
                     if job.state == "done":
                         (self.run / "logs" / f"{job.name}.done").touch()
                     self.log(f"{job.state:7s} {job.name} ({job.ended - job.started:.0f} s, exit {job.returncode})")
+                    if job.state == "failed" and job.kind == "train" and not job.alone and self._out_of_memory(job):
+                        # Conversions resume from their checkpoints: run it again once it can have the GPU alone.
+                        job.state, job.alone = "waiting", True
+                        self.log(f"retry   {job.name} (out of GPU memory beside other jobs): once no training runs")
                     changed = True
             for job in self.jobs.values():
                 if job.state == "waiting" and any(self.jobs[n].state in ("failed", "skipped") for n in job.needs):
@@ -163,13 +181,15 @@ class Graph:
                     changed = True
             running = sum(job.state == "running" for job in self.jobs.values())
             training = sum(job.state == "running" and job.kind == "train" for job in self.jobs.values())
+            # A retried job waits for the running trainings to end, and no new one starts meanwhile.
+            draining = any(job.alone and self._ready(job) for job in self.jobs.values())
             for job in self.jobs.values():
                 if running >= self.parallel:
                     break
-                if job.kind == "train" and training >= self.train_slots:
+                if job.kind == "train" and (training >= self.train_slots or (draining and not job.alone)
+                                            or (job.alone and training > 0)):
                     continue
-                ended = all(self.jobs[n].state in ("done", "failed", "skipped") for n in job.after)
-                if job.state == "waiting" and ended and all(self.jobs[n].state == "done" for n in job.needs):
+                if self._ready(job):
                     try:
                         self._start(job)
                     except Exception as err:  # noqa: BLE001 - a job that cannot start fails alone
@@ -184,6 +204,12 @@ class Graph:
                 self.log("all jobs finished")
                 return all(job.state == "done" for job in self.jobs.values())
             time.sleep(2)
+
+
+def explicit_layers(items: list[str]) -> str | None:
+    """The attention layers the main run's `selection.method` names outright ("0,1,7"), or None for a rule."""
+    methods = [item.split("=", 1)[1] for item in items if item.startswith("selection.method=")]
+    return methods[-1] if methods and re.fullmatch(r"\d+(,\d+)*", methods[-1]) else None
 
 
 def chosen_layers(folder: Path) -> str:
@@ -262,6 +288,7 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
               needs=["corpus", "teacher-check"], kind="train")
     # The ablations copy the HALO run's stages 00-02 (or redo its alignment): they take its alignment and selection
     # settings, so that the copied stages match and only the design or the selection rule differs.
+    explicit = explicit_layers(sizes.main)
     shared = [item for item in sizes.main
               if item.split(".", 1)[0] in SHARED_SECTIONS or item.split("=", 1)[0] in SHARED_SETTINGS]
     for name, (extra, origin) in ablations.items():
@@ -278,10 +305,12 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                 copy_stages(halo, run / n, ["00-data", "01-align"])
             items = shared + sizes.ablation + e
             if o == "own-align":  # the HALO run's attention layers, so that only the design differs
-                items = items + [f"selection.method={chosen_layers(halo)}"]
+                items = items + [f"selection.method={explicit or chosen_layers(halo)}"]
             return convert(run / n, items)
 
-        needs = ["convert-select"] + ([f"{name}-align"] if origin == "own-align" else [])
+        # An ablation with its own alignment needs the HALO run only for its layer choice, unless that was given.
+        own = origin == "own-align"
+        needs = ([] if own and explicit else ["convert-select"]) + ([f"{name}-align"] if own else [])
         graph.add(f"convert-{name}", start, needs=needs, kind="train")
 
     # Evaluations: the same harness and flags for the teacher and every hybrid.

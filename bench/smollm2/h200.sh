@@ -3,7 +3,7 @@
 # The machine keeps files ~30 s after a call and takes 64 MiB per call, so the work is chained calls started back
 # to back (inputs from `bash bench/smollm2/pack_inputs.sh`):
 #   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash bench/smollm2/h200.sh part1
-#   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b", ".whl"]  bash bench/smollm2/h200.sh start
+#   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash bench/smollm2/h200.sh start
 #   call 3+ (no carry)                                          bash bench/smollm2/h200.sh wait
 # `start` unpacks everything under /root/keep, copies the repository there, starts bench/smollm2/driver.py in its
 # own session (it outlives the call) and then waits like `wait`: up to WAIT_S seconds (default 540) or until the
@@ -52,7 +52,12 @@ part1)
 start)
   cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
+  # part1 installed the wheels already; carrying them again can put the call over its 64 MiB.
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl || exit 1
+  else
+    [ -d $keep/site/fla ] || { echo "error: no wheels carried and none installed by part1"; exit 2; }
+  fi
   mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1

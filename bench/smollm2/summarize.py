@@ -84,7 +84,7 @@ def collect_conversion(folder: Path) -> dict | None:
             continue
         results = manifest["results"]
         keep = {k: results[k] for k in ("tokens", "steps", "seconds", "chosen", "method", "chosen_a", "loss_by_a",
-                                        "num_tokens") if k in results}
+                                        "num_tokens", "length") if k in results}
         for end in ("first", "last"):
             if end in results:
                 keep[f"loss_{end}"] = results[end].get("loss")
@@ -101,6 +101,14 @@ def plot(summary: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     niah = summary["niah"]
+    if any(label in niah for label in ("teacher", "main", "main-off")):
+        _plot_niah(plt, niah, out)
+    if any(result.get("buckets") for result in summary["ppl"].values()):
+        _plot_ppl(plt, summary["ppl"], out)
+    _plot_ablations(plt, summary, out)
+
+
+def _plot_niah(plt, niah: dict, out: Path) -> None:
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
     for axis, task in zip(axes, ("SK1", "SK2", "SK3")):
         for label in ("teacher", "main", "main-off"):
@@ -118,8 +126,10 @@ def plot(summary: dict, out: Path) -> None:
     figure.savefig(out / "niah.png", dpi=120)
     plt.close(figure)
 
+
+def _plot_ppl(plt, ppl: dict, out: Path) -> None:
     figure, axis = plt.subplots(figsize=(6, 3.6))
-    for label, result in summary["ppl"].items():
+    for label, result in ppl.items():
         buckets = result.get("buckets") or []
         if buckets:
             axis.plot([b["end"] for b in buckets], [b["loss"] for b in buckets], marker="o", label=label)
@@ -132,23 +142,38 @@ def plot(summary: dict, out: Path) -> None:
     figure.savefig(out / "ppl.png", dpi=120)
     plt.close(figure)
 
-    labels = [label for label in summary["niah"] if label.startswith("abl-")]
+
+def _plot_ablations(plt, summary: dict, out: Path) -> None:
+    niah = summary["niah"]
+    labels = sorted(label for label in summary["conversions"] if label.startswith("abl-"))
     if labels:
-        figure, axis = plt.subplots(figsize=(8, 3.6))
-        width = 0.8 / 3
-        for offset, (name, values) in enumerate((
-            ("NIAH 32K (mean SK1-3)", [mean_at(niah[l], 32768) for l in labels]),
-            ("NIAH 64K (mean SK1-3)", [mean_at(niah[l], 65536) for l in labels]),
-            ("CSR average", [summary["csr"].get(l, {}).get("average") for l in labels]),
-        )):
-            axis.bar([i + (offset - 1) * width for i in range(len(labels))],
+        lengths = sorted({n for l in labels for cells in niah.get(l, {}).values() for n in cells})
+        series = [(f"NIAH {_length(n)} (mean SK1-3)", [mean_at(niah.get(l, {}), n) for l in labels]) for n in lengths]
+        series.append(("CSR average", [summary["csr"].get(l, {}).get("average") for l in labels]))
+        figure, (axis, loss_axis) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [2, 1]})
+        width = 0.8 / len(series)
+        for offset, (name, values) in enumerate(series):
+            axis.bar([i + (offset - (len(series) - 1) / 2) * width for i in range(len(labels))],
                      [v if v is not None else 0.0 for v in values], width=width, label=name)
         axis.set_xticks(range(len(labels)), [l.removeprefix("abl-") for l in labels], rotation=15)
         axis.set_ylim(0, 1)
+        axis.set_title("retrieval and CSR (a missing bar: not measured or 0)", fontsize=9)
         axis.legend(fontsize=8)
+        held_out = [heldout_loss(summary["conversions"][l]) for l in labels]
+        loss_axis.bar(range(len(labels)), [v if v is not None else 0.0 for v in held_out], color="grey")
+        loss_axis.set_xticks(range(len(labels)), [l.removeprefix("abl-") for l in labels], rotation=15)
+        scaling = next((c["stages"].get("05-scaling", {}) for c in summary["conversions"].values()
+                        if c and c["stages"].get("05-scaling", {}).get("length")), {})
+        loss_axis.set_title(f"held-out loss at {_length(scaling.get('length', 0))} tokens, scaling off", fontsize=9)
         figure.tight_layout()
         figure.savefig(out / "ablations.png", dpi=120)
         plt.close(figure)
+
+
+def heldout_loss(conversion: dict | None) -> float | None:
+    """The scaling stage's held-out loss with the logit scaling off (its long documents), or None."""
+    losses = ((conversion or {}).get("stages", {}).get("05-scaling") or {}).get("loss_by_a") or {}
+    return losses.get("None")
 
 
 def mean_at(by_task: dict, length: int) -> float | None:
@@ -183,6 +208,16 @@ def print_tables(summary: dict) -> None:
     for label, result in sorted(summary["csr"].items()):
         tasks = " ".join(f"{t}={v['value']:.3f}" for t, v in result["tasks"].items() if v["value"] is not None)
         print(f"{label:22s} avg={result['average']:.4f} {tasks}")
+    labels = sorted(label for label in summary["conversions"] if label.startswith("abl-"))
+    if labels:
+        lengths = sorted({n for l in labels for cells in niah.get(l, {}).values() for n in cells})
+        print("Ablations: NIAH mean of SK1-3, CSR average, held-out loss of the scaling stage (scaling off)")
+        print(f"{'variant':22s} " + " ".join(f"{_length(n):>6s}" for n in lengths) + "    CSR   loss")
+        for label in labels:
+            cells = [mean_at(niah.get(label, {}), n) for n in lengths]
+            csr, loss = summary["csr"].get(label, {}).get("average"), heldout_loss(summary["conversions"][label])
+            print(f"{label:22s} " + " ".join(f"{v:6.2f}" if v is not None else "     -" for v in cells)
+                  + (f" {csr:6.3f}" if csr is not None else "      -") + (f" {loss:6.3f}" if loss is not None else "      -"))
     for name, conversion in summary["conversions"].items():
         if conversion:
             print(f"{name:22s} tokens={conversion['training_tokens']:,} chosen={conversion['chosen']} "

@@ -159,3 +159,31 @@ def test_ablations_share_the_halo_runs_alignment_and_selection_settings(tmp_path
     for item in ("selection.k=3", "align.lr=1e-4", "scaling.num_docs=2"):
         with pytest.raises(SystemExit):
             driver.parse_args(["--teacher", "t", "--run", str(tmp_path), "--ablation-set", item])
+
+
+def test_own_alignment_ablations_need_the_halo_run_only_without_an_explicit_layer_choice(tmp_path):
+    explicit = graph_of(tmp_path, "--main-set", "selection.method=0,1,7")
+    assert explicit.jobs["convert-abl-no-rnn-rope"].needs == ["abl-no-rnn-rope-align"]
+    command = explicit.jobs["convert-abl-no-rnn-rope"].command()  # no HALO run on disk: the layers come from --main-set
+    assert [item for item in command if item.startswith("selection.method=")][-1] == "selection.method=0,1,7"
+    assert "convert-select" in explicit.jobs["convert-abl-halo"].needs  # it copies the HALO run's stages
+    rule = graph_of(tmp_path, "--main-set", "selection.method=uniform")
+    assert rule.jobs["convert-abl-no-rnn-rope"].needs == ["convert-select", "abl-no-rnn-rope-align"]
+
+
+def test_a_training_that_ran_out_of_gpu_memory_runs_again_alone(tmp_path):
+    marker = tmp_path / "tried"
+    graph = driver.Graph(tmp_path / "run", parallel=4, train_slots=2)
+    oom = (f"import pathlib, sys, time; m = pathlib.Path({str(marker)!r}); first = not m.exists(); m.touch(); "
+           "time.sleep(0.5); print('torch.OutOfMemoryError: CUDA out of memory.' if first else 'ok'); "
+           "sys.exit(1 if first else 0)")
+    graph.add("a", lambda: [sys.executable, "-c", oom], kind="train")
+    graph.add("b", lambda: [sys.executable, "-c", "import time; time.sleep(4)"], kind="train")
+    graph.add("c", lambda: [sys.executable, "-c", "pass"], needs=["a"])
+    graph.add("broken", lambda: [sys.executable, "-c", "raise SystemExit(3)"], kind="train")
+    assert not graph.run_all()  # `broken` fails for another reason: no retry
+    states = {name: job.state for name, job in graph.jobs.items()}
+    assert states == {"a": "done", "b": "done", "c": "done", "broken": "failed"}
+    log = (tmp_path / "run" / "driver.log").read_text()
+    assert "retry   a" in log and "retry   broken" not in log
+    assert graph.jobs["a"].started >= graph.jobs["b"].ended  # the second attempt waited for `b`

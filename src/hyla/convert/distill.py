@@ -10,6 +10,7 @@ from torch import nn
 
 from hyla.convert.transfer import to_hypenet
 from hyla.models import HypeNetForCausalLM
+from hyla.train.loop import training_autocast
 
 
 def build_student(
@@ -147,10 +148,12 @@ def finetune_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor,
 
 @torch.no_grad()
 def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor) -> float:
-    """Mean next-token loss over [N, T] sequences, one at a time."""
+    """Mean next-token loss over [N, T] sequences, one at a time, at the training loop's precision (bf16 autocast on
+    GPU, so that attention runs SDPA's flash kernel instead of materialising [heads, T, T] scores)."""
     losses = []
     for row in sequences:
         row = row[None].to(model.device)
-        logits = model(row, use_cache=False).logits
+        with training_autocast(model.device):
+            logits = model(row, use_cache=False).logits
         losses.append(F.cross_entropy(logits[0, :-1].float(), row[0, 1:]).item())
     return sum(losses) / len(losses)

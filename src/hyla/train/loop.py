@@ -53,9 +53,15 @@ def _local_rows(batch: dict, env: Distributed) -> dict:
     return {k: v.to(env.device) for k, v in local.items()}
 
 
+def training_autocast(device: torch.device) -> torch.autocast:
+    """bf16 autocast on GPU (master weights stay float32), as training and evaluation run there; CPU runs in the
+    model's own dtype. Without it a float32 model on GPU takes SDPA's math path for grouped-query attention, which
+    holds a float32 [heads, T, T] score matrix (36 GiB for 9 heads at 32K)."""
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+
 def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed):
-    # bf16 autocast on GPU (master weights stay float32); CPU runs in the model's own dtype.
-    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=env.device.type == "cuda"):
+    with training_autocast(env.device):
         loss, metrics = loss_fn(model, batch)
     if not torch.isfinite(loss.detach()).all():
         return loss, metrics, None
