@@ -18,12 +18,14 @@ from hyla.convert.presets import apply_overrides, make_plan
 def plan(probe: dict, seconds: float, max_tokens: float, driver_args: list[str]) -> int:
     main_sets = [value for flag, value in zip(driver_args, driver_args[1:]) if flag == "--main-set"]
     distill = apply_overrides(make_plan(GPU.preset, 0), GPU.main + main_sets).distill
-    # The compiled case's rate when the run compiles (`--main-set distill.compile=true`) and the probe measured it.
+    # The rate of the run's own variant: compiled (`--main-set distill.compile=true`), with activation checkpointing
+    # (`distill.checkpoint_activations=true`), or neither.
     cases = [c for c in probe["cases"] if c["stage"] == "distill" and c["seq_len"] == distill.seq_len
-             and "error" not in c and bool(c.get("compiled", False)) == distill.compile]
+             and "error" not in c and bool(c.get("compiled", False)) == distill.compile
+             and bool(c.get("checkpointed", False)) == distill.checkpoint_activations]
     if not cases:
-        compiled = " compiled" if distill.compile else ""
-        raise SystemExit(f"plan_tokens: the probe has no{compiled} distill case at seq_len {distill.seq_len}")
+        variant = (" compiled" if distill.compile else "") + (" checkpointed" if distill.checkpoint_activations else "")
+        raise SystemExit(f"plan_tokens: the probe has no{variant} distill case at seq_len {distill.seq_len}")
     # The run's own batch size where the probe measured it (a larger step can be faster per token).
     cases = [c for c in cases if c["batch"] == distill.batch_size] or cases
     step = distill.seq_len * distill.batch_size

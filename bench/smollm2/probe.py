@@ -12,7 +12,10 @@ peak memory. Weights are random: speed depends on shapes, not values.
 Then the COMPILED cases (`--compiled`, default the distillation at 4x4096 and the fine-tuning) run again with
 every block compiled as `--set STAGE.compile=true` does it (`hyla.compile.compile_blocks`: the trained model's
 blocks and the teacher's), marked `"compiled": true`: the A/B of torch.compile for training, in one run. A
-compiled case that fails is reported with its error, and the probe goes on.
+compiled case that fails is reported with its error, and the probe goes on. Then the CHECKPOINTED cases
+(`--checkpointed`, default distillation at 16x4096 and 32x4096 and the fine-tuning) run with activation
+checkpointing as `--set STAGE.checkpoint_activations=true` does it, marked `"checkpointed": true`: what the
+recomputation costs per token and how much memory it frees for larger steps.
 """
 
 from __future__ import annotations
@@ -47,9 +50,12 @@ CASES = [("align", 32, 512), ("distill", 32, 512), ("distill", 8, 2048), ("disti
          ("distill", 8, 4096), ("distill", 16, 4096), ("finetune", 4, 16384)]
 PROFILED = ("distill", 4, 4096)
 COMPILED = [("distill", 4, 4096), ("finetune", 4, 16384)]
+# Activation checkpointing (`STAGE.checkpoint_activations=true`): memory for one more forward a step; whether the
+# larger steps it allows (16x4096 took 103 GiB without) buy more than the recomputation costs.
+CHECKPOINTED = [("distill", 16, 4096), ("distill", 32, 4096), ("finetune", 4, 16384)]
 
 
-def build(stage: str, teacher_hf, device, compiled: bool = False):
+def build(stage: str, teacher_hf, device, compiled: bool = False, checkpointed: bool = False):
     teacher = to_hypenet(teacher_hf, attention_rope=True).to(device).eval()
     if stage == "align":
         model = AlignmentTwins(teacher, teacher_hf).to(device)
@@ -63,6 +69,8 @@ def build(stage: str, teacher_hf, device, compiled: bool = False):
     pair = StudentWithTeacher(student, teacher if stage == "distill" else None)
     if compiled:  # as hyla.convert.runners.train_budget does for `compile=true`
         compile_blocks([*student.model.layers, *(teacher.model.layers if stage == "distill" else [])])
+    if checkpointed:  # and for `checkpoint_activations=true`
+        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return pair, distill_loss if stage == "distill" else finetune_loss
 
 
@@ -72,11 +80,12 @@ def _sync(env) -> None:
 
 
 def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, warmup: int,
-            profiled_steps: int = 0, compiled: bool = False) -> dict:
+            profiled_steps: int = 0, compiled: bool = False, checkpointed: bool = False) -> dict:
     if env.device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
-    model, loss_fn = build(stage, teacher_hf, env.device, compiled)
+    model, loss_fn = build(stage, teacher_hf, env.device, compiled, checkpointed)
+    label = f"{stage} {batch}x{seq_len}" + (" compiled" if compiled else "") + (" checkpointed" if checkpointed else "")
     model.train()
     optim = OptimSettings(lr=1e-4, min_lr=1e-5, warmup_steps=1)
     optimizer, scheduler = build_optimizer([p for p in model.parameters() if p.requires_grad], optim, steps + warmup)
@@ -94,11 +103,12 @@ def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, w
         loss = train_step().item()
         _sync(env)
         times.append(time.perf_counter() - started)
-        print(f"  {stage} {batch}x{seq_len}{' compiled' if compiled else ''} step {step + 1}: {times[-1]:.3f} s, "
+        print(f"  {label} step {step + 1}: {times[-1]:.3f} s, "
               f"loss {loss:.3f}", flush=True)
     timed = sorted(times[warmup:])
     median = timed[len(timed) // 2]
-    result = {"stage": stage, "batch": batch, "seq_len": seq_len, "compiled": compiled, "median_step_s": median,
+    result = {"stage": stage, "batch": batch, "seq_len": seq_len, "compiled": compiled,
+              "checkpointed": checkpointed, "median_step_s": median,
               "tok_per_s": batch * seq_len / median, "first_step_s": times[0],
               "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if env.device.type == "cuda" else None}
     if profiled_steps:  # where a training step's time goes: kernels (CPU: operators) by cost
@@ -107,6 +117,19 @@ def measure(stage: str, batch: int, seq_len: int, teacher_hf, env, steps: int, w
                              "kernel_ms_per_step": profiled["kernel_ms_per_step"],
                              "kernels_per_step": profiled["calls_per_step"], "rows": profiled["rows"][:30]}
     return result
+
+
+def parse_cases(parser, flag: str, text: str, stages: set[str]) -> list[tuple[str, int, int]]:
+    """`STAGE:BATCHxLEN,...` (or 'none') as (stage, batch, seq_len) cases; one error line for anything else."""
+    wanted = [] if text in ("", "none") else text.split(",")
+    try:
+        cases = [(s, int(b), int(t)) for s, shape in (c.split(":") for c in wanted) for b, t in [shape.split("x")]]
+    except ValueError:
+        parser.error(f"{flag}: expected STAGE:BATCHxLEN items or 'none', got {text!r}")
+    unknown = sorted({s for s, _, _ in cases} - stages)
+    if unknown:
+        parser.error(f"{flag}: stages {unknown} cannot run this way; choose from {sorted(stages)}")
+    return cases
 
 
 def main() -> int:
@@ -119,6 +142,9 @@ def main() -> int:
                         help="also profile this many distillation steps at 4x4096 (kernels by device time; 0: no)")
     parser.add_argument("--compiled", default=",".join(f"{s}:{b}x{t}" for s, b, t in COMPILED),
                         help="cases to run again with compiled blocks, STAGE:BATCHxLEN comma list ('none': none)")
+    parser.add_argument("--checkpointed", default=",".join(f"{s}:{b}x{t}" for s, b, t in CHECKPOINTED),
+                        help="distill/finetune shapes to run with activation checkpointing, STAGE:BATCHxLEN comma "
+                        "list ('none': none)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("error: probe.py needs a CUDA GPU (or --smoke)", file=sys.stderr)
@@ -129,40 +155,37 @@ def main() -> int:
     teacher_hf = LlamaForCausalLM(LlamaConfig(**sizes)).eval()
     env = Distributed(device=torch.device("cpu" if args.smoke else "cuda"))
     smoke = (lambda case: (case[0], max(1, case[1] // 4), case[2] // 64)) if args.smoke else (lambda case: case)
-    wanted = [] if args.compiled in ("", "none") else args.compiled.split(",")
-    try:
-        compiled = [(s, int(b), int(t)) for s, shape in (c.split(":") for c in wanted) for b, t in [shape.split("x")]]
-    except ValueError:
-        parser.error(f"--compiled: expected STAGE:BATCHxLEN items or 'none', got {args.compiled!r}")
-    unknown = [c for c in compiled if c not in CASES]
-    if unknown:
-        parser.error(f"--compiled: {unknown} are not probe cases; cases: {CASES}")
-    runs = [(case, False) for case in CASES] + [(case, True) for case in compiled]
+    compiled = parse_cases(parser, "--compiled", args.compiled, {s for s, _, _ in CASES})
+    checkpointed = parse_cases(parser, "--checkpointed", args.checkpointed, {"distill", "finetune"})
+    runs = ([(case, False, False) for case in CASES] + [(case, True, False) for case in compiled]
+            + [(case, False, True) for case in checkpointed])
     results = []
     device = torch.cuda.get_device_name() if env.device.type == "cuda" else "cpu"
-    for case, with_compile in runs:
+    for case, with_compile, with_checkpoints in runs:
         stage, batch, seq_len = smoke(case)
-        profiled = args.profile_steps if case == PROFILED and not with_compile else 0
+        profiled = args.profile_steps if case == PROFILED and not (with_compile or with_checkpoints) else 0
         try:
             results.append(measure(stage, batch, seq_len, teacher_hf, env, args.steps, args.warmup, profiled,
-                                   with_compile))
+                                   with_compile, with_checkpoints))
         except Exception as err:  # noqa: BLE001  (a compiled case may fail; the probe reports it and goes on)
             if not with_compile and not isinstance(err, torch.OutOfMemoryError):
                 raise
             results.append({"stage": stage, "batch": batch, "seq_len": seq_len, "compiled": with_compile,
+                            "checkpointed": with_checkpoints,
                             "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}"})
-            print(f"  {stage} {batch}x{seq_len}{' compiled' if with_compile else ''}: {results[-1]['error']}",
-                  flush=True)
+            print(f"  {stage} {batch}x{seq_len}{' compiled' if with_compile else ''}"
+                  f"{' checkpointed' if with_checkpoints else ''}: {results[-1]['error']}", flush=True)
             if env.device.type == "cuda":
                 torch.cuda.empty_cache()
         write_json(Path(args.out), {"device": device, "torch": torch.__version__, "cases": results})
-    print(f"{'stage':9s} {'shape':>9s} {'compiled':>8s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} {'peak GiB':>8s}")
+    print(f"{'stage':9s} {'shape':>9s} {'variant':>12s} {'tok/s':>9s} {'step s':>7s} {'first s':>8s} "
+          f"{'peak GiB':>8s}")
     for r in results:
+        variant = "compiled" if r["compiled"] else "checkpointed" if r.get("checkpointed") else "eager"
         if "error" in r:
-            print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {'yes' if r['compiled'] else 'no':>8s} "
-                  f"{r['error']}")
+            print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {variant:>12s} {r['error']}")
             continue
-        print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {'yes' if r['compiled'] else 'no':>8s} "
+        print(f"{r['stage']:9s} {r['batch']:>3d}x{r['seq_len']:<5d} {variant:>12s} "
               f"{r['tok_per_s']:9.0f} {r['median_step_s']:7.3f} {r['first_step_s']:8.1f} {r['peak_gib'] or 0:8.1f}")
     for r in results:
         if "profile" in r:

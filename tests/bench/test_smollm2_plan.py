@@ -46,6 +46,16 @@ def test_a_compiled_run_is_planned_from_the_compiled_rate():
         plan_tokens.plan(failed, 100, 1e9, shape + ["--main-set", "distill.compile=true"])
 
 
+def test_a_checkpointed_run_is_planned_from_the_checkpointed_rate():
+    probe = {"cases": PROBE["cases"] + [
+        {"stage": "distill", "seq_len": 4096, "batch": 16, "checkpointed": True, "tok_per_s": 80_000.0}]}
+    shape = ["--main-set", "distill.seq_len=4096", "--main-set", "distill.batch_size=16"]
+    step = 4096 * 16
+    kept = plan_tokens.plan(probe, 100, 1e9, shape + ["--main-set", "distill.checkpoint_activations=true"])
+    assert kept == int(80_000.0 * 100 // step) * step
+    assert plan_tokens.plan(probe, 100, 1e9, shape) == int(56_535.6 * 100 // step) * step  # eager: the eager case
+
+
 def test_the_runs_batch_size_picks_its_rate():
     probe = {"cases": PROBE["cases"] + [
         {"stage": "distill", "seq_len": 4096, "batch": 8, "tok_per_s": 70_000.0},
@@ -71,8 +81,16 @@ def test_probe_runs_every_stage_on_cpu(tmp_path):
                            "--warmup", "1"], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     cases = json.loads(out.read_text())["cases"]
-    assert [(c["stage"], c["batch"], c["seq_len"], c["compiled"]) for c in cases] == [
-        ("align", 8, 8, False), ("distill", 8, 8, False), ("distill", 2, 32, False), ("distill", 1, 64, False),
-        ("distill", 2, 64, False), ("distill", 4, 64, False), ("finetune", 1, 256, False),
-        ("distill", 1, 64, True), ("finetune", 1, 256, True)]  # then the compiled A/B cases
+    assert [(c["stage"], c["batch"], c["seq_len"], c["compiled"], c["checkpointed"]) for c in cases] == [
+        ("align", 8, 8, False, False), ("distill", 8, 8, False, False), ("distill", 2, 32, False, False),
+        ("distill", 1, 64, False, False), ("distill", 2, 64, False, False), ("distill", 4, 64, False, False),
+        ("finetune", 1, 256, False, False),
+        ("distill", 1, 64, True, False), ("finetune", 1, 256, True, False),  # then the compiled A/B cases
+        ("distill", 4, 64, False, True), ("distill", 8, 64, False, True), ("finetune", 1, 256, False, True)]
     assert all(c["tok_per_s"] > 0 for c in cases)
+
+
+def test_probe_refuses_alignment_with_checkpointing(tmp_path):
+    done = subprocess.run([sys.executable, str(BENCH / "probe.py"), "--out", str(tmp_path / "p.json"), "--smoke",
+                           "--checkpointed", "align:8x512"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "cannot run this way" in done.stderr.strip().splitlines()[-1]

@@ -89,6 +89,18 @@ def test_sigkill_during_distillation_then_rerun_gives_the_same_weights(tiny_teac
         assert torch.equal(expected[name], actual[name]), name
 
 
+def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher, tmp_path, capsys):
+    stop = ["--until-stage", "distill"]
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    assert main(convert_args(tiny_teacher, plain, *stop)) == 0
+    assert main(convert_args(tiny_teacher, kept, *stop, "--set", "distill.checkpoint_activations=true")) == 0
+    assert "[distill] activation checkpointing:" in capsys.readouterr().out
+    expected = load_file(plain / "03-distill" / "student.safetensors")
+    actual = load_file(kept / "03-distill" / "student.safetensors")
+    for name in expected:  # the recomputed forward is the same arithmetic: bitwise equal on CPU
+        assert torch.equal(expected[name], actual[name]), name
+
+
 def test_bad_inputs_stop_with_one_clear_line(tiny_teacher, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["convert", "--teacher", str(tiny_teacher), "--out", str(tmp_path / "x"), "--preset", "huge"])
@@ -131,15 +143,18 @@ def test_nan_loss_stops_and_keeps_finished_stages(tiny_teacher, tmp_path, capsys
 
 
 @pytest.mark.slow
-def test_two_gloo_processes_match_one_process(tiny_teacher, tmp_path):
+@pytest.mark.parametrize("extra,port", [((), 29517), (("--set", "distill.checkpoint_activations=true"), 29518)],
+                         ids=["plain", "fsdp-with-activation-checkpointing"])
+def test_two_gloo_processes_match_one_process(tiny_teacher, tmp_path, extra, port):
     """Same global batch at every step: the stage-2 loss curves agree to float32 reduction-order noise.
     Tolerance 1e-4 relative: the two runs differ only in how gradients are summed (one process vs an
-    all-reduce of two halves), ~1e-7 per step, compounded over 8 steps of Adam."""
+    all-reduce of two halves), ~1e-7 per step, compounded over 8 steps of Adam. The second case shards the
+    checkpointed blocks with FSDP2 (recomputation inside FSDP's hooks) against one plain process."""
     stop = ["--until-stage", "distill"]
     single, double = tmp_path / "one", tmp_path / "two"
     assert main(convert_args(tiny_teacher, single, *stop)) == 0
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29517",
-               "-m", "hyla.cli", *convert_args(tiny_teacher, double, *stop)]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+               "-m", "hyla.cli", *convert_args(tiny_teacher, double, *stop, *extra)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600,
                                env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert completed.returncode == 0, completed.stderr[-3000:]

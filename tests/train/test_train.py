@@ -58,6 +58,19 @@ def test_training_lowers_the_loss_and_exports_a_model(corpus, tmp_path):
     assert tokenizer("hello world").input_ids == teacher_tokenizer()("hello world").input_ids
 
 
+def test_checkpointed_activations_train_to_the_same_weights(corpus, tmp_path, capsys):
+    plain, kept = tmp_path / "plain", tmp_path / "kept"
+    short = ["--steps", "4", "--checkpoint-every", "4"]
+    assert main(train_args(corpus, plain, *short)) == 0
+    assert "activation checkpointing" not in capsys.readouterr().out
+    assert main(train_args(corpus, kept, *short, "--checkpoint-activations")) == 0
+    assert "activation checkpointing" in capsys.readouterr().out
+    expected = load_file(plain / "model" / "model.safetensors")
+    actual = load_file(kept / "model" / "model.safetensors")
+    for name in expected:  # the recomputed forward is the same arithmetic: bitwise equal on CPU
+        assert torch.equal(expected[name], actual[name]), name
+
+
 @pytest.mark.slow
 def test_training_killed_mid_run_resumes_to_the_same_weights(corpus, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"

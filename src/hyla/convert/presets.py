@@ -24,15 +24,22 @@ class StageBudget:
     warmup_steps: int = 50
     checkpoint_every: int = 100
     compile: bool = False  # torch.compile each block of the trained model and of its teacher (speed only)
+    # Activation checkpointing of the trained hybrid's blocks (distill, finetune): each block keeps its input only
+    # and recomputes the rest in the backward pass, one more forward for much less memory (memory only).
+    checkpoint_activations: bool = False
 
     @property
     def steps(self) -> int:
         return max(1, self.tokens // (self.seq_len * self.batch_size))
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on: `compile` changes speed, not results, and is left out (a run can be
-        resumed with it switched either way, and earlier runs keep their hash)."""
-        return {name: value for name, value in self.__dict__.items() if name != "compile"}
+        """What the stage's output depends on: `compile` and `checkpoint_activations` change speed and memory, not
+        results, and are left out (a run can be resumed with them switched either way, and earlier runs keep their
+        hash)."""
+        return {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
+
+
+SPEED_ONLY = ("compile", "checkpoint_activations")
 
 
 @dataclass
@@ -204,4 +211,7 @@ def apply_overrides(plan: ConvertPlan, overrides: list[str]) -> ConvertPlan:
         if name == "tokens" and isinstance(value, float):
             value = int(value)
         setattr(target, name, value)
+    if plan.align.checkpoint_activations:
+        raise ValueError("align.checkpoint_activations: the alignment trains each layer pair on its own and keeps "
+                         "little; set it for distill or finetune")
     return plan

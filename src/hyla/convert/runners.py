@@ -68,10 +68,14 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
                  frozen_blocks=()) -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
     its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls. With
-    `budget.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block."""
+    `budget.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
+    `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM) checkpoints its blocks' activations."""
     if budget.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
+    if budget.checkpoint_activations:  # the hybrid's own switch: HypeNetModel runs each block under checkpoint
+        (root or model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        run.log(f"[{name}] activation checkpointing: {len(blocks)} blocks")
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)

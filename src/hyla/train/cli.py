@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile each block before training (in place; checkpoints keep their names)")
+    parser.add_argument("--checkpoint-activations", action="store_true",
+                        help="recompute each block's activations in the backward pass: one more forward per step "
+                        "for much less memory (long sequences)")
     parser.set_defaults(handler=_run)
 
 

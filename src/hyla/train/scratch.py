@@ -39,6 +39,7 @@ class TrainRequest:
     seed: int = 0
     device: str | None = None
     compile: bool = False  # torch.compile each block in place before training (speed only)
+    checkpoint_activations: bool = False  # recompute block activations in the backward pass (memory only)
 
 
 def load_config(path: Path, vocab_size: int) -> HypeNetConfig:
@@ -64,9 +65,11 @@ def train(request: TrainRequest) -> dict:
     if env.is_main:
         print(f"hyla train: {num_params / 1e6:.1f}M params, layers {config.layer_types}, loss {request.loss}, "
               f"{request.steps} steps x {request.batch_size} x {request.seq_len} tokens, device {env.device} "
-              f"x{env.world_size}")
+              f"x{env.world_size}" + (", activation checkpointing" if request.checkpoint_activations else ""))
     if request.compile:
         compile_blocks(model.model.layers)
+    if request.checkpoint_activations:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if env.enabled:
         shard_model(model, list(model.model.layers), mixed_precision=env.device.type == "cuda")
     loss_fn = ce_loss if request.loss == "ce" else functools.partial(
