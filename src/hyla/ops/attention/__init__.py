@@ -65,6 +65,13 @@ def softmax_attention(
         empty_rows = ~mask.any(dim=-1, keepdim=True)
         if bool(empty_rows.any()):
             mask = mask | (empty_rows & _diagonal(query_length, key_length, q.device))
+    grouped = q.shape[2] != k.shape[2]
+    if grouped and q.is_cuda and q.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
+        # SDPA's kernel with grouped-query support (flash) takes fp16/bf16 only: in float32, enable_gqa leaves the
+        # math path, which holds float32 [B, H, Tq, Tk] scores (36 GiB for 9 heads at 32K). With k/v repeated to
+        # every query head the memory-efficient kernel runs instead; the copies are Hkv/H of q's size per group.
+        groups = q.shape[2] // k.shape[2]
+        k, v, grouped = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2), False
     output = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
@@ -72,7 +79,7 @@ def softmax_attention(
         attn_mask=mask,
         is_causal=is_causal,
         scale=scale,
-        enable_gqa=q.shape[2] != k.shape[2],
+        enable_gqa=grouped,
     )
     return output.transpose(1, 2)
 
