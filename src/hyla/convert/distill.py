@@ -148,8 +148,8 @@ def finetune_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor,
 
 @torch.no_grad()
 def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor) -> float:
-    """Mean next-token loss over [N, T] sequences, one at a time, at the training loop's precision (bf16 autocast on
-    GPU, so that attention runs SDPA's flash kernel instead of materialising [heads, T, T] scores)."""
+    """Mean next-token loss over [N, T] sequences, one at a time, at the precision the model trains and is evaluated
+    at (bf16 autocast on GPU: attention takes SDPA's flash kernel)."""
     losses = []
     for row in sequences:
         row = row[None].to(model.device)

@@ -54,9 +54,8 @@ def _local_rows(batch: dict, env: Distributed) -> dict:
 
 
 def training_autocast(device: torch.device) -> torch.autocast:
-    """bf16 autocast on GPU (master weights stay float32), as training and evaluation run there; CPU runs in the
-    model's own dtype. Without it a float32 model on GPU takes SDPA's math path for grouped-query attention, which
-    holds a float32 [heads, T, T] score matrix (36 GiB for 9 heads at 32K)."""
+    """bf16 autocast on GPU (master weights stay float32), the precision training and evaluation run at there; CPU
+    runs in the model's own dtype."""
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
