@@ -340,6 +340,11 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
                       needs=[need])
             graph.add(f"ppl-{label}{suffix}", lambda m=model, o=f"ppl-{label}{suffix}", e=extra: ppl(m, o, e),
                       needs=[need])
+    for a in args.niah_scaling.split(",") if args.niah_scaling else []:  # retrieval at each fixed logit scaling
+        for task in TASKS:
+            graph.add(f"niah-main-a{a}-{task}-long", lambda o=f"niah-main-a{a}-{task}-long", t=task, a=a:
+                      niah(halo / "06-export", o, sizes.long, sizes.samples, 1, [t], ("--logit-scaling-a", a)),
+                      needs=["convert-main"])
     for name in ablations:
         model = run / name / "06-export"
         graph.add(f"niah-{name}", lambda m=model, o=f"niah-{name}": niah(m, o, sizes.ablation_lengths,
@@ -414,6 +419,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
                              "Default 0: the corpus's held-out tail")
     parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
+    parser.add_argument("--niah-scaling", default=None, metavar="A1,A2,...",
+                        help="also evaluate the main hybrid's NIAH at the long lengths with each of these fixed "
+                        "logit scalings a (besides the chosen a and off): whether a retrieval-based choice of a "
+                        "differs from the loss-based one")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
     args = parser.parse_args(argv)
     names = {"all": list(ABLATIONS), "none": []}.get(args.ablations, args.ablations.split(","))
@@ -426,6 +435,12 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     if fixed:
         parser.error(f"--ablation-set {fixed[0]}: the ablations share the HALO run's data, alignment and selection "
                      f"stages; set it with --main-set for all of them")
+    for a in args.niah_scaling.split(",") if args.niah_scaling else []:
+        try:
+            if float(a) <= 1:
+                raise ValueError
+        except ValueError:
+            parser.error(f"--niah-scaling: each a must be a number > 1, got {a!r}")
     if args.scaling_docs and not args.text:
         parser.error("--scaling-docs needs --text (the files it takes the longest of)")
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)

@@ -101,7 +101,7 @@ def plot(summary: dict, out: Path) -> None:
     import matplotlib.pyplot as plt
 
     niah = summary["niah"]
-    if any(label in niah for label in ("teacher", "main", "main-off")):
+    if any(label == "teacher" or label.startswith("main") for label in niah):
         _plot_niah(plt, niah, out)
     if any(result.get("buckets") for result in summary["ppl"].values()):
         _plot_ppl(plt, summary["ppl"], out)
@@ -111,7 +111,8 @@ def plot(summary: dict, out: Path) -> None:
 def _plot_niah(plt, niah: dict, out: Path) -> None:
     figure, axes = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
     for axis, task in zip(axes, ("SK1", "SK2", "SK3")):
-        for label in ("teacher", "main", "main-off"):
+        fixed_a = sorted((label for label in niah if label.startswith("main-a")), key=lambda l: float(l[6:]))
+        for label in ("teacher", "main", "main-off", *fixed_a):
             cells = niah.get(label, {}).get(task, {})
             if cells:
                 lengths = sorted(cells)

@@ -187,3 +187,16 @@ def test_a_training_that_ran_out_of_gpu_memory_runs_again_alone(tmp_path):
     log = (tmp_path / "run" / "driver.log").read_text()
     assert "retry   a" in log and "retry   broken" not in log
     assert graph.jobs["a"].started >= graph.jobs["b"].ended  # the second attempt waited for `b`
+
+
+def test_niah_scaling_adds_long_niah_jobs_for_each_fixed_a(tmp_path):
+    graph = graph_of(tmp_path, "--niah-scaling", "100,500", "--evals-after-training")
+    command = graph.jobs["niah-main-a500-SK2-long"].command()
+    assert command[command.index("--logit-scaling-a") + 1] == "500"
+    assert command[command.index("--lengths") + 1] == ",".join(driver.SMOKE.long)
+    assert graph.jobs["niah-main-a100-SK1-long"].needs == ["convert-main"]
+    assert "convert-main" in graph.jobs["niah-main-a100-SK1-long"].after  # a hybrid's evaluation: after training
+    assert not any(name.startswith("niah-main-a") for name in graph_of(tmp_path).jobs)
+    for bad in ("1", "x"):
+        with pytest.raises(SystemExit):
+            driver.parse_args(["--teacher", "t", "--run", str(tmp_path), "--niah-scaling", bad])

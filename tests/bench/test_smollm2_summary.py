@@ -51,3 +51,26 @@ def test_summary_cells_carry_the_graded_scores(tmp_path):
     cell = summarize.collect_evals(tmp_path)["niah"]["main"]["SK1"][4096]
     assert cell["accuracy"] == pytest.approx(1 / 3) and cell["num_samples"] == 3
     assert cell["number_answers"] == pytest.approx(2 / 3) and cell["near_misses"] == pytest.approx(2 / 3)
+
+
+def test_fixed_scaling_evaluations_get_their_own_label_line_and_ablation_table(tmp_path, capsys):
+    for name, accuracy in (("niah-main-a500-SK1-long", 0.5), ("niah-abl-halo", 0.0)):
+        folder = tmp_path / "evals" / name
+        folder.mkdir(parents=True)
+        folder.joinpath("results.json").write_text(json.dumps({
+            "kind": "niah", "records": [record(" 1234567", length=32768)],
+            "tasks": {"SK1": {"by_length": {"32768": accuracy}}}}))
+    stage = tmp_path / "abl-halo" / "05-scaling"
+    stage.mkdir(parents=True)
+    (tmp_path / "abl-halo" / "00-data").mkdir()
+    stage.joinpath("manifest.json").write_text(json.dumps({
+        "status": "complete", "results": {"chosen_a": None, "loss_by_a": {"None": 2.5, "500": 2.7}, "length": 32768}}))
+    summary = summarize.collect_evals(tmp_path)
+    assert summary["niah"]["main-a500"]["SK1"][32768]["accuracy"] == 0.5
+    summary["conversions"] = {"abl-halo": summarize.collect_conversion(tmp_path / "abl-halo")}
+    summarize.print_tables(summary)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("abl-halo ") and "2.500" in line)
+    assert row.split()[1:] == ["0.00", "-", "2.500"]  # NIAH 32K, no CSR, held-out loss with the scaling off
+    (tmp_path / "out").mkdir()
+    summarize.plot(summary, tmp_path / "out")
+    assert (tmp_path / "out" / "niah.png").is_file() and (tmp_path / "out" / "ablations.png").is_file()
