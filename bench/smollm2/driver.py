@@ -79,6 +79,8 @@ SMOKE = Sizes(
     max_new_tokens=8, corpus_tokens="300000", parallel=3, train_slots=2,
 )
 
+FAMILY_GPU_TESTS = ["tests/ops/test_gla_gdn_swa_gpu.py", "tests/models/test_family_gpu.py"]
+
 # name -> (conversion overrides beyond the ablation budget, how its stages 00-02 are obtained)
 ABLATIONS = {
     "abl-halo": ([], "copy-select"),
@@ -278,9 +280,8 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
                                         args.teacher, str(teacher_hf), sizes.device])
     if args.gpu_tests:
-        graph.add("gpu-tests", lambda: [sys.executable, "-m", "pytest", "tests/ops/test_gla_gdn_swa_gpu.py",
-                                        "tests/models/test_family_gpu.py", "-q", "-m", "gpu", "-rA", "-p",
-                                        "no:cacheprovider"])
+        graph.add("gpu-tests", lambda: [sys.executable, "-m", "pytest", *args.gpu_tests.split(","), "-q", "-m", "gpu",
+                                        "-rA", "-p", "no:cacheprovider"])
 
     # Conversions: the HALO run (stages 00-02 shared), then the main budget and the ablations.
     halo = run / "main"
@@ -417,7 +418,9 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
                         help="take the N largest files of --text out of the training text and choose the logit "
                              "scaling a on them (hyla convert scaling.data; SPEC: a is chosen on long documents). "
                              "Default 0: the corpus's held-out tail")
-    parser.add_argument("--gpu-tests", action="store_true", help="also run the GLA/GDN/SWA GPU tests")
+    parser.add_argument("--gpu-tests", nargs="?", const=",".join(FAMILY_GPU_TESTS), default=None, metavar="FILES",
+                        help="also run GPU tests beside the rest: these comma-separated test files (alone: the "
+                        "GLA/GDN/SWA ones)")
     parser.add_argument("--family-lh", action="store_true", help="also run bench/family_lh/run.sh on the corpus")
     parser.add_argument("--niah-scaling", default=None, metavar="A1,A2,...",
                         help="also evaluate the main hybrid's NIAH at the long lengths with each of these fixed "

@@ -200,3 +200,16 @@ def test_niah_scaling_adds_long_niah_jobs_for_each_fixed_a(tmp_path):
     for bad in ("1", "x"):
         with pytest.raises(SystemExit):
             driver.parse_args(["--teacher", "t", "--run", str(tmp_path), "--niah-scaling", bad])
+
+
+def test_gpu_tests_take_the_files_given_or_the_family_ones(tmp_path):
+    def files(graph):
+        command = graph.jobs["gpu-tests"].command()
+        return command[command.index("pytest") + 1 : command.index("-q")]
+
+    assert files(graph_of(tmp_path, "--gpu-tests")) == driver.FAMILY_GPU_TESTS
+    given = graph_of(tmp_path, "--gpu-tests", "tests/ops/test_attention_gpu.py,tests/convert/test_mean_loss_gpu.py")
+    assert files(given) == ["tests/ops/test_attention_gpu.py", "tests/convert/test_mean_loss_gpu.py"]
+    assert "gpu-tests" not in graph_of(tmp_path).jobs
+    for path in driver.FAMILY_GPU_TESTS:
+        assert (Path(__file__).resolve().parents[2] / path).is_file()
