@@ -66,10 +66,12 @@ def softmax_attention(
         if bool(empty_rows.any()):
             mask = mask | (empty_rows & _diagonal(query_length, key_length, q.device))
     grouped = q.shape[2] != k.shape[2]
-    if grouped and q.is_cuda and q.dtype == torch.float32 and not torch.is_autocast_enabled("cuda"):
+    if (grouped and q.is_cuda and q.dtype == torch.float32 and not torch.is_autocast_enabled("cuda")
+            and query_length > 2 * q.shape[-1]):
         # SDPA's kernel with grouped-query support (flash) takes fp16/bf16 only: in float32, enable_gqa leaves the
         # math path, which holds float32 [B, H, Tq, Tk] scores (36 GiB for 9 heads at 32K). With k/v repeated to
-        # every query head the memory-efficient kernel runs instead; the copies are Hkv/H of q's size per group.
+        # every query head the memory-efficient kernel runs instead. The copies hold [B, H, Tk, 2D]: worth it only
+        # where the scores would be larger (Tq > 2D), not for decode steps over a cache.
         groups = q.shape[2] // k.shape[2]
         k, v, grouped = k.repeat_interleave(groups, dim=2), v.repeat_interleave(groups, dim=2), False
     output = F.scaled_dot_product_attention(
