@@ -5,6 +5,8 @@
 #   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash bench/smollm2/h200.sh part1
 #   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash bench/smollm2/h200.sh start
 #   call 3+ (no carry)                                          bash bench/smollm2/h200.sh wait
+# Each call also sends the repository's tracked files; `bash bench/smollm2/carry_size.sh` checks, here, that calls 1
+# and 2 stay under the 64 MiB a call may carry.
 # `start` unpacks everything under /root/keep, copies the repository there, starts bench/smollm2/driver.py in its
 # own session (it outlives the call) and then waits like `wait`: up to WAIT_S seconds (default 540) or until the
 # driver ends, then writes $OUT/summary.json, plots and results.tar.gz (bench/smollm2/summarize.py).

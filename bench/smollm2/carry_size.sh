@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# What each device call of bench/smollm2/h200.sh sends, against the 64 MiB a call may carry: the repository's
+# tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a call over the
+# limit is refused before it starts.
+#   bash bench/smollm2/carry_size.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+limit=$((64 * 1024 * 1024))
+tracked=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+untracked=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1 || echo 0)
+status=0
+check() {  # $1: call name, rest: carried paths
+  local name=$1; shift
+  local carried
+  carried=$(du -cb "$@" | tail -1 | cut -f1)
+  local total=$((tracked + untracked + carried))
+  awk -v n="$name" -v t="$total" -v r="$((tracked + untracked))" -v c="$carried" -v l="$limit" 'BEGIN {
+    printf "%-7s %6.2f MiB (repository %5.2f + carried %5.2f) of 64: %s\n", n, t / 1048576, r / 1048576,
+      c / 1048576, (t <= l ? "ok" : "OVER") }'
+  [ "$total" -le "$limit" ] || status=1
+}
+check part1 .gpu-teacher/p0 .gpu-inputs/a .whl
+check start .gpu-teacher/p1 .gpu-inputs/b
+exit $status
