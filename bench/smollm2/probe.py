@@ -34,6 +34,7 @@ from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, distill_loss, finetune_loss
 from hyla.convert.transfer import to_hypenet
 from hyla.outputs import write_json
+from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed
 from hyla.train.loop import _step
 from hyla.train.optim import OptimSettings, build_optimizer
@@ -70,7 +71,7 @@ def build(stage: str, teacher_hf, device, compiled: bool = False, checkpointed: 
     if compiled:  # as hyla.convert.runners.train_budget does for `compile=true`
         compile_blocks([*student.model.layers, *(teacher.model.layers if stage == "distill" else [])])
     if checkpointed:  # and for `checkpoint_activations=true`
-        student.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(student)
     return pair, distill_loss if stage == "distill" else finetune_loss
 
 

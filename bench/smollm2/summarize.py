@@ -144,11 +144,17 @@ def _plot_ppl(plt, ppl: dict, out: Path) -> None:
     plt.close(figure)
 
 
+def ablation_rows(summary: dict) -> tuple[list[str], list[int]]:
+    """The ablation conversions' labels and every NIAH length measured for them."""
+    labels = sorted(label for label in summary["conversions"] if label.startswith("abl-"))
+    niah = summary["niah"]
+    return labels, sorted({n for l in labels for cells in niah.get(l, {}).values() for n in cells})
+
+
 def _plot_ablations(plt, summary: dict, out: Path) -> None:
     niah = summary["niah"]
-    labels = sorted(label for label in summary["conversions"] if label.startswith("abl-"))
+    labels, lengths = ablation_rows(summary)
     if labels:
-        lengths = sorted({n for l in labels for cells in niah.get(l, {}).values() for n in cells})
         series = [(f"NIAH {_length(n)} (mean SK1-3)", [mean_at(niah.get(l, {}), n) for l in labels]) for n in lengths]
         series.append(("CSR average", [summary["csr"].get(l, {}).get("average") for l in labels]))
         figure, (axis, loss_axis) = plt.subplots(1, 2, figsize=(13, 3.8), gridspec_kw={"width_ratios": [2, 1]})
@@ -209,9 +215,8 @@ def print_tables(summary: dict) -> None:
     for label, result in sorted(summary["csr"].items()):
         tasks = " ".join(f"{t}={v['value']:.3f}" for t, v in result["tasks"].items() if v["value"] is not None)
         print(f"{label:22s} avg={result['average']:.4f} {tasks}")
-    labels = sorted(label for label in summary["conversions"] if label.startswith("abl-"))
+    labels, lengths = ablation_rows(summary)
     if labels:
-        lengths = sorted({n for l in labels for cells in niah.get(l, {}).values() for n in cells})
         print("Ablations: NIAH mean of SK1-3, CSR average, held-out loss of the scaling stage (scaling off)")
         print(f"{'variant':22s} " + " ".join(f"{_length(n):>6s}" for n in lengths) + "    CSR   loss")
         for label in labels:

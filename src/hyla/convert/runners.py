@@ -20,6 +20,7 @@ from hyla.convert.stages import Stage
 from hyla.convert.transfer import to_hypenet
 from hyla.convert.weights import full_state_dict, load_weights, save_weights
 from hyla.train import LoopSettings, OptimSettings, run_training
+from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier, shard_model
 
 
@@ -73,9 +74,8 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     if budget.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
-    if budget.checkpoint_activations:  # the hybrid's own switch: HypeNetModel runs each block under checkpoint
-        (root or model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        run.log(f"[{name}] activation checkpointing: {len(blocks)} blocks")
+    if budget.checkpoint_activations:
+        run.log(f"[{name}] activation checkpointing: {checkpoint_activations(root or model)} blocks")
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)

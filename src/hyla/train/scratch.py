@@ -13,6 +13,7 @@ import torch
 from hyla.data.loader import TokenCorpus, TokenLoader
 from hyla.models import HypeNetConfig, HypeNetForCausalLM
 from hyla.compile import compile_blocks
+from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import init_distributed, shard_model
 from hyla.train.loop import LoopSettings, run_training
 from hyla.train.losses import LOSSES, ce_loss, longce_loss
@@ -69,7 +70,7 @@ def train(request: TrainRequest) -> dict:
     if request.compile:
         compile_blocks(model.model.layers)
     if request.checkpoint_activations:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_activations(model)
     if env.enabled:
         shard_model(model, list(model.model.layers), mixed_precision=env.device.type == "cuda")
     loss_fn = ce_loss if request.loss == "ce" else functools.partial(
