@@ -24,7 +24,8 @@ interpreter._patch_lang_tensor = _patch_with_scalar_index
 decode_triton._num_sms = lambda index: 4  # a few splits per row even for short buffers
 
 
-CONFIGS = [decode_triton.DecodeKernelConfig(block_n=b, programs_per_sm=p) for b, p in ((64, 4), (32, 1), (128, 8))]
+CONFIGS = [decode_triton.DecodeKernelConfig()] + [
+    decode_triton.DecodeKernelConfig(block_n=b, programs_per_sm=p) for b, p in ((64, 4), (32, 1), (128, 8))]
 
 
 def main():
@@ -44,7 +45,7 @@ def main():
             out = decode_triton.decode_attention_triton(q, keys, values, torch.tensor(length), scale=32**-0.5,
                                                         config=config)
             error = ((out.double() - ref).norm() / ref.norm()).item()
-            print(f"{shape} block_n={config.block_n} programs/SM={config.programs_per_sm}: relative error "
+            print(f"{shape} block_n={config.block_n} programs/SM={config.programs_per_sm or 'auto'}: relative error "
                   f"{error:.2e}")
 
 

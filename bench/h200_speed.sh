@@ -19,6 +19,8 @@
 #                                # prefills each (--long-prefill-repeats 3), batch 32 at 32K (~7 min, estimate)
 #   bash bench/h200_speed.sh h   # the decode attention kernel's launch settings (block, warps, stages, programs
 #                                # per SM), each checked then timed at 32K/128K/512K and B=32 at 32K (~3 min)
+#   bash bench/h200_speed.sh i   # decode only, over synthetic caches, with fused projections: HypeNet and the Qwen3
+#                                # shape at 128K and 512K, batch 1, and batch 32 at 32K (~4 min)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -77,6 +79,11 @@ case "$1" in
   h)
     python3 bench/decode_attention_sweep.py --out $OUT/sweep 2>&1 | tee $OUT/sweep.log
     pack h sweep ;;
+  i)
+    python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --out $OUT/decode 2>&1 \
+      | tee $OUT/decode.log
+    pack i decode ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i" >&2; exit 2 ;;
 esac

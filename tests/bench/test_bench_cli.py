@@ -260,3 +260,16 @@ def test_long_prefill_repeats_are_all_timed_after_one_chunk_of_warm_up():
     assert len(row["times_ms"]) == 4 and row["ms"] == statistics.median(row["times_ms"])
     row = bench_model.time_engine_prefill(engine, shape, 2**10, log=lambda _: None, repeats=3)
     assert len(row["times_ms"]) == 3  # short contexts: one warm-up run, then `repeats`
+
+
+def test_model_plot_marks_a_panel_without_measurements(tmp_path):
+    """A decode-only run (synthetic caches) has no prefill rows: that panel says so instead of an empty log axis."""
+    import warnings
+
+    from hyla.bench.report import plot_model
+
+    row = {"context": 2**17, "batch": 1, "ms_per_token": 2.7, "floor_ms": 1.8, "weights_plus_cache_gib": 7.0}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns when a legend has nothing to show
+        plot_model({"systems": {"hypenet": {"decode": [row], "prefill": []}}}, tmp_path / "model.png")
+    assert (tmp_path / "model.png").stat().st_size > 0

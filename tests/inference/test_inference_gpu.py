@@ -37,7 +37,7 @@ def test_triton_decode_matches_reference(batch, heads, kv_heads, max_length, len
     assert rel(out, ref) <= BF16_TOL
 
 
-@pytest.mark.parametrize("block_n,num_warps,num_stages,programs_per_sm", [(32, 8, 2, 1), (128, 8, 4, 8)])
+@pytest.mark.parametrize("block_n,num_warps,num_stages,programs_per_sm", [(32, 8, 2, 1), (128, 8, 4, 8), (64, 4, 3, 2)])
 def test_triton_decode_launch_settings_match_reference(block_n, num_warps, num_stages, programs_per_sm):
     """Settings that bench/decode_attention_sweep.py may pick, with the NaN poison past the valid length."""
     from hyla.inference.decode_triton import DecodeKernelConfig, decode_attention_triton

@@ -106,10 +106,15 @@ def plot_model(results: dict, path: Path) -> None:
             axes[1].plot([r["context"] for r in prefill], [r["us_per_token"] for r in prefill], "o-", label=system)
     titles = ("decode, batch 1 (ms/token; dotted: bytes floor)", "prefill (us/token)", "weights + cache (GiB)")
     for axis, title in zip(axes, titles):
+        axis.set_title(title)
+        if not axis.lines:  # e.g. decode over synthetic caches only: no prefill was timed
+            axis.text(0.5, 0.5, "not measured in this run", ha="center", va="center", transform=axis.transAxes)
+            axis.set_xticks([])
+            axis.set_yticks([])
+            continue
         axis.set_xscale("log", base=2)
         axis.set_yscale("log")
         axis.set_xlabel("context (tokens)")
-        axis.set_title(title)
         axis.grid(True, which="both", alpha=0.3)
         axis.legend(fontsize=8)
     fig.tight_layout()

@@ -22,14 +22,21 @@ MAX_SPLITS = 128
 @dataclass(frozen=True)
 class DecodeKernelConfig:
     """Launch settings of the split kernel: positions per loop step (block_n), warps and software-pipeline stages
-    per program, and programs per multiprocessor (which sets the number of splits). The defaults were the kernel's
-    fixed settings when it was measured on the H200 (3.95 TB/s at 512K); `python bench/decode_attention_sweep.py`
-    times alternatives on a GPU."""
+    per program, and programs per multiprocessor (which sets the number of splits). `programs_per_sm=None` picks by
+    occupancy: 2 when the batch has fewer (sequence, KV head) pairs than the GPU has multiprocessors, else 4. Those
+    were the fastest of {2, 4, 8} on the H200 (`python bench/decode_attention_sweep.py`, 2026-11-30): at batch 1,
+    2 beat 4 by 10% at 128K and 12% at 512K (4.4 TB/s); at batch 32, 32K, 4 beat 2 by 14%."""
 
     block_n: int = 64
     num_warps: int = 4
     num_stages: int = 3
-    programs_per_sm: int = 4
+    programs_per_sm: int | None = None
+
+    def programs_for(self, pairs: int, num_sms: int) -> int:
+        """Programs per multiprocessor for `pairs` (sequence, KV head) pairs on `num_sms` multiprocessors."""
+        if self.programs_per_sm is not None:
+            return self.programs_per_sm
+        return 2 if pairs < num_sms else 4
 
 
 DEFAULT_CONFIG = DecodeKernelConfig()
@@ -124,8 +131,10 @@ def decode_attention_triton(
     group = num_heads // num_kv_heads
     if keys.stride(-1) != 1 or values.stride(-1) != 1 or q.stride(-1) != 1:
         raise ValueError("decode attention needs the head dimension contiguous in q, keys and values")
-    num_splits = num_splits_for(batch, num_kv_heads, max_length, _num_sms(q.device.index or 0),
-                                programs_per_sm=config.programs_per_sm, block_n=config.block_n)
+    num_sms = _num_sms(q.device.index or 0)
+    num_splits = num_splits_for(batch, num_kv_heads, max_length, num_sms,
+                                programs_per_sm=config.programs_for(batch * num_kv_heads, num_sms),
+                                block_n=config.block_n)
     part_out = torch.empty(batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(batch, num_heads, num_splits, device=q.device, dtype=torch.float32)
     _split_kernel[(batch * num_kv_heads, num_splits)](
