@@ -5,6 +5,9 @@
 #   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash bench/smollm2/h200.sh part1
 #   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash bench/smollm2/h200.sh start
 #   call 3+ (no carry)                                          bash bench/smollm2/h200.sh wait
+# When the repository has grown so that call 2 would pass 64 MiB, send .gpu-inputs/b in a call of its own between
+# calls 1 and 2 (`carry [".gpu-inputs/b"]  bash bench/smollm2/h200.sh stash`) and call 2 carries .gpu-teacher/p1
+# alone; `start` takes the inputs from either place.
 # Each call also sends the repository's tracked files; `bash bench/smollm2/carry_size.sh` checks, here, that calls 1
 # and 2 stay under the 64 MiB a call may carry.
 # `start` unpacks everything under /root/keep, copies the repository there, starts bench/smollm2/driver.py in its
@@ -16,7 +19,7 @@
 # distillation's tokens to what that throughput gives in S seconds (at most DISTILL_MAX_TOKENS, default 80e6).
 set -uo pipefail
 keep=/root/keep
-mode=${1:?usage: h200.sh part1|start|wait}
+mode=${1:?usage: h200.sh part1|stash|start|restart|wait}
 wait_s=${WAIT_S:-540}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false
 
@@ -60,8 +63,10 @@ start)
   else
     [ -d $keep/site/fla ] || { echo "error: no wheels carried and none installed by part1"; exit 2; }
   fi
-  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf .gpu-inputs/b/text-b.tar.xz -C $keep/text || exit 1
-  tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
+  inputs_b=.gpu-inputs/b  # carried now, or by an earlier `stash` call
+  [ -f $inputs_b/text-b.tar.xz ] || inputs_b=$keep
+  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
+  tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
   args=${DRIVER_ARGS:-}
   if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
@@ -73,6 +78,9 @@ start)
   launch "$args"  # the GPU tests and family-LH have their own calls: bench/family_lh/h200.sh
   collect
   ;;
+stash)  # .gpu-inputs/b sent in a call of its own, for `start` to find under $keep
+  mkdir -p $keep && cp .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz $keep/ && ls -l $keep || exit 1
+  ;;
 restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished
   pkill -f "bench/smollm2/driver.py"; pkill -f "hyla.cli convert"; sleep 3
   cp -r bench/smollm2 $keep/repo/bench/ || exit 1
@@ -83,5 +91,5 @@ wait)
   [ -d $keep/run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
   collect
   ;;
-*) echo "usage: h200.sh part1|start|wait" >&2; exit 2 ;;
+*) echo "usage: h200.sh part1|stash|start|restart|wait" >&2; exit 2 ;;
 esac
