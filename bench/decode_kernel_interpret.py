@@ -1,4 +1,5 @@
-"""Check the split-K decode kernel's logic on CPU through Triton's interpreter (no GPU needed).
+"""Check the decode kernels' logic on CPU through Triton's interpreter (no GPU needed): the split-K attention
+kernel, and the batch-1 matrix-vector kernel (`hyla.inference.matvec_triton`), each against a float64 reference.
 
 Needs triton importable (e.g. `pip install --no-deps --target /tmp/tri triton==3.6.0`), then:
 `TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/decode_kernel_interpret.py`.
@@ -47,6 +48,26 @@ def main():
             error = ((out.double() - ref).norm() / ref.norm()).item()
             print(f"{shape} block_n={config.block_n} programs/SM={config.programs_per_sm or 'auto'}: relative error "
                   f"{error:.2e}")
+    check_matvec()
+
+
+def check_matvec():
+    """Row counts that are and are not multiples of block_n, with and without a bias; and the refusals."""
+    import torch.nn.functional as F
+
+    from hyla.inference.matvec_triton import MatvecConfig, matvec_triton, supports
+
+    for n, k, has_bias, config in ((100, 128, True, MatvecConfig(block_n=8, block_k=64)),
+                                   (7, 64, False, MatvecConfig(block_n=4, block_k=32)),
+                                   (33, 96, True, MatvecConfig(block_n=16, block_k=32))):
+        weight, x = torch.randn(n, k), torch.randn(1, 1, k)
+        bias = torch.randn(n) if has_bias else None
+        out = matvec_triton(x, weight, bias, config=config)
+        ref = F.linear(x.double(), weight.double(), bias.double() if has_bias else None)
+        print(f"matvec N={n} K={k} bias={has_bias} block_n={config.block_n} block_k={config.block_k}: relative error "
+              f"{((out.double() - ref).norm() / ref.norm()).item():.2e}")
+    assert not supports(torch.randn(2, 1, 512), torch.randn(8, 512))  # two rows: F.linear's job
+    assert not supports(torch.randn(1, 1, 100), torch.randn(8, 100))  # K not a multiple of block_k
 
 
 if __name__ == "__main__":

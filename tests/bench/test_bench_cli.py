@@ -27,6 +27,7 @@ def test_bench_model_toy_writes_results(tmp_path):
         assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
         assert hypenet["fused_projections"] == (name == "hypenet-fused")
     assert not results["systems"]["qwen3-engine"]["fused_projections"]
+    assert results["systems"]["hypenet"]["matvec"] == "cublas"
     assert (tmp_path / "model.png").stat().st_size > 0 and "Targets" in (tmp_path / "model.md").read_text()
     merged = tmp_path / "merged"
     assert main(["bench", "report", str(tmp_path / "model.json"), "--out", str(merged)]) == 0
@@ -185,6 +186,7 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
     from hyla.inference import engine as engine_module
 
     assert cli.COMPILE_MODES_CLI == engine_module.COMPILE_MODES
+    assert cli.MATVEC_KERNELS == engine_module.MATVEC_KERNELS
     modes = []
     monkeypatch.setattr(torch, "compile", lambda f, **kwargs: modes.append(kwargs["mode"]) or f)
     toy = model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"), dtype=torch.float32)
@@ -273,3 +275,13 @@ def test_model_plot_marks_a_panel_without_measurements(tmp_path):
         warnings.simplefilter("error")  # matplotlib warns when a legend has nothing to show
         plot_model({"systems": {"hypenet": {"decode": [row], "prefill": []}}}, tmp_path / "model.png")
     assert (tmp_path / "model.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("verb", ["model", "profile"])
+def test_triton_matvec_is_refused_up_front_without_fused_projections_or_cuda(tmp_path, capsys, verb):
+    common = ["bench", verb, "--toy", "--out", str(tmp_path), "--matvec", "triton"]
+    assert main(common + ["--device", "cpu"]) != 0
+    assert "needs --fuse-projections" in capsys.readouterr().err
+    assert main(common + ["--device", "cpu", "--fuse-projections"]) != 0
+    assert "needs a CUDA device" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # nothing written

@@ -96,6 +96,43 @@ def test_engine_refuses_overflow_and_unknown_layers():
         InferenceEngine(model, batch_size=1, max_length=8)
 
 
+@pytest.mark.parametrize("name", ["hypenet", "biases-no-gates"])
+def test_every_decode_product_goes_through_the_matvec_function(name):
+    """With fused projections, each block's 4 products (fused mixer map, o_proj, fused gate/up, down_proj) and the
+    LM head go through the engine's matrix-vector function (hyla's Triton kernel under matvec="triton"), and the
+    logits stay the model's. Here a counting float64 product stands in for the kernel."""
+    model = tiny_model(**MODELS[name])
+    tokens = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=1, max_length=24, prefill_chunk=8, fuse_projections=True)
+    assert engine.linear is None  # cuBLAS (F.linear) by default
+    calls = []
+
+    def counting_linear(x, weight, bias=None):
+        calls.append(tuple(weight.shape))
+        out = x @ weight.T
+        return out if bias is None else out + bias
+
+    engine.linear = counting_linear
+    logits = [engine.prefill(tokens[:, :16])]
+    for t in range(16, 20):
+        logits.append(engine.decode(tokens[:, t : t + 1]))
+    assert len(calls) == 4 * (4 * len(model.model.layers) + 1)
+    assert calls.count(tuple(model.lm_head.weight.shape)) == 4
+    assert rel(torch.stack(logits, 1), full[:, 15:]) <= TOL
+
+
+def test_triton_matvec_needs_fused_projections_and_cuda():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="matvec must be one of"):
+        InferenceEngine(model, batch_size=1, max_length=8, matvec="cutlass")
+    with pytest.raises(ValueError, match="fuse_projections=True"):
+        InferenceEngine(model, batch_size=1, max_length=8, matvec="triton")
+    with pytest.raises(ValueError, match="needs a CUDA device with triton"):
+        InferenceEngine(model, batch_size=1, max_length=8, matvec="triton", fuse_projections=True)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fused", [False, True])
 def test_compiled_decode_blocks_match_model_forward(fused):

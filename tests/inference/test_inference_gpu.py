@@ -96,3 +96,44 @@ def test_graph_decode_matches_model_forward(batch, compile_blocks):
         pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
     # fp32 model; fla's chunk kernel runs its matmuls in TF32 (~1.5e-3, SPEC §7).
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
+
+
+@pytest.mark.parametrize("compile_blocks", [False, True])
+def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks):
+    """matvec="triton": every product of the batch-1 step through hyla's kernel (widths multiples of its block_k),
+    eager and compiled (the custom op inside torch.compile's graph), under the CUDA graph."""
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, layer_types=["lightning", "attention", "lightning", "lightning"],
+        attn_logits_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True,
+    )
+    model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
+    tokens = torch.randint(0, 1000, (1, 300), device="cuda")
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
+                             fuse_projections=True, matvec="triton")
+    pieces = [engine.prefill(tokens[:, :250])]
+    engine.capture_graph()
+    for t in range(250, 300):
+        pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
+    assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
+
+
+@pytest.mark.parametrize("n,k,has_bias", [(100, 2048, False), (6144, 2048, True), (2048, 6144, False)])
+def test_triton_matvec_matches_reference(n, k, has_bias):
+    """The batch-1 matrix-vector kernel against a float64 product, with a row count that is not a multiple of
+    block_n and a bias."""
+    import torch.nn.functional as F
+
+    from hyla.inference.matvec_triton import matvec_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(n)
+    weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16() if has_bias else None
+    x = torch.randn(1, 1, k, device="cuda", generator=gen).bfloat16()
+    out = matvec_triton(x, weight, bias)
+    ref = F.linear(x.double(), weight.double(), bias.double() if has_bias else None)
+    assert out.shape == (1, 1, n) and out.dtype == torch.bfloat16
+    assert rel(out, ref) <= BF16_TOL

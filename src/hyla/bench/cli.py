@@ -11,8 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-# hyla.inference.engine.COMPILE_MODES, written out so that `hyla --help` does not import torch (a test keeps them equal)
+# hyla.inference.engine.COMPILE_MODES and MATVEC_KERNELS, written out so that `hyla --help` does not import torch (a
+# test keeps them equal)
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
+MATVEC_KERNELS = ("cublas", "triton")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -56,6 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--compile-prefill", action="store_true",
                        help="torch.compile the engine's prefill around its mixing kernels (norms, projections, "
                             "RoPE, gates, MLP), every engine system")
+    model.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
+                       help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
+                            "--fuse-projections; bench/matvec_sweep.py compares the two per shape)")
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
@@ -78,6 +83,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up)")
     profile.add_argument("--compile-prefill", action="store_true",
                          help="torch.compile the prefill around its mixing kernels (--phase prefill)")
+    profile.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
+                         help="decode products: cuBLAS or hyla's Triton kernel (with --fuse-projections)")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
@@ -164,8 +171,18 @@ def run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_matvec(args: argparse.Namespace) -> None:
+    """--matvec triton runs the fused decode products on CUDA: refuse it up front otherwise."""
+    if args.matvec == "triton" and not args.fuse_projections:
+        raise ValueError("--matvec triton needs --fuse-projections (the kernel runs the fused decode products)")
+    if args.matvec == "triton" and not args.device.startswith("cuda"):
+        raise ValueError(f"--matvec triton needs a CUDA device, not {args.device}")
+
+
 def run_model(args: argparse.Namespace) -> int:
     from hyla.bench.model import ModelSettings, run_model_bench
+
+    _check_matvec(args)
     from hyla.bench.report import model_markdown, plot_model
 
     defaults = ModelSettings()
@@ -179,7 +196,7 @@ def run_model(args: argparse.Namespace) -> int:
         decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
         prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
-        compile_prefill=args.compile_prefill, compile_mode=args.compile_mode,
+        compile_prefill=args.compile_prefill, compile_mode=args.compile_mode, matvec=args.matvec,
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
@@ -200,12 +217,15 @@ def run_model(args: argparse.Namespace) -> int:
 def run_profile(args: argparse.Namespace) -> int:
     from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown, profile_prefill
 
+    _check_matvec(args)
+
     prefill = args.phase == "prefill"
     steps = args.steps if args.steps is not None else (2 if prefill else 10)
     settings = ProfileSettings(system=args.system, phase=args.phase, context=args.context, chunk=args.chunk,
                                batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
                                fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
-                               compile_mode=args.compile_mode, toy=args.toy, device=args.device, dtype=args.dtype,
+                               compile_mode=args.compile_mode, matvec=args.matvec, toy=args.toy,
+                               device=args.device, dtype=args.dtype,
                                top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

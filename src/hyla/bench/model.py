@@ -51,6 +51,7 @@ class ModelSettings:
     fuse_projections: bool = False  # engine decode through concatenated q/k/v(/gate) and gate/up maps
     compile_prefill: bool = False  # torch.compile the engine's prefill around the mixing kernels
     compile_mode: str = "default"  # torch.compile mode of the decode blocks (hyla.inference.engine.COMPILE_MODES)
+    matvec: str = "cublas"  # batch-1 decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
@@ -96,7 +97,7 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
                              compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
-                             compile_mode=settings.compile_mode)
+                             compile_mode=settings.compile_mode, matvec=settings.matvec)
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -180,7 +181,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
     engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
                              prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
-                             compile_mode=settings.compile_mode, attention_backend=settings.attention_backend)
+                             compile_mode=settings.compile_mode, attention_backend=settings.attention_backend,
+                             matvec=settings.matvec if batch == 1 else "cublas")
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
         prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats,
@@ -224,7 +226,7 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
                            attention_backend="flash" if model.device.type == "cuda" else "torch")
         check = check_engine(model, reference, settings)
     result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
-              "compile_mode": settings.compile_mode,
+              "compile_mode": settings.compile_mode, "matvec": settings.matvec,
               "fused_projections": settings.fuse_projections, "compiled_prefill": settings.compile_prefill,
               "prefill_attention": settings.attention_backend,
               "prefill": [], "decode": [], "skipped": []}

@@ -47,6 +47,7 @@ class ProfileSettings:
     fuse_projections: bool = False
     compile_prefill: bool = False
     compile_mode: str = "default"
+    matvec: str = "cublas"  # decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -138,7 +139,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
     shape = ModelShape.of(model)
     engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
                              compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections,
-                             compile_mode=settings.compile_mode)
+                             compile_mode=settings.compile_mode, matvec=settings.matvec)
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()

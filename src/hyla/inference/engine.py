@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from hyla.compile import raise_recompile_limits
 from hyla.inference.cache import StaticHybridCache
-from hyla.inference.decode_attention import decode_attention
+from hyla.inference.decode_attention import decode_attention, triton_available
 from hyla.inference.prefill_attention import chunk_attention, pick_attention_backend
 from hyla.layers.context import MixerContext
 from hyla.ops.lightning import lightning_attention
@@ -25,6 +25,9 @@ from hyla.ops.lightning import lightning_attention
 SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 # torch.compile modes for the decode blocks: the engine captures the whole step in one CUDA graph itself.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Kernels for the decode step's matrix-vector products: cuBLAS through F.linear, or hyla's Triton kernel at batch 1
+# (`hyla.inference.matvec_triton`; with fused projections, on CUDA).
+MATVEC_KERNELS = ("cublas", "triton")
 
 
 class FusedProjections(NamedTuple):
@@ -57,21 +60,24 @@ def fuse_block_projections(block) -> FusedProjections:
     return FusedProjections(*_concatenate(mixer_linears), *_concatenate([mlp.gate_proj, mlp.up_proj]))
 
 
-def _project(mixer, x, context, fused: FusedProjections | None):
-    """(q, k, v, output-gate pre-activation or None) for the decode step, through the fused map when given."""
+def _project(mixer, x, context, fused: FusedProjections | None, linear=None):
+    """(q, k, v, output-gate pre-activation or None) for the decode step, through the fused map when given;
+    `linear` (F.linear's signature; None: F.linear) computes the fused product."""
     if fused is None:
         return (*mixer._project(x, context), None)
-    parts = F.linear(x, fused.mixer_weight, fused.mixer_bias).split(fused.mixer_sizes, dim=-1)
+    parts = (linear or F.linear)(x, fused.mixer_weight, fused.mixer_bias).split(fused.mixer_sizes, dim=-1)
     q, k, v = mixer._finish_projection(parts[0], parts[1], parts[2], context)
     return q, k, v, parts[3] if len(parts) > 3 else None
 
 
-def _mlp(block, hidden, fused: FusedProjections | None):
+def _mlp(block, hidden, fused: FusedProjections | None, linear=None):
     x = block.post_attention_layernorm(hidden)
     if fused is None:
         return block.mlp(x)
-    gate, up = F.linear(x, fused.mlp_weight, fused.mlp_bias).split(fused.mlp_sizes, dim=-1)
-    return block.mlp.down_proj(block.mlp.act_fn(gate) * up)
+    linear = linear or F.linear
+    gate, up = linear(x, fused.mlp_weight, fused.mlp_bias).split(fused.mlp_sizes, dim=-1)
+    down = block.mlp.down_proj
+    return linear(block.mlp.act_fn(gate) * up, down.weight, down.bias)
 
 
 # The decode step's residual stream travels as (hidden, delta): each block returns its MLP output as `delta`
@@ -87,45 +93,48 @@ def decode_embed(model, input_ids, position_ids):
     return hidden, torch.zeros_like(hidden), cos, sin
 
 
-def decode_logits(model, lm_head, hidden, delta):
-    """Logits [B, V] of the decode step from the last block's (hidden, delta)."""
-    return lm_head(model.norm(hidden + delta))[:, 0]
+def decode_logits(model, lm_head, hidden, delta, linear=None):
+    """Logits [B, V] of the decode step from the last block's (hidden, delta); `linear` as in `_project`."""
+    x = model.norm(hidden + delta)
+    return (lm_head(x) if linear is None else linear(x, lm_head.weight, lm_head.bias))[:, 0]
 
 
-def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None):
+def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None,
+                           linear=None):
     """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, written back in
     place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state:
-    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum
-    is the block's output."""
+    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay). `linear`: the matrix-vector products of the fused path (None:
+    F.linear). Returns (hidden after the mixer, the MLP's output): their sum is the block's output."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
-    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
+    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused, linear)
     acc = state.dtype
     # Written as a product and a sum rather than a batched matrix-vector product, so that compiled, the update, its
     # write back and q S are one kernel that reads the state once.
     updated = state * decay + k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc)
     state.copy_(updated)
     output = (q[:, 0, :, :, None].to(acc) * updated).sum(-2, keepdim=True) * scale
-    hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x, gate)
-    return hidden, _mlp(block, hidden, fused)
+    hidden = hidden + block.mixer._output(output.transpose(1, 2).to(hidden.dtype), x, gate, linear)
+    return hidden, _mlp(block, hidden, fused, linear)
 
 
-def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position, fused=None):
+def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position, fused=None,
+                               linear=None):
     """On input `hidden + delta`: norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache
     write at `position` ([1] int64 device tensor). Returns (the block's input hidden + delta, mixer input x,
     q [B, H, D], output-gate pre-activation or None)."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
-    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused)
+    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused, linear)
     keys.index_copy_(2, position, k.transpose(1, 2))
     values.index_copy_(2, position, v.transpose(1, 2))
     return hidden, x, q[:, 0].contiguous(), gate
 
 
-def attention_block_decode_post(block, hidden, x, attention_output, gate=None, fused=None):
+def attention_block_decode_post(block, hidden, x, attention_output, gate=None, fused=None, linear=None):
     """Returns (hidden after the mixer, the MLP's output), as lightning_block_decode."""
-    hidden = hidden + block.mixer._output(attention_output[:, None], x, gate)
-    return hidden, _mlp(block, hidden, fused)
+    hidden = hidden + block.mixer._output(attention_output[:, None], x, gate, linear)
+    return hidden, _mlp(block, hidden, fused, linear)
 
 
 def block_prefill_pre(block, hidden, position_ids, cos, sin):
@@ -149,7 +158,7 @@ class InferenceEngine:
 
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
                  attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False,
-                 compile_prefill: bool = False, compile_mode: str = "default"):
+                 compile_prefill: bool = False, compile_mode: str = "default", matvec: str = "cublas"):
         """compile_blocks: torch.compile the decode step's block functions, in torch.compile's `compile_mode`
         ("default"; "max-autotune-no-cudagraphs" times inductor's matrix-product kernels against cuBLAS for each
         shape while compiling and keeps the fastest; the step is graph-captured by `capture_graph` either way, so
@@ -157,7 +166,10 @@ class InferenceEngine:
         block's input-side maps concatenated (`FusedProjections`: 4 matrix-vector products a block instead of 8;
         costs a copy of those weights, ~2/3 of a block's). compile_prefill: torch.compile what surrounds the sequence
         mixing in a prefill chunk (`block_prefill_pre`, `block_prefill_post`: norms, projections, RoPE, gates,
-        MLP), fusing their elementwise work; the mixing kernels themselves run as they are."""
+        MLP), fusing their elementwise work; the mixing kernels themselves run as they are. matvec: "cublas"
+        (F.linear) or "triton": the decode step's matrix-vector products (fused maps, o_proj, down_proj, LM head)
+        through hyla's Triton kernel where it applies (batch 1; needs fuse_projections and CUDA; measured against
+        cuBLAS by bench/matvec_sweep.py)."""
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -183,6 +195,7 @@ class InferenceEngine:
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+        self.linear = self._matvec_function(matvec, fuse_projections, self.device)
         self._blocks = self._block_functions(compile_blocks, compile_mode)
         self._prefill_blocks = self._prefill_functions(compile_prefill)
         self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
@@ -198,6 +211,21 @@ class InferenceEngine:
             return functions
         raise_recompile_limits()
         return tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
+
+    @staticmethod
+    def _matvec_function(matvec: str, fuse_projections: bool, device: torch.device):
+        """None (F.linear) for cuBLAS, else hyla's Triton matrix-vector kernel where it applies."""
+        if matvec not in MATVEC_KERNELS:
+            raise ValueError(f"matvec must be one of {', '.join(MATVEC_KERNELS)}, got {matvec!r}")
+        if matvec == "cublas":
+            return None
+        if not fuse_projections:
+            raise ValueError("matvec='triton' decodes through the fused projections: set fuse_projections=True")
+        if device.type != "cuda" or not triton_available():
+            raise ValueError(f"matvec='triton' needs a CUDA device with triton; the model is on {device}")
+        from hyla.inference.matvec_triton import matvec_linear
+
+        return matvec_linear
 
     @staticmethod
     def _prefill_functions(compile_prefill: bool):
@@ -282,15 +310,15 @@ class InferenceEngine:
             if block.layer_type == "lightning":
                 state = cache.states[index]
                 hidden, delta = lightning_step(block, hidden, delta, position_ids, cos, sin, state, self.decay,
-                                               self.scale, fused)
+                                               self.scale, fused, self.linear)
                 continue
             keys, values = cache.keys[index], cache.values[index]
             hidden, x, q, gate = attention_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position,
-                                               fused)
+                                               fused, self.linear)
             output = decode_attention(q, keys, values, valid_length, scale=self.scale)
-            hidden, delta = attention_post(block, hidden, x, output, gate, fused)
+            hidden, delta = attention_post(block, hidden, x, output, gate, fused, self.linear)
         cache.length.add_(1)
-        return logits(model, self.model.lm_head, hidden, delta)
+        return logits(model, self.model.lm_head, hidden, delta, self.linear)
 
     def _step(self) -> None:
         self._logits = self._decode_forward(self._tokens)

@@ -72,13 +72,16 @@ class LightningAttention(nn.Module):
         return self._output(output, hidden_states)
 
     def _output(
-        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
     ) -> torch.Tensor:
         """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
-        output gate's pre-activation z_proj(hidden_states) when the caller computed it already."""
+        output gate's pre-activation z_proj(hidden_states) when the caller computed it already; `linear`: F.linear's
+        signature, computing o_proj instead of the module (the fast path's own matrix-vector kernel)."""
         output = self.o_norm(output.reshape(hidden_states.shape[:2] + (-1,)))
         if self.z_proj is not None:
             output = output * torch.sigmoid(self.z_proj(hidden_states) if gate is None else gate)
+        if linear is not None:
+            return linear(output, self.o_proj.weight, self.o_proj.bias)
         return self.o_proj(output)
 
     def gate_projection(self) -> nn.Linear | None:

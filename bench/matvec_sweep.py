@@ -1,0 +1,183 @@
+"""The decode step's matrix-vector products at batch 1: `F.linear` (cuBLAS, what the engine runs) against hyla's
+Triton kernel (`hyla.inference.matvec_triton`) in several launch settings, on the shapes one decode step of
+HypeNet-2B and of the Qwen3-1.7B shape reads with fused projections, beside the floor of reading the weights once.
+
+Every Triton setting is first checked against a float64 product; a setting that fails is reported and not timed.
+Each timed call reads a different copy of the weights (copies totalling over 4x the GPU's L2 cache), as the layers
+of a decode step do, so that no timing comes from the cache. The per-step line adds, for each model, every product
+of one step at its best setting against cuBLAS: what the kernel could save a decode step before any fusion.
+
+    python bench/matvec_sweep.py --out DIR        # on a CUDA machine with triton; ~2 minutes
+    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/matvec_sweep.py --out DIR --smoke
+                                                 # CPU, Triton's interpreter: toy shapes, two settings (plumbing)
+
+Writes DIR/matvec-sweep.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hyla.bench.floors import COPY_BANDWIDTH
+from hyla.bench.shapes import hypenet_config, qwen3_engine_config
+from hyla.bench.timing import time_ms
+from hyla.outputs import write_atomic, write_json
+
+CALLS = 16  # products per timed measurement, each on its own copy of the weights
+
+
+def step_products(config) -> Counter:
+    """(N, K, has bias) -> calls in one batch-1 decode step with fused projections, read off the model built on the
+    meta device (no memory): each block's fused mixer and MLP maps, o_proj, down_proj, and the LM head."""
+    from hyla.inference.engine import fuse_block_projections
+    from hyla.models import HypeNetForCausalLM
+
+    with torch.device("meta"):
+        model = HypeNetForCausalLM(config)
+    counts = Counter()
+    for block in model.model.layers:
+        fused = fuse_block_projections(block)
+        for weight, bias in ((fused.mixer_weight, fused.mixer_bias), (fused.mlp_weight, fused.mlp_bias),
+                             (block.mixer.o_proj.weight, block.mixer.o_proj.bias),
+                             (block.mlp.down_proj.weight, block.mlp.down_proj.bias)):
+            counts[(*weight.shape, bias is not None)] += 1
+    counts[(*model.lm_head.weight.shape, False)] += 1
+    return counts
+
+
+def configs(smoke: bool):
+    from hyla.inference.matvec_triton import MatvecConfig
+
+    if smoke:
+        yield from (MatvecConfig(block_n=4, block_k=32), MatvecConfig(block_n=8, block_k=64, num_warps=2))
+        return
+    for block_n, block_k, warps, stages in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (3, 4)):
+        yield MatvecConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+
+
+def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: int, log) -> dict:
+    from hyla.inference.matvec_triton import matvec_triton, supports
+
+    dtype = torch.float32 if smoke else torch.bfloat16  # the interpreter has no bfloat16
+    gen = torch.Generator(device=device).manual_seed(n * 7 + k)
+    weight_bytes = n * k * (4 if smoke else 2)
+    copies = 1 if smoke else max(2, -(-4 * l2_bytes // weight_bytes))
+    weights = [torch.randn(n, k, device=device, generator=gen, dtype=dtype) / k**0.5 for _ in range(copies)]
+    bias = torch.randn(n, device=device, generator=gen, dtype=dtype) if has_bias else None
+    x = torch.randn(1, 1, k, device=device, generator=gen, dtype=dtype)
+    reference = F.linear(x.double(), weights[0].double(), bias.double() if has_bias else None)
+    calls = 1 if smoke else CALLS
+    repeats = 1 if smoke else 7
+
+    def timed(fn):
+        def run():
+            for i in range(calls):
+                fn(weights[i % copies])
+        return time_ms(run, device=x.device, warmup=1, repeats=repeats)["median_ms"] * 1e3 / calls
+
+    cublas_us = timed(lambda w: F.linear(x, w, bias))
+    rows = []
+    for config in configs(smoke):
+        row = {**config.__dict__}
+        if not supports(x, weights[0], config):
+            rows.append({**row, "error": f"K={k} is not a multiple of block_k"})
+            continue
+        try:
+            out = matvec_triton(x, weights[0], bias, config=config)
+        except Exception as err:  # noqa: BLE001  (a setting the compiler refuses)
+            rows.append({**row, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            continue
+        error = ((out.double() - reference).norm() / reference.norm()).item()
+        row["relative_error"] = error
+        if not error <= 1e-2:
+            rows.append({**row, "error": f"check failed: relative error {error:.2e} > 1e-2"})
+            continue
+        us = timed(lambda w, config=config: matvec_triton(x, w, bias, config=config))
+        rows.append({**row, "us": us, "tb_per_s": weight_bytes / (us * 1e-6) / 1e12})
+    timed_rows = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    floor_us = weight_bytes / COPY_BANDWIDTH * 1e6
+    result = {"n": n, "k": k, "bias": has_bias, "weight_bytes": weight_bytes, "copies": copies, "floor_us": floor_us,
+              "cublas_us": cublas_us, "cublas_tb_per_s": weight_bytes / (cublas_us * 1e-6) / 1e12, "rows": rows,
+              "fastest": timed_rows[0] if timed_rows else None, "timed": len(timed_rows)}
+    best = result["fastest"]
+    log(f"N={n} K={k}{' +bias' if has_bias else ''}: floor {floor_us:.1f} us, cuBLAS {cublas_us:.1f} us "
+        f"({result['cublas_tb_per_s']:.2f} TB/s), Triton best "
+        + (f"{best['us']:.1f} us ({best['tb_per_s']:.2f} TB/s) "
+           f"{ {key: best[key] for key in ('block_n', 'block_k', 'num_warps', 'num_stages')} }" if best else "none"))
+    return result
+
+
+def per_step(results: list[dict], products: Counter) -> dict:
+    """One decode step's products: summed cuBLAS time, summed best Triton time, summed floor (us)."""
+    by_shape = {(r["n"], r["k"], r["bias"]): r for r in results}
+    total = {"cublas_us": 0.0, "triton_us": 0.0, "floor_us": 0.0, "products": sum(products.values())}
+    for shape, calls in products.items():
+        r = by_shape[shape]
+        best = r["fastest"]["us"] if r["fastest"] else r["cublas_us"]
+        total["cublas_us"] += calls * r["cublas_us"]
+        total["triton_us"] += calls * min(best, r["cublas_us"])  # where Triton loses, the engine keeps cuBLAS
+        total["floor_us"] += calls * r["floor_us"]
+    return total
+
+
+def markdown(results: list[dict], steps: dict) -> str:
+    lines = ["# Batch-1 matrix-vector products: cuBLAS vs hyla's Triton kernel", "",
+             "| N | K | bias | floor us | cuBLAS us (TB/s) | Triton best us (TB/s) | setting |",
+             "|---|---|---|---|---|---|---|"]
+    for r in results:
+        b = r["fastest"]
+        setting = (", ".join(f"{key}={b[key]}" for key in ("block_n", "block_k", "num_warps", "num_stages"))
+                   if b else "")
+        best = f"{b['us']:.1f} ({b['tb_per_s']:.2f})" if b else "none"
+        lines.append(f"| {r['n']} | {r['k']} | {'yes' if r['bias'] else ''} | {r['floor_us']:.1f} | "
+                     f"{r['cublas_us']:.1f} ({r['cublas_tb_per_s']:.2f}) | {best} | {setting} |")
+    lines += ["", "| model | products a step | cuBLAS us | with Triton where faster, us | floor us |",
+              "|---|---|---|---|---|"]
+    for name, s in steps.items():
+        lines.append(f"| {name} | {s['products']} | {s['cublas_us']:.0f} | {s['triton_us']:.0f} | "
+                     f"{s['floor_us']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: toy shapes")
+    args = parser.parse_args()
+    if args.smoke:
+        import decode_kernel_interpret  # noqa: F401  (the interpreter's patches for scalar loop bounds)
+    elif not torch.cuda.is_available():
+        print("error: matvec_sweep.py needs a CUDA GPU with triton", file=sys.stderr)
+        return 2
+    device = "cpu" if args.smoke else "cuda"
+    l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
+    models = {"hypenet": hypenet_config(toy=args.smoke), "qwen3-engine": qwen3_engine_config(toy=args.smoke)}
+    products = {name: step_products(config) for name, config in models.items()}
+    shapes = sorted(set().union(*products.values()))
+    out = Path(args.out)
+    results = []
+    for n, k, has_bias in shapes:
+        results.append(sweep(n, k, has_bias, device, args.smoke, l2_bytes, lambda line: print(line, flush=True)))
+        write_json(out / "matvec-sweep.json", {"device": "cpu (Triton interpreter)" if args.smoke else
+                                               torch.cuda.get_device_name(), "results": results})
+    steps = {name: per_step(results, counts) for name, counts in products.items()}
+    write_json(out / "matvec-sweep.json", {"device": "cpu (Triton interpreter)" if args.smoke else
+                                           torch.cuda.get_device_name(), "results": results, "per_step": steps,
+                                           "products": {name: {f"{n}x{k}{'+bias' if b else ''}": c
+                                                               for (n, k, b), c in counts.items()}
+                                                        for name, counts in products.items()}})
+    text = markdown(results, steps)
+    write_atomic(out / "matvec-sweep.md", text.encode())
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
