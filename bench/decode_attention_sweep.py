@@ -13,7 +13,6 @@ default setting's rank, and the fastest.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from pathlib import Path
@@ -24,6 +23,7 @@ from hyla.bench.floors import COPY_BANDWIDTH
 from hyla.bench.timing import time_ms
 from hyla.inference.decode_attention import decode_attention_reference
 from hyla.outputs import write_atomic, write_json
+from kernel_sweep import sweep_arguments
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 SHAPES = [(1, 2**15), (1, 2**17), (1, 2**19), (32, 2**15)]  # (batch, context)
@@ -104,15 +104,8 @@ def markdown(results: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: tiny shapes")
-    args = parser.parse_args()
-    if args.smoke:
-        # The interpreter patches (scalars as loop bounds, 4 SMs) of bench/decode_kernel_interpret.py, by importing it.
-        import decode_kernel_interpret  # noqa: F401
-    elif not torch.cuda.is_available():
-        print("error: decode_attention_sweep.py needs a CUDA GPU with triton", file=sys.stderr)
+    args = sweep_arguments(__doc__, "decode_attention_sweep.py")
+    if args is None:
         return 2
     out = Path(args.out)
     results = []

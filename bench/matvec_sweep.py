@@ -16,7 +16,6 @@ Writes DIR/matvec-sweep.json and .md.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from collections import Counter
@@ -29,6 +28,7 @@ from hyla.bench.floors import COPY_BANDWIDTH
 from hyla.bench.shapes import hypenet_config, qwen3_engine_config
 from hyla.bench.timing import time_ms
 from hyla.outputs import write_atomic, write_json
+from kernel_sweep import sweep_arguments
 
 CALLS = 16  # products per timed measurement, each on its own copy of the weights
 
@@ -147,14 +147,8 @@ def markdown(results: list[dict], steps: dict) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: toy shapes")
-    args = parser.parse_args()
-    if args.smoke:
-        import decode_kernel_interpret  # noqa: F401  (the interpreter's patches for scalar loop bounds)
-    elif not torch.cuda.is_available():
-        print("error: matvec_sweep.py needs a CUDA GPU with triton", file=sys.stderr)
+    args = sweep_arguments(__doc__, "matvec_sweep.py")
+    if args is None:
         return 2
     device = "cpu" if args.smoke else "cuda"
     l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
