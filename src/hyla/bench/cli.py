@@ -181,9 +181,9 @@ def _check_matvec(args: argparse.Namespace) -> None:
 
 def run_model(args: argparse.Namespace) -> int:
     from hyla.bench.model import ModelSettings, run_model_bench
+    from hyla.bench.report import model_markdown, plot_model
 
     _check_matvec(args)
-    from hyla.bench.report import model_markdown, plot_model
 
     defaults = ModelSettings()
     settings = ModelSettings(

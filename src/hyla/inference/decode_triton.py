@@ -40,7 +40,6 @@ class DecodeKernelConfig:
 
 
 DEFAULT_CONFIG = DecodeKernelConfig()
-BLOCK_N = DEFAULT_CONFIG.block_n
 
 
 @triton.jit
@@ -112,8 +111,8 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def num_splits_for(batch: int, num_kv_heads: int, max_length: int, num_sms: int, *, programs_per_sm: int = 4,
-                   block_n: int = BLOCK_N) -> int:
+def num_splits_for(batch: int, num_kv_heads: int, max_length: int, num_sms: int, *, programs_per_sm: int,
+                   block_n: int) -> int:
     """About `programs_per_sm` programs per multiprocessor, at most MAX_SPLITS (the merge holds all splits of a head
     in registers), and no more splits than block_n-position blocks in the buffer."""
     wanted = max(1, -(-programs_per_sm * num_sms // (batch * num_kv_heads)))
