@@ -55,7 +55,8 @@ def check_matvec():
     """Row counts that are and are not multiples of block_n, with and without a bias; and the refusals."""
     import torch.nn.functional as F
 
-    from hyla.inference.matvec_triton import MatvecConfig, matvec_triton, supports
+    from hyla.inference.matvec import MatvecConfig
+    from hyla.inference.matvec_triton import matvec_triton, supports
 
     for n, k, has_bias, config in ((100, 128, True, MatvecConfig(block_n=8, block_k=64)),
                                    (7, 64, False, MatvecConfig(block_n=4, block_k=32)),

@@ -22,8 +22,10 @@
 #   bash bench/h200_speed.sh i   # decode only, over synthetic caches, with fused projections: HypeNet and the Qwen3
 #                                # shape at 128K and 512K, batch 1, and batch 32 at 32K (~4 min)
 #   bash bench/h200_speed.sh j   # batch-1 matrix-vector products: the Triton kernel's GPU tests, then cuBLAS vs the
-#                                # kernel in 36 settings on every shape of a decode step, then stage i's decode
-#                                # with --matvec triton (compare with stage i run in the same session; ~6 min, estimate)
+#                                # kernel in 36 settings on every shape of a decode step (bench/matvec_sweep.py),
+#                                # then HypeNet's 512K step profiled with the kernel where the sweep found it faster
+#   MATVEC_TABLE=<j's matvec-sweep.json> bash bench/h200_speed.sh k
+#                                # stage i's decode with --matvec triton --matvec-table (compare with stage i)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -90,11 +92,16 @@ case "$1" in
   j)
     python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k matvec 2>&1 | tee $OUT/matvec-test.txt \
       | tail -n 3 || exit 1
-    python3 bench/matvec_sweep.py --out $OUT/matvec 2>&1 | tee $OUT/matvec.log
+    python3 bench/matvec_sweep.py --out $OUT/matvec 2>&1 | tee $OUT/matvec.log || exit 1
+    python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections --matvec triton \
+      --matvec-table $OUT/matvec/matvec-sweep.json --out $OUT/profile 2>&1 | tee $OUT/profile.log
+    pack j matvec profile ;;
+  k)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
       --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --matvec triton \
+      --matvec-table "${MATVEC_TABLE:?set MATVEC_TABLE to the matvec-sweep.json of stage j}" \
       --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
-    pack j matvec decode-matvec ;;
+    pack k decode-matvec ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k" >&2; exit 2 ;;
 esac

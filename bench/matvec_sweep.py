@@ -53,7 +53,7 @@ def step_products(config) -> Counter:
 
 
 def configs(smoke: bool):
-    from hyla.inference.matvec_triton import MatvecConfig
+    from hyla.inference.matvec import MatvecConfig
 
     if smoke:
         yield from (MatvecConfig(block_n=4, block_k=32), MatvecConfig(block_n=8, block_k=64, num_warps=2))

@@ -131,6 +131,39 @@ def test_triton_matvec_needs_fused_projections_and_cuda():
         InferenceEngine(model, batch_size=1, max_length=8, matvec="triton")
     with pytest.raises(ValueError, match="needs a CUDA device with triton"):
         InferenceEngine(model, batch_size=1, max_length=8, matvec="triton", fuse_projections=True)
+    with pytest.raises(ValueError, match="needs matvec='triton'"):
+        InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True, matvec_table={})
+
+
+def _sweep_result(n, k, bias, cublas_us, fastest):
+    return {"n": n, "k": k, "bias": bias, "cublas_us": cublas_us, "fastest": fastest}
+
+
+def test_matvec_table_keeps_the_kernel_only_where_it_beat_cublas(tmp_path):
+    """load_table reads bench/matvec_sweep.py's JSON: a shape's fastest setting where it was faster than cuBLAS,
+    None (cuBLAS) where it was slower, had no checked setting, or where one shape with and without a bias disagree."""
+    import json
+
+    from hyla.inference.matvec import MatvecConfig, load_table
+
+    fast = {"block_n": 4, "block_k": 1024, "num_warps": 8, "num_stages": 3, "us": 9.0, "tb_per_s": 3.9}
+    results = [
+        _sweep_result(12288, 2048, False, 15.5, fast),
+        _sweep_result(2048, 2048, False, 5.0, {**fast, "us": 5.5}),
+        _sweep_result(151936, 2048, False, 150.0, None),
+        _sweep_result(6144, 2048, False, 11.0, fast),
+        _sweep_result(6144, 2048, True, 11.0, {**fast, "block_n": 8}),
+    ]
+    path = tmp_path / "matvec-sweep.json"
+    path.write_text(json.dumps({"device": "x", "results": results}))
+    table = load_table(path)
+    assert table == {(12288, 2048): MatvecConfig(block_n=4, block_k=1024, num_warps=8, num_stages=3),
+                     (2048, 2048): None, (151936, 2048): None, (6144, 2048): None}
+    path.write_text(json.dumps({"results": [{"n": 1}]}))
+    with pytest.raises(ValueError, match="not a matvec sweep result"):
+        load_table(path)
+    with pytest.raises(ValueError, match="not a matvec sweep result"):
+        load_table(tmp_path / "missing.json")
 
 
 @pytest.mark.slow

@@ -98,10 +98,13 @@ def test_graph_decode_matches_model_forward(batch, compile_blocks):
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
 
 
-@pytest.mark.parametrize("compile_blocks", [False, True])
-def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks):
+@pytest.mark.parametrize("compile_blocks,table", [(False, False), (True, False), (True, True)])
+def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks, table):
     """matvec="triton": every product of the batch-1 step through hyla's kernel (widths multiples of its block_k),
-    eager and compiled (the custom op inside torch.compile's graph), under the CUDA graph."""
+    eager and compiled (the custom op inside torch.compile's graph), under the CUDA graph; with a per-shape table,
+    other settings for one shape and cuBLAS for the LM head."""
+    from hyla.inference.matvec import MatvecConfig
+
     torch.manual_seed(0)
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
@@ -113,7 +116,9 @@ def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks):
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
     engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
-                             fuse_projections=True, matvec="triton")
+                             fuse_projections=True, matvec="triton",
+                             matvec_table={(2048, 512): MatvecConfig(block_n=16, block_k=256, num_warps=8, num_stages=4),
+                                           (1000, 512): None} if table else None)
     pieces = [engine.prefill(tokens[:, :250])]
     engine.capture_graph()
     for t in range(250, 300):

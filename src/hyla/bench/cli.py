@@ -61,6 +61,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
                        help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
                             "--fuse-projections; bench/matvec_sweep.py compares the two per shape)")
+    model.add_argument("--matvec-table", metavar="JSON",
+                       help="with --matvec triton: the kernel's settings per shape, and cuBLAS where it was faster, "
+                            "from bench/matvec_sweep.py's matvec-sweep.json")
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
@@ -85,6 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                          help="torch.compile the prefill around its mixing kernels (--phase prefill)")
     profile.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
                          help="decode products: cuBLAS or hyla's Triton kernel (with --fuse-projections)")
+    profile.add_argument("--matvec-table", metavar="JSON",
+                         help="with --matvec triton: per-shape settings from bench/matvec_sweep.py's JSON")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
@@ -177,6 +182,12 @@ def _check_matvec(args: argparse.Namespace) -> None:
         raise ValueError("--matvec triton needs --fuse-projections (the kernel runs the fused decode products)")
     if args.matvec == "triton" and not args.device.startswith("cuda"):
         raise ValueError(f"--matvec triton needs a CUDA device, not {args.device}")
+    if args.matvec_table is not None:
+        if args.matvec != "triton":
+            raise ValueError("--matvec-table sets the Triton kernel per shape: it needs --matvec triton")
+        from hyla.inference.matvec import load_table
+
+        load_table(args.matvec_table)  # a bad file fails here, before any model is built
 
 
 def run_model(args: argparse.Namespace) -> int:
@@ -197,7 +208,8 @@ def run_model(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
         compile_prefill=args.compile_prefill, compile_mode=args.compile_mode, matvec=args.matvec,
-        toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
+        matvec_table=args.matvec_table, toy=args.toy, device=args.device,
+        check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -224,7 +236,8 @@ def run_profile(args: argparse.Namespace) -> int:
     settings = ProfileSettings(system=args.system, phase=args.phase, context=args.context, chunk=args.chunk,
                                batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
                                fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
-                               compile_mode=args.compile_mode, matvec=args.matvec, toy=args.toy,
+                               compile_mode=args.compile_mode, matvec=args.matvec,
+                               matvec_table=args.matvec_table, toy=args.toy,
                                device=args.device, dtype=args.dtype,
                                top=args.top)
     out = Path(args.out)

@@ -52,10 +52,20 @@ class ModelSettings:
     compile_prefill: bool = False  # torch.compile the engine's prefill around the mixing kernels
     compile_mode: str = "default"  # torch.compile mode of the decode blocks (hyla.inference.engine.COMPILE_MODES)
     matvec: str = "cublas"  # batch-1 decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
+    matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
+
+
+def load_matvec_table(settings):
+    """The per-shape matvec settings of `settings.matvec_table` (a sweep result), or None."""
+    if settings.matvec_table is None:
+        return None
+    from hyla.inference.matvec import load_table
+
+    return load_table(settings.matvec_table)
 
 
 def _free():
@@ -97,7 +107,8 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
                              compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
-                             compile_mode=settings.compile_mode, matvec=settings.matvec)
+                             compile_mode=settings.compile_mode, matvec=settings.matvec,
+                             matvec_table=load_matvec_table(settings))
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -182,7 +193,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
                              prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
                              compile_mode=settings.compile_mode, attention_backend=settings.attention_backend,
-                             matvec=settings.matvec if batch == 1 else "cublas")
+                             matvec=settings.matvec if batch == 1 else "cublas",
+                             matvec_table=load_matvec_table(settings) if batch == 1 else None)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
         prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats,
@@ -227,6 +239,7 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
         check = check_engine(model, reference, settings)
     result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
               "compile_mode": settings.compile_mode, "matvec": settings.matvec,
+              "matvec_table": settings.matvec_table,
               "fused_projections": settings.fuse_projections, "compiled_prefill": settings.compile_prefill,
               "prefill_attention": settings.attention_backend,
               "prefill": [], "decode": [], "skipped": []}

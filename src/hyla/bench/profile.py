@@ -20,7 +20,7 @@ import torch
 
 from hyla.bench import shapes
 from hyla.bench.floors import MATMUL_RATE, ModelShape
-from hyla.bench.model import MARGIN, _random_ids, build_hypenet, decode_at
+from hyla.bench.model import MARGIN, _random_ids, build_hypenet, decode_at, load_matvec_table
 from hyla.inference import InferenceEngine
 
 PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
@@ -48,6 +48,7 @@ class ProfileSettings:
     compile_prefill: bool = False
     compile_mode: str = "default"
     matvec: str = "cublas"  # decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
+    matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -139,7 +140,8 @@ def profile_decode(settings: ProfileSettings) -> dict:
     shape = ModelShape.of(model)
     engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
                              compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections,
-                             compile_mode=settings.compile_mode, matvec=settings.matvec)
+                             compile_mode=settings.compile_mode, matvec=settings.matvec,
+                             matvec_table=load_matvec_table(settings))
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()

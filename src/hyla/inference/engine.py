@@ -158,7 +158,8 @@ class InferenceEngine:
 
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
                  attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False,
-                 compile_prefill: bool = False, compile_mode: str = "default", matvec: str = "cublas"):
+                 compile_prefill: bool = False, compile_mode: str = "default", matvec: str = "cublas",
+                 matvec_table=None):
         """compile_blocks: torch.compile the decode step's block functions, in torch.compile's `compile_mode`
         ("default"; "max-autotune-no-cudagraphs" times inductor's matrix-product kernels against cuBLAS for each
         shape while compiling and keeps the fastest; the step is graph-captured by `capture_graph` either way, so
@@ -169,7 +170,9 @@ class InferenceEngine:
         MLP), fusing their elementwise work; the mixing kernels themselves run as they are. matvec: "cublas"
         (F.linear) or "triton": the decode step's matrix-vector products (fused maps, o_proj, down_proj, LM head)
         through hyla's Triton kernel where it applies (batch 1; needs fuse_projections and CUDA; measured against
-        cuBLAS by bench/matvec_sweep.py)."""
+        cuBLAS by bench/matvec_sweep.py). matvec_table: with matvec="triton", the kernel's settings per weight shape
+        {(N, K): MatvecConfig, or None for cuBLAS} (`hyla.inference.matvec.load_table` reads them from the
+        sweep's result); None: the kernel's default settings for every shape."""
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -195,7 +198,7 @@ class InferenceEngine:
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
-        self.linear = self._matvec_function(matvec, fuse_projections, self.device)
+        self.linear = self._matvec_function(matvec, fuse_projections, self.device, matvec_table)
         self._blocks = self._block_functions(compile_blocks, compile_mode)
         self._prefill_blocks = self._prefill_functions(compile_prefill)
         self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
@@ -213,19 +216,21 @@ class InferenceEngine:
         return tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
 
     @staticmethod
-    def _matvec_function(matvec: str, fuse_projections: bool, device: torch.device):
+    def _matvec_function(matvec: str, fuse_projections: bool, device: torch.device, table=None):
         """None (F.linear) for cuBLAS, else hyla's Triton matrix-vector kernel where it applies."""
         if matvec not in MATVEC_KERNELS:
             raise ValueError(f"matvec must be one of {', '.join(MATVEC_KERNELS)}, got {matvec!r}")
         if matvec == "cublas":
+            if table is not None:
+                raise ValueError("matvec_table sets the Triton kernel per shape: it needs matvec='triton'")
             return None
         if not fuse_projections:
             raise ValueError("matvec='triton' decodes through the fused projections: set fuse_projections=True")
         if device.type != "cuda" or not triton_available():
             raise ValueError(f"matvec='triton' needs a CUDA device with triton; the model is on {device}")
-        from hyla.inference.matvec_triton import matvec_linear
+        from hyla.inference.matvec_triton import matvec_function
 
-        return matvec_linear
+        return matvec_function(table)
 
     @staticmethod
     def _prefill_functions(compile_prefill: bool):

@@ -5,13 +5,13 @@ kernels for these shapes read them well under the GPU's bandwidth (docs/results/
 `block_n` output rows walks the whole input dimension in `block_k` steps, accumulating in float32; there is no
 split over the input dimension, so one kernel and no reduction pass. `python bench/matvec_sweep.py` measures it
 against `F.linear` on a decode step's shapes; `InferenceEngine(..., matvec="triton")` decodes through it
-(`matvec_linear`, the custom op `hyla::matvec`, which torch.compile keeps as a Triton kernel in its graph).
+(`matvec_function`, the custom op `hyla::matvec`, which torch.compile keeps as a Triton kernel in its graph),
+with per-shape settings from the sweep's result where given (`load_table`).
 Imported only on CUDA (or under Triton's interpreter): `import hyla` never imports triton.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -19,18 +19,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-
-@dataclass(frozen=True)
-class MatvecConfig:
-    """Launch settings: output rows per program, input columns per loop step, warps, pipeline stages."""
-
-    block_n: int = 8
-    block_k: int = 512
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-DEFAULT_CONFIG = MatvecConfig()
+from hyla.inference.matvec import DEFAULT_CONFIG, MatvecConfig, MatvecTable
 
 
 @triton.jit
@@ -76,21 +65,32 @@ def matvec_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 @torch.library.triton_op("hyla::matvec", mutates_args=())
-def matvec(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:  # noqa: UP045
-    """`matvec_triton` with the default settings, as a custom op (torch.compile traces into the Triton kernel)."""
+def matvec(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], block_n: int, block_k: int,  # noqa: UP045
+           num_warps: int, num_stages: int) -> torch.Tensor:
+    """`matvec_triton` as a custom op, its launch settings as plain integers (torch.compile traces into the Triton
+    kernel and keeps it in its graph)."""
     n, k = weight.shape
-    config = DEFAULT_CONFIG
     y = torch.empty(*x.shape[:-1], n, device=x.device, dtype=x.dtype)
-    torch.library.wrap_triton(_matvec_kernel)[(triton.cdiv(n, config.block_n),)](
+    torch.library.wrap_triton(_matvec_kernel)[(triton.cdiv(n, block_n),)](
         x, weight, bias if bias is not None else weight, y, n, weight.stride(0),
-        K=k, HAS_BIAS=bias is not None, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        K=k, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
     )
     return y
 
 
-def matvec_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear`, through the Triton kernel where it applies (one row on CUDA, see `supports`), else F.linear."""
-    if x.is_cuda and supports(x, weight):
-        return torch.ops.hyla.matvec(x, weight, bias)
-    return F.linear(x, weight, bias)
+def matvec_function(table: MatvecTable | None = None):
+    """`F.linear`'s signature, through the Triton kernel where it applies (one row on CUDA, see `supports`): with
+    `table`, in the settings it gives for the weight's shape (cuBLAS where it says None, DEFAULT_CONFIG for shapes
+    it lacks); without, DEFAULT_CONFIG everywhere."""
+    table = dict(table or {})
+
+    def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        config = table.get(tuple(weight.shape), DEFAULT_CONFIG) if weight.dim() == 2 else None
+        if config is not None and x.is_cuda and supports(x, weight, config):
+            return torch.ops.hyla.matvec(x, weight, bias, config.block_n, config.block_k, config.num_warps,
+                                         config.num_stages)
+        return F.linear(x, weight, bias)
+
+    return linear
+
