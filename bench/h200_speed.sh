@@ -89,9 +89,11 @@ case "$1" in
       --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --out $OUT/decode 2>&1 \
       | tee $OUT/decode.log
     pack i decode ;;
-  j)
-    python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k matvec 2>&1 | tee $OUT/matvec-test.txt \
-      | tail -n 3 || exit 1
+  j)  # SKIP_TESTS=1: the kernel's GPU tests passed already in this version
+    if [ -z "${SKIP_TESTS:-}" ]; then
+      python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k matvec 2>&1 | tee $OUT/matvec-test.txt \
+        | tail -n 3 || exit 1
+    fi
     python3 bench/matvec_sweep.py --out $OUT/matvec 2>&1 | tee $OUT/matvec.log || exit 1
     python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections --matvec triton \
       --matvec-table $OUT/matvec/matvec-sweep.json --out $OUT/profile 2>&1 | tee $OUT/profile.log

@@ -4,7 +4,9 @@ HypeNet-2B and of the Qwen3-1.7B shape reads with fused projections, beside the 
 
 Every Triton setting is first checked against a float64 product; a setting that fails is reported and not timed.
 Each timed call reads a different copy of the weights (copies totalling over 4x the GPU's L2 cache), as the layers
-of a decode step do, so that no timing comes from the cache. The per-step line adds, for each model, every product
+of a decode step do, so that no timing comes from the cache. The calls are captured in one CUDA graph and the graph
+is timed, as the engine runs its decode step: launched one by one from Python, a small product's time is the
+launch's (~25 us for a Triton kernel), not the kernel's. The per-step line adds, for each model, every product
 of one step at its best setting against cuBLAS: what the kernel could save a decode step before any fusion.
 
     python bench/matvec_sweep.py --out DIR        # on a CUDA machine with triton; ~2 minutes
@@ -30,7 +32,7 @@ from hyla.bench.timing import time_ms
 from hyla.outputs import write_atomic, write_json
 from kernel_sweep import sweep_arguments
 
-CALLS = 16  # products per timed measurement, each on its own copy of the weights
+CALLS = 64  # products per timed graph, each on its own copy of the weights (cycling through the copies)
 
 
 def step_products(config) -> Counter:
@@ -58,8 +60,11 @@ def configs(smoke: bool):
     if smoke:
         yield from (MatvecConfig(block_n=4, block_k=32), MatvecConfig(block_n=8, block_k=64, num_warps=2))
         return
-    for block_n, block_k, warps, stages in itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (3, 4)):
-        yield MatvecConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
+    for block_n, block_k, warps, stages in itertools.product((1, 2, 4, 8, 16), (512, 1024, 2048), (1, 2, 4, 8),
+                                                             (3,)):
+        per_thread = block_n * block_k // (32 * warps)  # fp32 accumulators a thread holds
+        if 8 <= per_thread <= 128:
+            yield MatvecConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=stages)
 
 
 def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: int, log) -> dict:
@@ -80,7 +85,16 @@ def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: in
         def run():
             for i in range(calls):
                 fn(weights[i % copies])
-        return time_ms(run, device=x.device, warmup=1, repeats=repeats)["median_ms"] * 1e3 / calls
+        if x.device.type == "cuda":
+            run()  # compiles the kernel outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            replay = graph.replay
+        else:
+            replay = run
+        return time_ms(replay, device=x.device, warmup=1, repeats=repeats)["median_ms"] * 1e3 / calls
 
     cublas_us = timed(lambda w: F.linear(x, w, bias))
     rows = []
