@@ -1,5 +1,7 @@
 """Check the decode kernels' logic on CPU through Triton's interpreter (no GPU needed): the split-K attention
-kernel, and the batch-1 matrix-vector kernel (`hyla.inference.matvec_triton`), each against a float64 reference.
+kernel, the batch-1 matrix-vector kernel with each prologue (`hyla.inference.matvec_triton`) and the Lightning step
+kernel (`hyla.inference.lightning_step_triton`), each against a float64 reference; then the engine's
+matvec="triton-fused" decode of a tiny float32 model against the model's own forward.
 
 Needs triton importable (e.g. `pip install --no-deps --target /tmp/tri triton==3.6.0`), then:
 `TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/decode_kernel_interpret.py`.
@@ -68,7 +70,101 @@ def check_matvec():
         print(f"matvec N={n} K={k} bias={has_bias} block_n={config.block_n} block_k={config.block_k}: relative error "
               f"{((out.double() - ref).norm() / ref.norm()).item():.2e}")
     assert not supports(torch.randn(2, 1, 512), torch.randn(8, 512))  # two rows: F.linear's job
-    assert not supports(torch.randn(1, 1, 100), torch.randn(8, 100))  # K not a multiple of block_k
+    check_prologues()
+    check_lightning_step()
+    check_engine()
+
+
+def report(what: str, got: torch.Tensor, ref: torch.Tensor, bound: float) -> None:
+    error = ((got.double() - ref.double()).norm() / ref.double().norm()).item()
+    print(f"{what}: relative error {error:.2e}")
+    assert error <= bound, f"{what}: {error:.2e} > {bound:.0e}"
+
+
+def check_prologues():
+    """Every prologue, with K a multiple of block_k and not, with and without a bias and a norm weight."""
+    from hyla.inference.matvec import (
+        PROLOGUES,
+        RESIDUAL_NORM,
+        SCALED,
+        MatvecConfig,
+        fused_matvec_reference,
+    )
+    from hyla.inference.matvec_triton import fused_matvec_triton
+
+    gen = torch.Generator().manual_seed(1)
+    for prologue in PROLOGUES:
+        for n, k, has_bias, config in ((24, 64, True, MatvecConfig(block_n=4, block_k=32)),
+                                       (7, 80, False, MatvecConfig(block_n=2, block_k=32)),
+                                       (9, 48, True, MatvecConfig(block_n=8, block_k=64))):
+            weight, x, x2 = (torch.randn(n, k, generator=gen), torch.randn(1, 1, k, generator=gen),
+                             torch.randn(1, 1, k, generator=gen))
+            bias = torch.randn(n, generator=gen) if has_bias else None
+            norm_weight = torch.rand(k, generator=gen) + 0.5 if prologue == RESIDUAL_NORM and has_bias else None
+            partials = torch.rand(5, generator=gen) * k if prologue == SCALED else None
+            kwargs = dict(prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials, eps=1e-6)
+            y, s = fused_matvec_triton(x, weight, bias, config=config, **kwargs)
+            ref_y, ref_s = fused_matvec_reference(x, weight, bias, **kwargs)
+            what = (f"prologue {prologue} N={n} K={k} bias={has_bias} norm weight={norm_weight is not None} "
+                    f"block_k={config.block_k}")
+            report(what, y, ref_y, 1e-6)
+            if prologue == RESIDUAL_NORM:
+                assert torch.equal(s, ref_s), what
+
+
+def check_lightning_step():
+    """The Lightning step with and without q/k norms, RoPE and the output gate; the state written back."""
+    from hyla.inference.lightning_step import lightning_step_reference
+    from hyla.inference.lightning_step_triton import lightning_step_triton
+
+    gen = torch.Generator().manual_seed(2)
+    heads, dim = 3, 64
+    for norms, rope, gate in ((True, True, True), (False, False, False), (True, False, True), (False, True, False)):
+        y = torch.randn(1, 1, (4 if gate else 3) * heads * dim, generator=gen)
+        angle = torch.rand(dim // 2, generator=gen) * 6
+        cos, sin = (torch.cat([angle.cos(), angle.cos()]).view(1, 1, dim),
+                    torch.cat([angle.sin(), angle.sin()]).view(1, 1, dim)) if rope else (None, None)
+        qw, kw = (torch.rand(dim, generator=gen) + 0.5 for _ in range(2)) if norms else (None, None)
+        state = torch.randn(1, heads, dim, dim, generator=gen)
+        decay = torch.rand(heads, generator=gen)
+        ref_state = state.clone()
+        u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6,
+                                            has_gate=gate)
+        ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5,
+                                                       eps=1e-6, has_gate=gate, block_v=32)
+        what = f"Lightning step norms={norms} rope={rope} gate={gate}"
+        report(what + " output", u, ref_u, 1e-6)
+        report(what + " partials", partials, ref_partials, 1e-6)
+        report(what + " state", state, ref_state, 1e-6)
+
+
+def check_engine():
+    """matvec="triton-fused" decode of a float32 model (Lightning and attention layers, q/k norms, gates, biases)
+    against the model's forward; eager (no CUDA graph on CPU), every kernel interpreted."""
+    from hyla import HypeNetConfig, HypeNetForCausalLM
+    from hyla.inference import InferenceEngine
+
+    torch.manual_seed(0)
+    for bias in (False, True):
+        config = HypeNetConfig(
+            vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
+            num_key_value_heads=1, head_dim=32, layer_types=["lightning", "attention", "lightning"],
+            attn_logits_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, attention_bias=bias,
+        )
+        model = HypeNetForCausalLM(config).float().eval()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(0.5, 1.5)  # norm weights away from 1, so that folding them is checked
+        tokens = torch.randint(0, 101, (1, 14))
+        with torch.no_grad():
+            full = model(tokens, use_cache=False).logits
+            engine = InferenceEngine(model, batch_size=1, max_length=16, prefill_chunk=4, fuse_projections=True,
+                                     matvec="triton-fused")
+            pieces = [engine.prefill(tokens[:, :10])]
+            for t in range(10, 14):
+                pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
+        report(f"engine triton-fused decode (bias={bias}) vs model forward", torch.stack(pieces, 1), full[:, 9:], 1e-5)
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@
 #   bash bench/h200_speed.sh j   # batch-1 matrix-vector products: the Triton kernel's GPU tests, then cuBLAS vs the
 #                                # kernel in 36 settings on every shape of a decode step (bench/matvec_sweep.py),
 #                                # then HypeNet's 512K step profiled with the kernel where the sweep found it faster
-#   MATVEC_TABLE=<j's matvec-sweep.json> bash bench/h200_speed.sh k
-#                                # stage i's decode with --matvec triton --matvec-table (compare with stage i)
+#   bash bench/h200_speed.sh k   # stage i's decode with --matvec triton (MATVEC=triton-fused: the fused kernels)
+#                                # and --matvec-table (MATVEC_TABLE=..., default: the committed H200 sweep)
+#   bash bench/h200_speed.sh l   # the fused decode kernels' GPU tests, then HypeNet's and the Qwen3 shape's 512K
+#                                # steps profiled with --matvec triton-fused
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -35,6 +37,7 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
+TABLE=docs/results/speed/h200-2026-11-30-d/j2/matvec/matvec-sweep.json  # the matvec sweep on an H200
 pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
   local stage=$1; shift
   (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null
@@ -100,10 +103,17 @@ case "$1" in
     pack j matvec profile ;;
   k)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
-      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --matvec triton \
-      --matvec-table "${MATVEC_TABLE:?set MATVEC_TABLE to the matvec-sweep.json of stage j}" \
-      --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --matvec "${MATVEC:-triton}" \
+      --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
     pack k decode-matvec ;;
+  l)
+    python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k "matvec or lightning_step or triton_fused" \
+      2>&1 | tee $OUT/fused-test.txt | tail -n 3 || exit 1
+    for system in hypenet qwen3-engine; do
+      python3 -m hyla.cli bench profile --system $system --context 512K --fuse-projections --matvec triton-fused \
+        --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
+    done
+    pack l profile ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l" >&2; exit 2 ;;
 esac

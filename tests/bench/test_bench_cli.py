@@ -284,4 +284,10 @@ def test_triton_matvec_is_refused_up_front_without_fused_projections_or_cuda(tmp
     assert "needs --fuse-projections" in capsys.readouterr().err
     assert main(common + ["--device", "cpu", "--fuse-projections"]) != 0
     assert "needs a CUDA device" in capsys.readouterr().err
+    fused = ["bench", verb, "--toy", "--out", str(tmp_path), "--matvec", "triton-fused", "--device", "cpu"]
+    assert main(fused) != 0
+    assert "needs --fuse-projections" in capsys.readouterr().err
+    table = ["bench", verb, "--toy", "--out", str(tmp_path), "--device", "cpu", "--matvec-table", "missing.json"]
+    assert main(table) != 0
+    assert "needs --matvec triton" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

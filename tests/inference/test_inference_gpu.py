@@ -142,3 +142,79 @@ def test_triton_matvec_matches_reference(n, k, has_bias):
     ref = F.linear(x.double(), weight.double(), bias.double() if has_bias else None)
     assert out.shape == (1, 1, n) and out.dtype == torch.bfloat16
     assert rel(out, ref) <= BF16_TOL
+
+
+@pytest.mark.parametrize("prologue", [0, 1, 2, 3, 4])
+@pytest.mark.parametrize("n,k,has_bias", [(12288, 2048, False), (2048, 6144, True), (1000, 2000, False)])
+def test_triton_matvec_prologues_match_reference(prologue, n, k, has_bias):
+    """Each prologue of the matrix-vector kernel (residual norm with its sum written out, scaled, SiLU-gated,
+    sigmoid-gated) against the float64 reference, bf16, K a multiple of block_k and not."""
+    from hyla.inference.matvec import RESIDUAL_NORM, SCALED, MatvecConfig, fused_matvec_reference
+    from hyla.inference.matvec_triton import fused_matvec_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(n + prologue)
+    weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
+    x, x2 = (torch.randn(1, 1, k, device="cuda", generator=gen).bfloat16() for _ in range(2))
+    bias = torch.randn(n, device="cuda", generator=gen).bfloat16() if has_bias else None
+    norm_weight = (torch.rand(k, device="cuda", generator=gen) + 0.5).bfloat16() if prologue == RESIDUAL_NORM else None
+    partials = torch.rand(64, device="cuda", generator=gen) * k / 64 if prologue == SCALED else None
+    kwargs = dict(prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials, eps=1e-6)
+    y, s = fused_matvec_triton(x, weight, bias, config=MatvecConfig(block_n=2, block_k=1024), **kwargs)
+    ref_y, ref_s = fused_matvec_reference(x, weight, bias, **kwargs)
+    assert y.shape == (1, 1, n) and y.dtype == torch.bfloat16
+    assert rel(y, ref_y) <= BF16_TOL
+    if prologue == RESIDUAL_NORM:
+        assert torch.equal(s, ref_s)
+
+
+@pytest.mark.parametrize("norms,rope,gate", [(True, True, True), (False, False, False)])
+def test_lightning_step_kernel_matches_reference(norms, rope, gate):
+    """The Lightning step at HypeNet-2B's head shape: bf16 projections, float32 state updated in place."""
+    from hyla.inference.lightning_step import lightning_step_reference
+    from hyla.inference.lightning_step_triton import lightning_step_triton
+
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    heads, dim = 16, 128
+    y = torch.randn(1, 1, (4 if gate else 3) * heads * dim, device="cuda", generator=gen).bfloat16()
+    angle = torch.rand(dim // 2, device="cuda", generator=gen) * 6
+    cos, sin = ((torch.cat([angle.cos(), angle.cos()]).view(1, 1, dim).bfloat16(),
+                 torch.cat([angle.sin(), angle.sin()]).view(1, 1, dim).bfloat16()) if rope else (None, None))
+    qw, kw = ((torch.rand(dim, device="cuda", generator=gen) + 0.5).bfloat16() for _ in range(2)) if norms else (None,
+                                                                                                                 None)
+    state = torch.randn(1, heads, dim, dim, device="cuda", generator=gen)
+    decay = torch.rand(heads, device="cuda", generator=gen)
+    ref_state = state.clone()
+    u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=gate)
+    ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
+                                                   has_gate=gate, block_v=32)
+    # float32 throughout: only summation order differs
+    assert rel(u, ref_u) <= 1e-5 and rel(partials, ref_partials) <= 1e-5 and rel(state, ref_state) <= 1e-6
+
+
+@pytest.mark.parametrize("compile_blocks", [False, True])
+def test_graph_decode_triton_fused_matches_model_forward(compile_blocks):
+    """matvec="triton-fused": residual adds, norms (weights folded), SiLU, gates and the Lightning step in hyla's
+    kernels, eager and compiled, under the CUDA graph, against the float32 model's forward; batch 2 refused."""
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, layer_types=["lightning", "attention", "lightning", "attention_rope"],
+        attn_logits_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True,
+    )
+    model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.uniform_(0.5, 1.5)  # folded into the maps: away from 1 so that the fold is checked
+    tokens = torch.randint(0, 1000, (1, 300), device="cuda")
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
+                             fuse_projections=True, matvec="triton-fused")
+    pieces = [engine.prefill(tokens[:, :250])]
+    engine.capture_graph()
+    for t in range(250, 300):
+        pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
+    assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
+    with pytest.raises(ValueError, match="batch_size=1"):
+        InferenceEngine(model, batch_size=2, max_length=8, fuse_projections=True, matvec="triton-fused")

@@ -14,7 +14,7 @@ from pathlib import Path
 # hyla.inference.engine.COMPILE_MODES and MATVEC_KERNELS, written out so that `hyla --help` does not import torch (a
 # test keeps them equal)
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
-MATVEC_KERNELS = ("cublas", "triton")
+MATVEC_KERNELS = ("cublas", "triton", "triton-fused")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "RoPE, gates, MLP), every engine system")
     model.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
                        help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
-                            "--fuse-projections; bench/matvec_sweep.py compares the two per shape)")
+                            "--fuse-projections; bench/matvec_sweep.py compares the two per shape); triton-fused: "
+                            "also the norms, residual adds, SiLU, gates and each Lightning step in hyla's kernels")
     model.add_argument("--matvec-table", metavar="JSON",
                        help="with --matvec triton: the kernel's settings per shape, and cuBLAS where it was faster, "
                             "from bench/matvec_sweep.py's matvec-sweep.json")
@@ -87,7 +88,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--compile-prefill", action="store_true",
                          help="torch.compile the prefill around its mixing kernels (--phase prefill)")
     profile.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
-                         help="decode products: cuBLAS or hyla's Triton kernel (with --fuse-projections)")
+                         help="decode products: cuBLAS or hyla's Triton kernel (with --fuse-projections); "
+                              "triton-fused: also norms, residual adds, SiLU, gates, Lightning step")
     profile.add_argument("--matvec-table", metavar="JSON",
                          help="with --matvec triton: per-shape settings from bench/matvec_sweep.py's JSON")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
@@ -177,14 +179,16 @@ def run_kernels(args: argparse.Namespace) -> int:
 
 
 def _check_matvec(args: argparse.Namespace) -> None:
-    """--matvec triton runs the fused decode products on CUDA: refuse it up front otherwise."""
-    if args.matvec == "triton" and not args.fuse_projections:
-        raise ValueError("--matvec triton needs --fuse-projections (the kernel runs the fused decode products)")
-    if args.matvec == "triton" and not args.device.startswith("cuda"):
-        raise ValueError(f"--matvec triton needs a CUDA device, not {args.device}")
+    """--matvec triton(-fused) runs the fused decode products on CUDA: refuse it up front otherwise."""
+    if args.matvec != "cublas" and not args.fuse_projections:
+        raise ValueError(f"--matvec {args.matvec} needs --fuse-projections (the kernel runs the fused decode "
+                         f"products)")
+    if args.matvec != "cublas" and not args.device.startswith("cuda"):
+        raise ValueError(f"--matvec {args.matvec} needs a CUDA device, not {args.device}")
     if args.matvec_table is not None:
-        if args.matvec != "triton":
-            raise ValueError("--matvec-table sets the Triton kernel per shape: it needs --matvec triton")
+        if args.matvec == "cublas":
+            raise ValueError("--matvec-table sets the Triton kernel per shape: it needs --matvec triton or "
+                             "triton-fused")
         from hyla.inference.matvec import load_table
 
         load_table(args.matvec_table)  # a bad file fails here, before any model is built

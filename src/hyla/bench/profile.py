@@ -28,8 +28,8 @@ PHASES = ("decode", "prefill")
 # Kinds of kernel, by name (first match wins); the rest is "other".
 KERNEL_KINDS = (
     ("softmax attention", r"cudnn|flash|fmha|_split_kernel|_merge_kernel|attention"),
-    ("linear attention (fla)", r"chunk|recurrent|fused_recurrent"),
-    ("matmul", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|aten::(mm|addmm|bmm|einsum)$"),
+    ("linear attention", r"chunk|recurrent|fused_recurrent|_lightning_step_kernel"),
+    ("matmul", r"nvjet|gemm|gemv|cutlass|xmma|splitKreduce|_matvec_kernel|aten::(mm|addmm|bmm|einsum)$"),
     ("elementwise, norms, copies", r"triton_|elementwise|reduce_kernel|copy|Cat|index|Memset|memcpy"
                                    r"|aten::(mul|add|sub|div|pow|rsqrt|mean|sigmoid|silu|exp|neg|cat|clone|fill_)$"),
 )

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import os
+
 import torch
 import torch.nn.functional as F
 
@@ -26,8 +28,10 @@ SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 # torch.compile modes for the decode blocks: the engine captures the whole step in one CUDA graph itself.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Kernels for the decode step's matrix-vector products: cuBLAS through F.linear, or hyla's Triton kernel at batch 1
-# (`hyla.inference.matvec_triton`; with fused projections, on CUDA).
-MATVEC_KERNELS = ("cublas", "triton")
+# (`hyla.inference.matvec_triton`; with fused projections, on CUDA); "triton-fused" also moves the residual adds,
+# RMSNorms, SiLU and output gates into the products' prologues and each Lightning layer's step into one kernel
+# (`FoldedWeights`, `lightning_block_decode_kernels`).
+MATVEC_KERNELS = ("cublas", "triton", "triton-fused")
 
 
 class FusedProjections(NamedTuple):
@@ -58,6 +62,37 @@ def fuse_block_projections(block) -> FusedProjections:
     gate = mixer.gate_projection()
     mixer_linears = [mixer.q_proj, mixer.k_proj, mixer.v_proj] + ([gate] if gate is not None else [])
     return FusedProjections(*_concatenate(mixer_linears), *_concatenate([mlp.gate_proj, mlp.up_proj]))
+
+
+class FoldedWeights(NamedTuple):
+    """One block's weights for matvec="triton-fused": the fused input-side maps (as `FusedProjections`) with the
+    preceding RMSNorm's weight folded into their columns (W diag(w): the norm's scalar factor is applied by the
+    kernel after the product), and o_proj with the Lightning output norm's weight folded in (attention: o_proj's
+    own weight). Copies, taken when the engine is built."""
+
+    mixer_weight: torch.Tensor
+    mixer_bias: torch.Tensor | None
+    mixer_sizes: tuple[int, ...]
+    o_weight: torch.Tensor
+    mlp_weight: torch.Tensor
+    mlp_bias: torch.Tensor | None
+    mlp_sizes: tuple[int, ...]
+
+
+def _fold(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    return (weight.float() * norm_weight.float()[None, :]).to(weight.dtype).contiguous()
+
+
+@torch.no_grad()
+def fold_block_weights(block) -> FoldedWeights:
+    fused = fuse_block_projections(block)
+    mixer = block.mixer
+    o_weight = mixer.o_proj.weight
+    if block.layer_type == "lightning":
+        o_weight = _fold(o_weight, mixer.o_norm.weight)
+    return FoldedWeights(_fold(fused.mixer_weight, block.input_layernorm.weight), fused.mixer_bias, fused.mixer_sizes,
+                         o_weight, _fold(fused.mlp_weight, block.post_attention_layernorm.weight), fused.mlp_bias,
+                         fused.mlp_sizes)
 
 
 def _project(mixer, x, context, fused: FusedProjections | None, linear=None):
@@ -137,6 +172,70 @@ def attention_block_decode_post(block, hidden, x, attention_output, gate=None, f
     return hidden, _mlp(block, hidden, fused, linear)
 
 
+# matvec="triton-fused": the same blocks through hyla's Triton kernels (`kernels`: a MatvecKernels), batch 1. The
+# residual stream travels as (hidden, delta) as above; each product that follows an RMSNorm adds the pair, writes
+# the sum out and normalizes it in its prologue.
+
+def lightning_block_decode_kernels(block, hidden, delta, cos, sin, state, decay, scale, folded: FoldedWeights,
+                                   kernels):
+    """lightning_block_decode in 5 kernels: normed fused projection, the Lightning step (norms, RoPE, state update,
+    read-out, gate; `hyla.inference.lightning_step_triton`), o_proj scaled by the output norm, normed gate/up,
+    SiLU-gated down_proj. decay: [H]."""
+    from hyla.inference.lightning_step_triton import lightning_step_triton
+    from hyla.inference.matvec import SILU_MUL
+
+    mixer, mlp = block.mixer, block.mlp
+    y, hidden = kernels.residual_norm(hidden, delta, folded.mixer_weight, folded.mixer_bias, None,
+                                      block.input_layernorm.eps)
+    u, partials = lightning_step_triton(
+        y, cos if mixer.use_rope else None, sin if mixer.use_rope else None,
+        mixer.q_norm.weight if mixer.q_norm is not None else None,
+        mixer.k_norm.weight if mixer.k_norm is not None else None, state, decay, scale=scale,
+        eps=mixer.q_norm.eps if mixer.q_norm is not None else 0.0, has_gate=mixer.z_proj is not None)
+    out = kernels.scaled(u, partials, folded.o_weight, mixer.o_proj.bias, mixer.o_norm.eps)
+    y, hidden = kernels.residual_norm(hidden, out, folded.mlp_weight, folded.mlp_bias, None,
+                                      block.post_attention_layernorm.eps)
+    gate, up = y.split(folded.mlp_sizes, dim=-1)
+    return hidden, kernels.glu(gate, up, mlp.down_proj.weight, mlp.down_proj.bias, SILU_MUL)
+
+
+def attention_block_decode_pre_kernels(block, hidden, delta, position_ids, cos, sin, keys, values, position,
+                                       folded: FoldedWeights, kernels):
+    """attention_block_decode_pre with the residual add and RMSNorm in the product's prologue. Returns (the block's
+    input hidden + delta, q [B, H, D], output-gate pre-activation or None)."""
+    y, hidden = kernels.residual_norm(hidden, delta, folded.mixer_weight, folded.mixer_bias, None,
+                                      block.input_layernorm.eps)
+    parts = y.split(folded.mixer_sizes, dim=-1)
+    q, k, v = block.mixer._finish_projection(parts[0], parts[1], parts[2],
+                                             MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    keys.index_copy_(2, position, k.transpose(1, 2))
+    values.index_copy_(2, position, v.transpose(1, 2))
+    return hidden, q[:, 0].contiguous(), parts[3] if len(parts) > 3 else None
+
+
+def attention_block_decode_post_kernels(block, hidden, attention_output, gate, folded: FoldedWeights, kernels):
+    """attention_block_decode_post with the output gate, the residual add + RMSNorm and SiLU in the prologues."""
+    from hyla.inference.matvec import SIGMOID_GATE, SILU_MUL
+
+    mixer, mlp = block.mixer, block.mlp
+    output = attention_output.reshape(hidden.shape[0], 1, -1)
+    if gate is not None:
+        out = kernels.glu(output, gate, folded.o_weight, mixer.o_proj.bias, SIGMOID_GATE)
+    else:
+        out = kernels.linear(output, folded.o_weight, mixer.o_proj.bias)
+    y, hidden = kernels.residual_norm(hidden, out, folded.mlp_weight, folded.mlp_bias, None,
+                                      block.post_attention_layernorm.eps)
+    up_gate, up = y.split(folded.mlp_sizes, dim=-1)
+    return hidden, kernels.glu(up_gate, up, mlp.down_proj.weight, mlp.down_proj.bias, SILU_MUL)
+
+
+def decode_logits_kernels(model, lm_head, hidden, delta, kernels):
+    """decode_logits with the residual add and the final RMSNorm (its weight read beside the input) in the LM
+    head's prologue."""
+    y, _ = kernels.residual_norm(hidden, delta, lm_head.weight, lm_head.bias, model.norm.weight, model.norm.eps)
+    return y[:, 0]
+
+
 def block_prefill_pre(block, hidden, position_ids, cos, sin):
     """A prefill chunk's block input: norm, then the mixer's projections (q/k norms, RoPE or logit scaling as the
     layer has them). Returns (mixer input x, q, k, v), each [B, T, heads, D] but x."""
@@ -170,7 +269,10 @@ class InferenceEngine:
         MLP), fusing their elementwise work; the mixing kernels themselves run as they are. matvec: "cublas"
         (F.linear) or "triton": the decode step's matrix-vector products (fused maps, o_proj, down_proj, LM head)
         through hyla's Triton kernel where it applies (batch 1; needs fuse_projections and CUDA; measured against
-        cuBLAS by bench/matvec_sweep.py). matvec_table: with matvec="triton", the kernel's settings per weight shape
+        cuBLAS by bench/matvec_sweep.py); "triton-fused": batch 1 only, the products with the residual adds,
+        RMSNorms, SiLU and output gates in their prologues (norm weights folded into copies of the maps:
+        `FoldedWeights`) and each Lightning layer's step as one kernel: 5 kernels a Lightning block.
+        matvec_table: with the Triton kernels, their settings per weight shape
         {(N, K): MatvecConfig, or None for cuBLAS} (`hyla.inference.matvec.load_table` reads them from the
         sweep's result); None: the kernel's default settings for every shape."""
         config = model.config
@@ -198,26 +300,53 @@ class InferenceEngine:
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
-        self.linear = self._matvec_function(matvec, fuse_projections, self.device, matvec_table)
-        self._blocks = self._block_functions(compile_blocks, compile_mode)
+        kernels = self._matvec_kernels(matvec, fuse_projections, self.device, matvec_table)
+        # F.linear's signature for the decode products (None: F.linear itself), and the kernels of "triton-fused".
+        self.linear = kernels.linear if kernels is not None else None
+        self.kernels = kernels if matvec == "triton-fused" else None
+        if self.kernels is not None:
+            self._check_fused_kernels(model, batch_size)
+        self._blocks = self._block_functions(compile_blocks, compile_mode, fused_kernels=self.kernels is not None)
         self._prefill_blocks = self._prefill_functions(compile_prefill)
-        self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
+        if self.kernels is not None:
+            self.fused = [fold_block_weights(block) for block in model.model.layers]
+        else:
+            self.fused = [fuse_block_projections(block) if fuse_projections else None for block in model.model.layers]
+        self.decay_flat = None if self.decay is None else self.decay.reshape(-1).contiguous()
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self._logits = None
         self._graph = None
 
     @staticmethod
-    def _block_functions(compile_blocks: bool, mode: str = "default"):
+    def _block_functions(compile_blocks: bool, mode: str = "default", fused_kernels: bool = False):
         functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post, decode_embed,
                      decode_logits)
+        if fused_kernels:
+            functions = (lightning_block_decode_kernels, attention_block_decode_pre_kernels,
+                         attention_block_decode_post_kernels, decode_embed, decode_logits_kernels)
         if not compile_blocks:
             return functions
         raise_recompile_limits()
-        return tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
+        compiled = tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
+        # The fused Lightning block is hyla's kernels only, nothing for inductor to fuse: it runs as it is (and its
+        # in-place state update stays out of the compiled graph).
+        return (functions[0], *compiled[1:]) if fused_kernels else compiled
 
     @staticmethod
-    def _matvec_function(matvec: str, fuse_projections: bool, device: torch.device, table=None):
-        """None (F.linear) for cuBLAS, else hyla's Triton matrix-vector kernel where it applies."""
+    def _check_fused_kernels(model, batch_size: int) -> None:
+        config = model.config
+        if batch_size != 1:
+            raise ValueError(f"matvec='triton-fused' decodes one sequence (batch_size=1), got batch_size={batch_size}")
+        if config.hidden_act != "silu":
+            raise ValueError(f"matvec='triton-fused' computes the MLP's SiLU in its kernel; this model's activation "
+                             f"is {config.hidden_act!r}")
+        if "lightning" in config.layer_types and config.head_dim % 32:
+            raise ValueError(f"matvec='triton-fused' runs Lightning heads whose dimension is a multiple of 32, got "
+                             f"{config.head_dim}")
+
+    @staticmethod
+    def _matvec_kernels(matvec: str, fuse_projections: bool, device: torch.device, table=None):
+        """None (F.linear) for cuBLAS, else hyla's Triton matrix-vector kernels (a MatvecKernels)."""
         if matvec not in MATVEC_KERNELS:
             raise ValueError(f"matvec must be one of {', '.join(MATVEC_KERNELS)}, got {matvec!r}")
         if matvec == "cublas":
@@ -225,12 +354,13 @@ class InferenceEngine:
                 raise ValueError("matvec_table sets the Triton kernel per shape: it needs matvec='triton'")
             return None
         if not fuse_projections:
-            raise ValueError("matvec='triton' decodes through the fused projections: set fuse_projections=True")
-        if device.type != "cuda" or not triton_available():
-            raise ValueError(f"matvec='triton' needs a CUDA device with triton; the model is on {device}")
-        from hyla.inference.matvec_triton import matvec_function
+            raise ValueError(f"matvec={matvec!r} decodes through the fused projections: set fuse_projections=True")
+        interpreted = device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
+        if not (device.type == "cuda" or interpreted) or not triton_available():
+            raise ValueError(f"matvec={matvec!r} needs a CUDA device with triton; the model is on {device}")
+        from hyla.inference.matvec_triton import MatvecKernels
 
-        return matvec_function(table)
+        return MatvecKernels(table)
 
     @staticmethod
     def _prefill_functions(compile_prefill: bool):
@@ -310,6 +440,8 @@ class InferenceEngine:
         position_ids = position.view(1, 1).expand(input_ids.shape[0], 1)
         hidden, delta, cos, sin = embed(model, input_ids, position_ids)
         valid_length = cache.length + 1
+        if self.kernels is not None:
+            return self._decode_forward_kernels(hidden, delta, position, position_ids, cos, sin, valid_length)
         for index, block in enumerate(model.layers):
             fused = self.fused[index]
             if block.layer_type == "lightning":
@@ -324,6 +456,24 @@ class InferenceEngine:
             hidden, delta = attention_post(block, hidden, x, output, gate, fused, self.linear)
         cache.length.add_(1)
         return logits(model, self.model.lm_head, hidden, delta, self.linear)
+
+    def _decode_forward_kernels(self, hidden, delta, position, position_ids, cos, sin, valid_length):
+        """_decode_forward's blocks under matvec="triton-fused"."""
+        model, cache, kernels = self.model.model, self.cache, self.kernels
+        lightning_step, attention_pre, attention_post, _, logits = self._blocks
+        for index, block in enumerate(model.layers):
+            folded = self.fused[index]
+            if block.layer_type == "lightning":
+                hidden, delta = lightning_step(block, hidden, delta, cos, sin, cache.states[index], self.decay_flat,
+                                               self.scale, folded, kernels)
+                continue
+            keys, values = cache.keys[index], cache.values[index]
+            hidden, q, gate = attention_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position,
+                                            folded, kernels)
+            output = decode_attention(q, keys, values, valid_length, scale=self.scale)
+            hidden, delta = attention_post(block, hidden, output, gate, folded, kernels)
+        cache.length.add_(1)
+        return logits(model, self.model.lm_head, hidden, delta, kernels)
 
     def _step(self) -> None:
         self._logits = self._decode_forward(self._tokens)

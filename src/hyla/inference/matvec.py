@@ -1,5 +1,6 @@
-"""Settings of hyla's batch-1 matrix-vector kernel (`hyla.inference.matvec_triton`), and the per-shape choice read
-from bench/matvec_sweep.py's result. Importing this module does not import triton."""
+"""Settings of hyla's batch-1 matrix-vector kernel (`hyla.inference.matvec_triton`), the per-shape choice read
+from bench/matvec_sweep.py's result, and the kernel's float64 reference. Importing this module does not import
+triton."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Optional
 
+import torch
+import torch.nn.functional as F
+
 
 @dataclass(frozen=True)
 class MatvecConfig:
-    """Launch settings: output rows per program, input columns per loop step, warps, pipeline stages."""
+    """Launch settings: output rows per program, input columns per loop step, warps, pipeline stages. The defaults:
+    the one setting with the least summed time over a HypeNet-2B decode step's products on an H200 (1,126 us against
+    1,083 us for each shape's best and 1,324 us for cuBLAS; docs/results/speed/h200-2026-11-30-d/j2/matvec)."""
 
-    block_n: int = 8
-    block_k: int = 512
+    block_n: int = 2
+    block_k: int = 1024
     num_warps: int = 4
     num_stages: int = 3
 
@@ -47,3 +53,32 @@ def load_table(path: str | Path) -> dict[tuple[int, int], MatvecConfig | None]:
     return table
 
 
+
+
+# The matrix-vector kernel's prologues (hyla.inference.matvec_triton's module docstring).
+PLAIN, RESIDUAL_NORM, SCALED, SILU_MUL, SIGMOID_GATE = 0, 1, 2, 3, 4
+PROLOGUES = (PLAIN, RESIDUAL_NORM, SCALED, SILU_MUL, SIGMOID_GATE)
+
+
+def fused_matvec_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+                           prologue: int = PLAIN, x2: torch.Tensor | None = None,
+                           norm_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None,
+                           eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """What the Triton kernel computes, written out in float64: (y, s), s = x + x2 rounded to x's dtype for
+    RESIDUAL_NORM (None otherwise); y in float64."""
+    s = None
+    if prologue == RESIDUAL_NORM:
+        s = (x.double() + x2.double()).to(x.dtype)
+        v = s.double()
+        scale = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+        v = v * scale * (norm_weight.double() if norm_weight is not None else 1.0)
+    elif prologue == SCALED:
+        v = x.double() * torch.rsqrt(partials.double().sum() / x.shape[-1] + eps)
+    elif prologue == SILU_MUL:
+        v = F.silu(x.double()) * x2.double()
+    elif prologue == SIGMOID_GATE:
+        v = x.double() * torch.sigmoid(x2.double())
+    else:
+        v = x.double()
+    y = F.linear(v, weight.double(), bias.double() if bias is not None else None)
+    return y, s
