@@ -82,34 +82,29 @@ def report(what: str, got: torch.Tensor, ref: torch.Tensor, bound: float) -> Non
 
 
 def check_prologues():
-    """Every prologue, with K a multiple of block_k and not, with and without a bias and a norm weight."""
-    from hyla.inference.matvec import (
-        PROLOGUES,
-        RESIDUAL_NORM,
-        SCALED,
-        MatvecConfig,
-        fused_matvec_reference,
-    )
+    """Every prologue and epilogue, with K a multiple of block_k and not, with and without a bias and a norm weight."""
+    from hyla.inference.matvec import NORM, PROLOGUES, SCALED, MatvecConfig, fused_matvec_reference
     from hyla.inference.matvec_triton import fused_matvec_triton
 
     gen = torch.Generator().manual_seed(1)
     for prologue in PROLOGUES:
-        for n, k, has_bias, config in ((24, 64, True, MatvecConfig(block_n=4, block_k=32)),
-                                       (7, 80, False, MatvecConfig(block_n=2, block_k=32)),
-                                       (9, 48, True, MatvecConfig(block_n=8, block_k=64))):
-            weight, x, x2 = (torch.randn(n, k, generator=gen), torch.randn(1, 1, k, generator=gen),
-                             torch.randn(1, 1, k, generator=gen))
-            bias = torch.randn(n, generator=gen) if has_bias else None
-            norm_weight = torch.rand(k, generator=gen) + 0.5 if prologue == RESIDUAL_NORM and has_bias else None
-            partials = torch.rand(5, generator=gen) * k if prologue == SCALED else None
-            kwargs = dict(prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials, eps=1e-6)
-            y, s = fused_matvec_triton(x, weight, bias, config=config, **kwargs)
-            ref_y, ref_s = fused_matvec_reference(x, weight, bias, **kwargs)
-            what = (f"prologue {prologue} N={n} K={k} bias={has_bias} norm weight={norm_weight is not None} "
-                    f"block_k={config.block_k}")
-            report(what, y, ref_y, 1e-6)
-            if prologue == RESIDUAL_NORM:
-                assert torch.equal(s, ref_s), what
+        for epilogue in ("none", "residual", "glu"):
+            for n, k, has_bias, config in ((24, 64, True, MatvecConfig(block_n=4, block_k=32)),
+                                           (8, 80, False, MatvecConfig(block_n=2, block_k=32)),
+                                           (10, 48, True, MatvecConfig(block_n=8, block_k=64))):
+                weight, x, x2 = (torch.randn(n, k, generator=gen), torch.randn(1, 1, k, generator=gen),
+                                 torch.randn(1, 1, k, generator=gen))
+                bias = torch.randn(n, generator=gen) if has_bias else None
+                norm_weight = torch.rand(k, generator=gen) + 0.5 if prologue == NORM and has_bias else None
+                partials = torch.rand(5, generator=gen) * k if prologue == SCALED else None
+                residual = torch.randn(1, 1, n, generator=gen) if epilogue == "residual" else None
+                kwargs = dict(prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials, eps=1e-6,
+                              residual=residual, glu=epilogue == "glu")
+                y = fused_matvec_triton(x, weight, bias, config=config, **kwargs)
+                ref = fused_matvec_reference(x, weight, bias, **kwargs)
+                assert y.shape == ref.shape
+                report(f"prologue {prologue} epilogue {epilogue} N={n} K={k} bias={has_bias} norm weight="
+                       f"{norm_weight is not None} block_n={config.block_n} block_k={config.block_k}", y, ref, 1e-6)
 
 
 def check_lightning_step():
@@ -161,10 +156,9 @@ def check_engine():
             full = model(tokens, use_cache=False).logits
             engine = InferenceEngine(model, batch_size=1, max_length=16, prefill_chunk=4, fuse_projections=True,
                                      matvec="triton-fused")
-            pieces = [engine.prefill(tokens[:, :10])]
-            for t in range(10, 14):
-                pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
-        report(f"engine triton-fused decode (bias={bias}) vs model forward", torch.stack(pieces, 1), full[:, 9:], 1e-5)
+            engine.prefill(tokens[:, :10])
+            steps = [engine.decode(tokens[:, t : t + 1]).clone() for t in range(10, 14)]
+        report(f"engine triton-fused decode (bias={bias}) vs model forward", torch.stack(steps, 1), full[:, 10:], 1e-5)
 
 
 if __name__ == "__main__":

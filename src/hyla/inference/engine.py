@@ -65,10 +65,11 @@ def fuse_block_projections(block) -> FusedProjections:
 
 
 class FoldedWeights(NamedTuple):
-    """One block's weights for matvec="triton-fused": the fused input-side maps (as `FusedProjections`) with the
-    preceding RMSNorm's weight folded into their columns (W diag(w): the norm's scalar factor is applied by the
-    kernel after the product), and o_proj with the Lightning output norm's weight folded in (attention: o_proj's
-    own weight). Copies, taken when the engine is built."""
+    """One block's weights for matvec="triton-fused": the fused mixer map (as `FusedProjections`) and the MLP's
+    gate/up map with the preceding RMSNorm's weight folded into their columns (W diag(w): the norm's scalar factor
+    is applied by the kernel after the product), the gate/up rows interleaved for the kernel's GLU epilogue
+    (`hyla.inference.matvec.interleave_glu`), and o_proj with the Lightning output norm's weight folded in
+    (attention: o_proj's own weight). Copies, taken when the engine is built."""
 
     mixer_weight: torch.Tensor
     mixer_bias: torch.Tensor | None
@@ -76,7 +77,6 @@ class FoldedWeights(NamedTuple):
     o_weight: torch.Tensor
     mlp_weight: torch.Tensor
     mlp_bias: torch.Tensor | None
-    mlp_sizes: tuple[int, ...]
 
 
 def _fold(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -85,14 +85,24 @@ def _fold(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def fold_block_weights(block) -> FoldedWeights:
-    fused = fuse_block_projections(block)
-    mixer = block.mixer
+    from hyla.inference.matvec import interleave_glu
+
+    mixer, mlp = block.mixer, block.mlp
+    gate = mixer.gate_projection()
+    mixer_weight, mixer_bias, mixer_sizes = _concatenate(
+        [mixer.q_proj, mixer.k_proj, mixer.v_proj] + ([gate] if gate is not None else []))
     o_weight = mixer.o_proj.weight
     if block.layer_type == "lightning":
         o_weight = _fold(o_weight, mixer.o_norm.weight)
-    return FoldedWeights(_fold(fused.mixer_weight, block.input_layernorm.weight), fused.mixer_bias, fused.mixer_sizes,
-                         o_weight, _fold(fused.mlp_weight, block.post_attention_layernorm.weight), fused.mlp_bias,
-                         fused.mlp_sizes)
+    post = block.post_attention_layernorm.weight
+    mlp_weight = interleave_glu(_fold(mlp.gate_proj.weight, post), _fold(mlp.up_proj.weight, post))
+    mlp_bias = None
+    if mlp.gate_proj.bias is not None or mlp.up_proj.bias is not None:
+        zeros = mlp.gate_proj.weight.new_zeros(mlp.gate_proj.out_features)
+        mlp_bias = interleave_glu(mlp.gate_proj.bias if mlp.gate_proj.bias is not None else zeros,
+                                  mlp.up_proj.bias if mlp.up_proj.bias is not None else zeros)
+    return FoldedWeights(_fold(mixer_weight, block.input_layernorm.weight), mixer_bias, mixer_sizes, o_weight,
+                         mlp_weight, mlp_bias)
 
 
 def _project(mixer, x, context, fused: FusedProjections | None, linear=None):
@@ -173,67 +183,72 @@ def attention_block_decode_post(block, hidden, x, attention_output, gate=None, f
 
 
 # matvec="triton-fused": the same blocks through hyla's Triton kernels (`kernels`: a MatvecKernels), batch 1. The
-# residual stream travels as (hidden, delta) as above; each product that follows an RMSNorm adds the pair, writes
-# the sum out and normalizes it in its prologue.
+# residual stream is `hidden` alone: o_proj and down_proj add their output to it in their epilogue, and each
+# RMSNorm is the prologue of the product that follows it.
 
-def lightning_block_decode_kernels(block, hidden, delta, cos, sin, state, decay, scale, folded: FoldedWeights,
-                                   kernels):
+def _mlp_kernels(block, hidden, folded: FoldedWeights, kernels):
+    """hidden + MLP(RMSNorm(hidden)) in two kernels: normed gate/up with the SiLU gating as its epilogue, then
+    down_proj with the residual add as its epilogue."""
+    from hyla.inference.matvec import NORM
+
+    down = block.mlp.down_proj
+    act = kernels.fused(hidden, folded.mlp_weight, folded.mlp_bias, prologue=NORM,
+                        eps=block.post_attention_layernorm.eps, glu=True)
+    return kernels.fused(act, down.weight, down.bias, residual=hidden)
+
+
+def lightning_block_decode_kernels(block, hidden, cos, sin, state, decay, scale, folded: FoldedWeights, kernels):
     """lightning_block_decode in 5 kernels: normed fused projection, the Lightning step (norms, RoPE, state update,
-    read-out, gate; `hyla.inference.lightning_step_triton`), o_proj scaled by the output norm, normed gate/up,
-    SiLU-gated down_proj. decay: [H]."""
+    read-out, gate; `hyla.inference.lightning_step_triton`), o_proj scaled by the output norm plus the residual,
+    then the MLP (`_mlp_kernels`). decay: [H]. Returns the block's output hidden."""
     from hyla.inference.lightning_step_triton import lightning_step_triton
-    from hyla.inference.matvec import SILU_MUL
+    from hyla.inference.matvec import NORM, SCALED
 
-    mixer, mlp = block.mixer, block.mlp
-    y, hidden = kernels.residual_norm(hidden, delta, folded.mixer_weight, folded.mixer_bias, None,
-                                      block.input_layernorm.eps)
+    mixer = block.mixer
+    y = kernels.fused(hidden, folded.mixer_weight, folded.mixer_bias, prologue=NORM, eps=block.input_layernorm.eps)
     u, partials = lightning_step_triton(
         y, cos if mixer.use_rope else None, sin if mixer.use_rope else None,
         mixer.q_norm.weight if mixer.q_norm is not None else None,
         mixer.k_norm.weight if mixer.k_norm is not None else None, state, decay, scale=scale,
         eps=mixer.q_norm.eps if mixer.q_norm is not None else 0.0, has_gate=mixer.z_proj is not None)
-    out = kernels.scaled(u, partials, folded.o_weight, mixer.o_proj.bias, mixer.o_norm.eps)
-    y, hidden = kernels.residual_norm(hidden, out, folded.mlp_weight, folded.mlp_bias, None,
-                                      block.post_attention_layernorm.eps)
-    gate, up = y.split(folded.mlp_sizes, dim=-1)
-    return hidden, kernels.glu(gate, up, mlp.down_proj.weight, mlp.down_proj.bias, SILU_MUL)
+    hidden = kernels.fused(u, folded.o_weight, mixer.o_proj.bias, prologue=SCALED, partials=partials,
+                           eps=mixer.o_norm.eps, residual=hidden)
+    return _mlp_kernels(block, hidden, folded, kernels)
 
 
-def attention_block_decode_pre_kernels(block, hidden, delta, position_ids, cos, sin, keys, values, position,
+def attention_block_decode_pre_kernels(block, hidden, position_ids, cos, sin, keys, values, position,
                                        folded: FoldedWeights, kernels):
-    """attention_block_decode_pre with the residual add and RMSNorm in the product's prologue. Returns (the block's
-    input hidden + delta, q [B, H, D], output-gate pre-activation or None)."""
-    y, hidden = kernels.residual_norm(hidden, delta, folded.mixer_weight, folded.mixer_bias, None,
-                                      block.input_layernorm.eps)
+    """attention_block_decode_pre with the RMSNorm in the product's prologue. Returns (q [B, H, D], output-gate
+    pre-activation or None)."""
+    from hyla.inference.matvec import NORM
+
+    y = kernels.fused(hidden, folded.mixer_weight, folded.mixer_bias, prologue=NORM, eps=block.input_layernorm.eps)
     parts = y.split(folded.mixer_sizes, dim=-1)
     q, k, v = block.mixer._finish_projection(parts[0], parts[1], parts[2],
                                              MixerContext(position_ids=position_ids, rope=(cos, sin)))
     keys.index_copy_(2, position, k.transpose(1, 2))
     values.index_copy_(2, position, v.transpose(1, 2))
-    return hidden, q[:, 0].contiguous(), parts[3] if len(parts) > 3 else None
+    return q[:, 0].contiguous(), parts[3] if len(parts) > 3 else None
 
 
 def attention_block_decode_post_kernels(block, hidden, attention_output, gate, folded: FoldedWeights, kernels):
-    """attention_block_decode_post with the output gate, the residual add + RMSNorm and SiLU in the prologues."""
-    from hyla.inference.matvec import SIGMOID_GATE, SILU_MUL
+    """attention_block_decode_post: the output gate in o_proj's prologue, the residual in its epilogue, then the
+    MLP. Returns the block's output hidden."""
+    from hyla.inference.matvec import PLAIN, SIGMOID_GATE
 
-    mixer, mlp = block.mixer, block.mlp
+    o_proj = block.mixer.o_proj
     output = attention_output.reshape(hidden.shape[0], 1, -1)
-    if gate is not None:
-        out = kernels.glu(output, gate, folded.o_weight, mixer.o_proj.bias, SIGMOID_GATE)
-    else:
-        out = kernels.linear(output, folded.o_weight, mixer.o_proj.bias)
-    y, hidden = kernels.residual_norm(hidden, out, folded.mlp_weight, folded.mlp_bias, None,
-                                      block.post_attention_layernorm.eps)
-    up_gate, up = y.split(folded.mlp_sizes, dim=-1)
-    return hidden, kernels.glu(up_gate, up, mlp.down_proj.weight, mlp.down_proj.bias, SILU_MUL)
+    hidden = kernels.fused(output, folded.o_weight, o_proj.bias, prologue=SIGMOID_GATE if gate is not None else PLAIN,
+                           x2=gate, residual=hidden)
+    return _mlp_kernels(block, hidden, folded, kernels)
 
 
-def decode_logits_kernels(model, lm_head, hidden, delta, kernels):
-    """decode_logits with the residual add and the final RMSNorm (its weight read beside the input) in the LM
-    head's prologue."""
-    y, _ = kernels.residual_norm(hidden, delta, lm_head.weight, lm_head.bias, model.norm.weight, model.norm.eps)
-    return y[:, 0]
+def decode_logits_kernels(model, lm_head, hidden, kernels):
+    """decode_logits with the final RMSNorm (its weight read beside the input) in the LM head's prologue."""
+    from hyla.inference.matvec import NORM
+
+    return kernels.fused(hidden, lm_head.weight, lm_head.bias, prologue=NORM, norm_weight=model.norm.weight,
+                         eps=model.norm.eps)[:, 0]
 
 
 def block_prefill_pre(block, hidden, position_ids, cos, sin):
@@ -441,7 +456,7 @@ class InferenceEngine:
         hidden, delta, cos, sin = embed(model, input_ids, position_ids)
         valid_length = cache.length + 1
         if self.kernels is not None:
-            return self._decode_forward_kernels(hidden, delta, position, position_ids, cos, sin, valid_length)
+            return self._decode_forward_kernels(hidden, position, position_ids, cos, sin, valid_length)
         for index, block in enumerate(model.layers):
             fused = self.fused[index]
             if block.layer_type == "lightning":
@@ -457,23 +472,22 @@ class InferenceEngine:
         cache.length.add_(1)
         return logits(model, self.model.lm_head, hidden, delta, self.linear)
 
-    def _decode_forward_kernels(self, hidden, delta, position, position_ids, cos, sin, valid_length):
+    def _decode_forward_kernels(self, hidden, position, position_ids, cos, sin, valid_length):
         """_decode_forward's blocks under matvec="triton-fused"."""
         model, cache, kernels = self.model.model, self.cache, self.kernels
         lightning_step, attention_pre, attention_post, _, logits = self._blocks
         for index, block in enumerate(model.layers):
             folded = self.fused[index]
             if block.layer_type == "lightning":
-                hidden, delta = lightning_step(block, hidden, delta, cos, sin, cache.states[index], self.decay_flat,
-                                               self.scale, folded, kernels)
+                hidden = lightning_step(block, hidden, cos, sin, cache.states[index], self.decay_flat, self.scale,
+                                        folded, kernels)
                 continue
             keys, values = cache.keys[index], cache.values[index]
-            hidden, q, gate = attention_pre(block, hidden, delta, position_ids, cos, sin, keys, values, position,
-                                            folded, kernels)
+            q, gate = attention_pre(block, hidden, position_ids, cos, sin, keys, values, position, folded, kernels)
             output = decode_attention(q, keys, values, valid_length, scale=self.scale)
-            hidden, delta = attention_post(block, hidden, output, gate, folded, kernels)
+            hidden = attention_post(block, hidden, output, gate, folded, kernels)
         cache.length.add_(1)
-        return logits(model, self.model.lm_head, hidden, delta, kernels)
+        return logits(model, self.model.lm_head, hidden, kernels)
 
     def _step(self) -> None:
         self._logits = self._decode_forward(self._tokens)

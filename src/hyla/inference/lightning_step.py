@@ -21,7 +21,8 @@ def lightning_step_reference(y: torch.Tensor, cos: torch.Tensor | None, sin: tor
                              has_gate: bool, block_v: int) -> tuple[torch.Tensor, torch.Tensor]:
     """y: [1, 1, P * H * D], the fused projection's output (P = 4 with a gate, 3 without); cos, sin: RoPE at the
     position ([..., D]) or None; state: [1, H, D, D] (updated in place, in its dtype); decay: [H].
-    Returns (u [1, 1, H * D] float32, partials [H * D // block_v] float32). Computed in float64."""
+    Returns (u [1, 1, H * D] float32, partials [H * D // block_v] float32). Computed in float64 (the kernel
+    returns u in y's dtype)."""
     _, heads, dim, _ = state.shape
     width = heads * dim
     parts = y.double().reshape(-1)

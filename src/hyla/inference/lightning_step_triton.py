@@ -55,12 +55,12 @@ def _lightning_step_kernel(
     if HAS_GATE:
         z = tl.load(y_ptr + 3 * W + head * D + cols).to(tl.float32)
         o = o * tl.sigmoid(z)
-    tl.store(u_ptr + head * D + cols, o)
+    tl.store(u_ptr + head * D + cols, o.to(u_ptr.dtype.element_ty))
 
 
 def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps, has_gate, block_v):
     _, heads, dim, _ = state.shape
-    u = torch.empty(1, 1, heads * dim, device=y.device, dtype=torch.float32)
+    u = torch.empty(1, 1, heads * dim, device=y.device, dtype=y.dtype)
     partials = torch.empty(heads * dim // block_v, device=y.device, dtype=torch.float32)
     launcher[(heads, dim // block_v)](
         y, cos if cos is not None else y, sin if sin is not None else y,
@@ -84,7 +84,8 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
                           has_gate: bool, block_v: int = BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place)."""
+    """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
+    in y's dtype."""
     check_inputs(y, state, decay, has_gate, block_v)
     return _launch(_lightning_step_kernel, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps,
                    has_gate, block_v)

@@ -56,29 +56,32 @@ def load_table(path: str | Path) -> dict[tuple[int, int], MatvecConfig | None]:
 
 
 # The matrix-vector kernel's prologues (hyla.inference.matvec_triton's module docstring).
-PLAIN, RESIDUAL_NORM, SCALED, SILU_MUL, SIGMOID_GATE = 0, 1, 2, 3, 4
-PROLOGUES = (PLAIN, RESIDUAL_NORM, SCALED, SILU_MUL, SIGMOID_GATE)
+PLAIN, NORM, SCALED, SIGMOID_GATE = 0, 1, 2, 4
+PROLOGUES = (PLAIN, NORM, SCALED, SIGMOID_GATE)
+
+
+def interleave_glu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """Rows (or a bias's entries) of the gate and up maps interleaved as (gate_0, up_0, gate_1, up_1, ...), the
+    order the kernel's GLU epilogue reads."""
+    return torch.stack([gate, up], dim=1).reshape(2 * gate.shape[0], *gate.shape[1:]).contiguous()
 
 
 def fused_matvec_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
                            prologue: int = PLAIN, x2: torch.Tensor | None = None,
                            norm_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None,
-                           eps: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What the Triton kernel computes, written out in float64: (y, s), s = x + x2 rounded to x's dtype for
-    RESIDUAL_NORM (None otherwise); y in float64."""
-    s = None
-    if prologue == RESIDUAL_NORM:
-        s = (x.double() + x2.double()).to(x.dtype)
-        v = s.double()
-        scale = torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
-        v = v * scale * (norm_weight.double() if norm_weight is not None else 1.0)
+                           eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """What the Triton kernel computes, written out in float64 without its roundings to the weight's dtype."""
+    v = x.double()
+    if prologue == NORM:
+        v = v * torch.rsqrt(v.pow(2).mean(-1, keepdim=True) + eps)
+        if norm_weight is not None:
+            v = v * norm_weight.double()
     elif prologue == SCALED:
-        v = x.double() * torch.rsqrt(partials.double().sum() / x.shape[-1] + eps)
-    elif prologue == SILU_MUL:
-        v = F.silu(x.double()) * x2.double()
+        v = v * torch.rsqrt(partials.double().sum() / x.shape[-1] + eps)
     elif prologue == SIGMOID_GATE:
-        v = x.double() * torch.sigmoid(x2.double())
-    else:
-        v = x.double()
+        v = v * torch.sigmoid(x2.double())
     y = F.linear(v, weight.double(), bias.double() if bias is not None else None)
-    return y, s
+    if glu:
+        gate, up = y[..., 0::2], y[..., 1::2]
+        return F.silu(gate) * up
+    return y + residual.double().reshape(y.shape) if residual is not None else y
