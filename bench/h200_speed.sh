@@ -26,6 +26,7 @@
 #                                # then HypeNet's 512K step profiled with the kernel where the sweep found it faster
 #   bash bench/h200_speed.sh k   # stage i's decode with --matvec triton (MATVEC=triton-fused: the fused kernels)
 #                                # and --matvec-table (MATVEC_TABLE=..., default: the committed H200 sweep)
+#   bash bench/h200_speed.sh m   # the fused decode kernels' launch settings (bench/fused_sweep.py; a --matvec-table)
 #   bash bench/h200_speed.sh l   # the fused decode kernels' GPU tests, then HypeNet's and the Qwen3 shape's 512K
 #                                # steps profiled with --matvec triton-fused
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
@@ -106,6 +107,9 @@ case "$1" in
       --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --matvec "${MATVEC:-triton}" \
       --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
     pack k decode-matvec ;;
+  m)
+    python3 bench/fused_sweep.py --out $OUT/fused-sweep 2>&1 | tee $OUT/fused-sweep.log
+    pack m fused-sweep ;;
   l)
     python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k "matvec or lightning_step or triton_fused" \
       2>&1 | tee $OUT/fused-test.txt | tail -n 3 || exit 1
@@ -115,5 +119,5 @@ case "$1" in
     done
     pack l profile ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m" >&2; exit 2 ;;
 esac

@@ -58,7 +58,8 @@ def _lightning_step_kernel(
     tl.store(u_ptr + head * D + cols, o.to(u_ptr.dtype.element_ty))
 
 
-def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps, has_gate, block_v):
+def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps, has_gate, block_v,
+            num_warps):
     _, heads, dim, _ = state.shape
     u = torch.empty(1, 1, heads * dim, device=y.device, dtype=y.dtype)
     partials = torch.empty(heads * dim // block_v, device=y.device, dtype=torch.float32)
@@ -67,7 +68,7 @@ def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, s
         q_norm_weight if q_norm_weight is not None else y, k_norm_weight if k_norm_weight is not None else y,
         state, decay, u, partials, scale, eps,
         H=heads, D=dim, BLOCK_V=block_v, HAS_QK_NORM=q_norm_weight is not None, HAS_ROPE=cos is not None,
-        HAS_GATE=has_gate, num_warps=4,
+        HAS_GATE=has_gate, num_warps=num_warps,
     )
     return u, partials
 
@@ -83,9 +84,10 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
-                          has_gate: bool, block_v: int = BLOCK_V) -> tuple[torch.Tensor, torch.Tensor]:
+                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = 4
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
     in y's dtype."""
     check_inputs(y, state, decay, has_gate, block_v)
     return _launch(_lightning_step_kernel, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps,
-                   has_gate, block_v)
+                   has_gate, block_v, num_warps)

@@ -1,0 +1,212 @@
+"""The fused decode step's kernels (InferenceEngine(matvec="triton-fused")) in several launch settings: each
+matrix-vector product in the prologue/epilogue combination the engine runs it with, on HypeNet-2B's and the Qwen3-1.7B
+shape's decode-step shapes, and the Lightning step kernel; beside cuBLAS's plain product of the same shape.
+
+Every setting is first checked against the float64 reference (`fused_matvec_reference`, `lightning_step_reference`);
+one that fails is reported and not timed. Timing as in bench/matvec_sweep.py: calls on distinct copies of the
+weights (over 4x the L2 cache), captured in one CUDA graph. Its results/fastest entries (one per weight shape, the
+combination with the most calls a step) are a table for `--matvec-table`.
+
+    python bench/fused_sweep.py --out DIR        # on a CUDA machine with triton; ~2 minutes
+    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/fused_sweep.py --out DIR --smoke   # CPU plumbing
+
+Writes DIR/fused-sweep.json and .md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hyla.bench.floors import COPY_BANDWIDTH
+from hyla.bench.timing import time_ms
+from hyla.outputs import write_atomic, write_json
+from kernel_sweep import sweep_arguments
+
+CALLS = 64
+# (name, N, K, bias, prologue, epilogue, calls a HypeNet-2B step, calls a Qwen3-shape step); prologues as in
+# hyla.inference.matvec: 0 plain, 1 norm, 2 scaled, 4 sigmoid gate.
+VARIANTS = [
+    ("lightning mixer", 8192, 2048, False, 1, "none", 21, 0),
+    ("attention mixer (gated)", 6144, 2048, True, 1, "none", 7, 0),
+    ("qwen3 mixer", 4096, 2048, False, 1, "none", 0, 28),
+    ("gate/up + GLU", 12288, 2048, False, 1, "glu", 28, 28),
+    ("down + residual", 2048, 6144, False, 0, "residual", 28, 28),
+    ("lightning o_proj (scaled) + residual", 2048, 2048, False, 2, "residual", 21, 0),
+    ("attention o_proj (gated) + residual", 2048, 2048, False, 4, "residual", 7, 0),
+    ("qwen3 o_proj + residual", 2048, 2048, False, 0, "residual", 0, 28),
+    ("LM head (norm)", 151936, 2048, False, 1, "none", 1, 1),
+]
+TOY = {8192: 48, 6144: 40, 4096: 32, 12288: 64, 2048: 24, 6144 + 1: 0, 151936: 100}
+
+
+def configs(smoke: bool, glu: bool):
+    from hyla.inference.matvec import MatvecConfig
+
+    if smoke:
+        yield from (MatvecConfig(block_n=2, block_k=32), MatvecConfig(block_n=4, block_k=64, num_warps=2))
+        return
+    for block_n, block_k, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (2, 4, 8)):
+        if glu and block_n == 1:
+            continue
+        if 8 <= block_n * block_k // (32 * warps) <= 128:
+            yield MatvecConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=3)
+
+
+def graph_timer(device, repeats):
+    def timed(run, calls):
+        if device.type == "cuda":
+            run()
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                run()
+            replay = graph.replay
+        else:
+            replay = run
+        return time_ms(replay, device=device, warmup=1, repeats=repeats)["median_ms"] * 1e3 / calls
+    return timed
+
+
+def sweep_variant(variant, device, smoke, l2_bytes, log):
+    from hyla.inference.matvec import fused_matvec_reference
+    from hyla.inference.matvec_triton import fused_matvec_triton
+
+    name, n, k, has_bias, prologue, epilogue, *_ = variant
+    if smoke:
+        n, k = TOY.get(n, 24), TOY.get(k, 24) if k != 2048 else 32
+    dtype = torch.float32 if smoke else torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(n + k + prologue)
+    weight_bytes = n * k * (4 if smoke else 2)
+    copies = 1 if smoke else max(2, -(-4 * l2_bytes // weight_bytes))
+    weights = [torch.randn(n, k, device=device, generator=gen, dtype=dtype) / k**0.5 for _ in range(copies)]
+    x, x2 = (torch.randn(1, 1, k, device=device, generator=gen, dtype=dtype) for _ in range(2))
+    bias = torch.randn(n, device=device, generator=gen, dtype=dtype) if has_bias else None
+    kwargs = dict(prologue=prologue, x2=x2 if prologue == 4 else None, eps=1e-6, glu=epilogue == "glu",
+                  norm_weight=torch.rand(k, device=device, generator=gen, dtype=dtype) + 0.5
+                  if name.startswith("LM head") else None,
+                  partials=torch.rand(64, device=device, generator=gen) * k / 64 if prologue == 2 else None,
+                  residual=torch.randn(1, 1, n, device=device, generator=gen, dtype=dtype)
+                  if epilogue == "residual" else None)
+    reference = fused_matvec_reference(x, weights[0], bias, **kwargs)
+    calls = 1 if smoke else CALLS
+    timed = graph_timer(x.device, 1 if smoke else 7)
+
+    def cycle(fn):
+        def run():
+            for i in range(calls):
+                fn(weights[i % copies])
+        return run
+
+    cublas_us = timed(cycle(lambda w: F.linear(x, w, bias)), calls)
+    rows = []
+    for config in configs(smoke, epilogue == "glu"):
+        row = {**config.__dict__}
+        try:
+            out = fused_matvec_triton(x, weights[0], bias, config=config, **kwargs)
+        except Exception as err:  # noqa: BLE001  (a setting the compiler refuses)
+            rows.append({**row, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
+            continue
+        error = ((out.double() - reference).norm() / reference.norm()).item()
+        row["relative_error"] = error
+        if not error <= 1e-2:
+            rows.append({**row, "error": f"check failed: relative error {error:.2e} > 1e-2"})
+            continue
+        us = timed(cycle(lambda w, config=config: fused_matvec_triton(x, w, bias, config=config, **kwargs)), calls)
+        rows.append({**row, "us": us, "tb_per_s": weight_bytes / (us * 1e-6) / 1e12})
+    timed_rows = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
+    best = timed_rows[0] if timed_rows else None
+    result = {"name": name, "n": n, "k": k, "bias": has_bias, "prologue": prologue, "epilogue": epilogue,
+              "calls_hypenet": variant[6], "calls_qwen3": variant[7], "weight_bytes": weight_bytes,
+              "floor_us": weight_bytes / COPY_BANDWIDTH * 1e6, "cublas_us": cublas_us, "rows": rows, "fastest": best}
+    log(f"{name} N={n} K={k}: cuBLAS plain {cublas_us:.1f} us, fused best "
+        + (f"{best['us']:.1f} us ({best['tb_per_s']:.2f} TB/s) "
+           f"{ {key: best[key] for key in ('block_n', 'block_k', 'num_warps')} }" if best else "none"))
+    return result
+
+
+def sweep_lightning_step(device, smoke, log):
+    from hyla.inference.lightning_step import lightning_step_reference
+    from hyla.inference.lightning_step_triton import lightning_step_triton
+
+    heads, dim = (2, 64) if smoke else (16, 128)
+    dtype = torch.float32 if smoke else torch.bfloat16
+    gen = torch.Generator(device=device).manual_seed(5)
+    copies = 1 if smoke else 64  # 64 states of 1 MiB: distinct layers, out of L2
+    y = torch.randn(1, 1, 4 * heads * dim, device=device, generator=gen, dtype=dtype)
+    angle = torch.rand(dim // 2, device=device, generator=gen)
+    cos = torch.cat([angle.cos(), angle.cos()]).view(1, 1, dim).to(dtype)
+    sin = torch.cat([angle.sin(), angle.sin()]).view(1, 1, dim).to(dtype)
+    qw, kw = (torch.rand(dim, device=device, generator=gen, dtype=dtype) + 0.5 for _ in range(2))
+    states = [torch.randn(1, heads, dim, dim, device=device, generator=gen) for _ in range(copies)]
+    decay = torch.rand(heads, device=device, generator=gen)
+    timed = graph_timer(y.device, 1 if smoke else 7)
+    rows = []
+    for block_v, warps in itertools.product((16, 32, 64) if not smoke else (16, 32), (1, 2, 4, 8)):
+        state, ref_state = states[0].clone(), states[0].clone()
+        u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6,
+                                            has_gate=True, block_v=block_v, num_warps=warps)
+        ref_u, _ = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
+                                            has_gate=True, block_v=block_v)
+        error = max(((u.double() - ref_u).norm() / ref_u.norm()).item(),
+                    ((state.double() - ref_state.double()).norm() / ref_state.double().norm()).item())
+        row = {"block_v": block_v, "num_warps": warps, "relative_error": error}
+        if not error <= 1e-2:
+            rows.append({**row, "error": f"check failed: relative error {error:.2e} > 1e-2"})
+            continue
+
+        def run(block_v=block_v, warps=warps):
+            for state in states:
+                lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=True,
+                                      block_v=block_v, num_warps=warps)
+        rows.append({**row, "us": timed(run, copies)})
+    best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
+    log(f"Lightning step H={heads} D={dim}: best {best}")
+    return {"heads": heads, "dim": dim, "rows": rows, "fastest": best}
+
+
+def main() -> int:
+    args = sweep_arguments(__doc__, "fused_sweep.py")
+    if args is None:
+        return 2
+    device = torch.device("cpu" if args.smoke else "cuda")
+    l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
+    out = Path(args.out)
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    variants = [sweep_variant(v, device, args.smoke, l2_bytes, log) for v in VARIANTS]
+    step = sweep_lightning_step(device, args.smoke, log)
+    # The table: per weight shape, the combination with the most calls in a HypeNet step (then a Qwen3 step).
+    table = {}
+    for r in sorted(variants, key=lambda r: (r["calls_hypenet"], r["calls_qwen3"])):
+        table[(r["n"], r["k"])] = r
+    results = [{"n": r["n"], "k": r["k"], "bias": False, "cublas_us": r["cublas_us"], "fastest": r["fastest"],
+                "variant": r["name"]} for r in table.values()]
+    totals = {model: {"fused_best_us": sum(r[f"calls_{model}"] * r["fastest"]["us"] for r in variants if r["fastest"]),
+                      "cublas_plain_us": sum(r[f"calls_{model}"] * r["cublas_us"] for r in variants)}
+              for model in ("hypenet", "qwen3")}
+    totals["hypenet"]["lightning_step_us"] = 21 * step["fastest"]["us"] if step["fastest"] else None
+    device_name = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
+    write_json(out / "fused-sweep.json", {"device": device_name, "results": results, "variants": variants,
+                                          "lightning_step": step, "per_step": totals})
+    lines = ["# Fused decode kernels: best setting per combination", "",
+             "| combination | N | K | calls HypeNet / Qwen3 | cuBLAS plain us | fused best us (TB/s) | setting |",
+             "|---|---|---|---|---|---|---|"]
+    for r in variants:
+        b = r["fastest"]
+        setting = ", ".join(f"{key}={b[key]}" for key in ("block_n", "block_k", "num_warps")) if b else ""
+        lines.append(f"| {r['name']} | {r['n']} | {r['k']} | {r['calls_hypenet']} / {r['calls_qwen3']} | "
+                     f"{r['cublas_us']:.1f} | " + (f"{b['us']:.1f} ({b['tb_per_s']:.2f})" if b else "none")
+                     + f" | {setting} |")
+    lines += ["", f"Lightning step: {step['fastest']}", "", f"Per step: {totals}"]
+    text = "\n".join(lines) + "\n"
+    write_atomic(out / "fused-sweep.md", text.encode())
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
