@@ -110,7 +110,7 @@ def check_prologues():
 def check_lightning_step():
     """The Lightning step with and without q/k norms, RoPE and the output gate; the state written back."""
     from hyla.inference.lightning_step import lightning_step_reference
-    from hyla.inference.lightning_step_triton import lightning_step_triton
+    from hyla.inference.lightning_step_triton import BLOCK_V, lightning_step_triton
 
     gen = torch.Generator().manual_seed(2)
     heads, dim = 3, 64
@@ -126,7 +126,7 @@ def check_lightning_step():
         u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6,
                                             has_gate=gate)
         ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5,
-                                                       eps=1e-6, has_gate=gate, block_v=32)
+                                                       eps=1e-6, has_gate=gate, block_v=BLOCK_V)
         what = f"Lightning step norms={norms} rope={rope} gate={gate}"
         report(what + " output", u, ref_u, 1e-6)
         report(what + " partials", partials, ref_partials, 1e-6)

@@ -38,7 +38,7 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-TABLE=docs/results/speed/h200-2026-11-30-d/j2/matvec/matvec-sweep.json  # the matvec sweep on an H200
+TABLE=docs/results/speed/h200-2026-11-30-d/m/fused-sweep/fused-sweep.json  # the fused-kernel sweep on an H200 (stage m)
 pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
   local stage=$1; shift
   (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null

@@ -172,7 +172,7 @@ def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_b
 def test_lightning_step_kernel_matches_reference(norms, rope, gate):
     """The Lightning step at HypeNet-2B's head shape: bf16 projections, float32 state updated in place."""
     from hyla.inference.lightning_step import lightning_step_reference
-    from hyla.inference.lightning_step_triton import lightning_step_triton
+    from hyla.inference.lightning_step_triton import BLOCK_V, lightning_step_triton
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     heads, dim = 16, 128
@@ -187,7 +187,7 @@ def test_lightning_step_kernel_matches_reference(norms, rope, gate):
     ref_state = state.clone()
     u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=gate)
     ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
-                                                   has_gate=gate, block_v=32)
+                                                   has_gate=gate, block_v=BLOCK_V)
     # float32 state and partial sums: only summation order differs; u is rounded to bf16
     assert u.dtype == torch.bfloat16 and rel(u, ref_u) <= BF16_TOL
     assert rel(partials, ref_partials) <= 1e-5 and rel(state, ref_state) <= 1e-6

@@ -9,7 +9,10 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_V = 32  # value columns a program: 4 programs a head at D = 128
+# Value columns a program (8 programs a head at D = 128) and warps: the fastest of 12 settings on an H200, 3.66 us a
+# step at HypeNet-2B's shape (docs/results/speed/h200-2026-11-30-d/m, bench/fused_sweep.py).
+BLOCK_V = 16
+NUM_WARPS = 1
 
 
 @triton.jit
@@ -84,7 +87,7 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
-                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = 4
+                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
     in y's dtype."""
