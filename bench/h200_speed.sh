@@ -15,7 +15,8 @@
 #                                # max-autotune-no-cudagraphs), HypeNet fused and the Qwen3 shape at 8K and 512K
 #                                # over synthetic caches, then the autotuned HypeNet step profiled at 512K (~8 min)
 #   bash bench/h200_speed.sh g   # every target from one run, fast settings on both systems: HypeNet and the Qwen3
-#                                # shape at 512K with --compile-prefill --fuse-projections, three timed 512K
+#                                # shape at 512K with --compile-prefill --fuse-projections --matvec triton-fused
+#                                # (the committed table), three timed 512K
 #                                # prefills each (--long-prefill-repeats 3), batch 32 at 32K (~7 min, estimate)
 #   bash bench/h200_speed.sh h   # the decode attention kernel's launch settings (block, warps, stages, programs
 #                                # per SM), each checked then timed at 32K/128K/512K and B=32 at 32K (~3 min)
@@ -83,7 +84,8 @@ case "$1" in
     pack f decode-default decode-max-autotune-no-cudagraphs profile ;;
   g)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
-      --compile-prefill --fuse-projections --long-prefill-repeats 3 --out $OUT/fast 2>&1 | tee $OUT/fast.log
+      --compile-prefill --fuse-projections --matvec triton-fused --matvec-table "${MATVEC_TABLE:-$TABLE}" \
+      --long-prefill-repeats 3 --out $OUT/fast 2>&1 | tee $OUT/fast.log
     pack g fast ;;
   h)
     python3 bench/decode_attention_sweep.py --out $OUT/sweep 2>&1 | tee $OUT/sweep.log
