@@ -117,7 +117,8 @@ def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks, t
         full = model(tokens, use_cache=False).logits
     engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
                              fuse_projections=True, matvec="triton",
-                             matvec_table={(2048, 512): MatvecConfig(block_n=16, block_k=256, num_warps=8, num_stages=4),
+                             matvec_table={(2048, 512): MatvecConfig(block_n=16, block_k=256, num_warps=8,
+                                                                     num_stages=4),
                                            (1000, 512): None} if table else None)
     pieces = [engine.prefill(tokens[:, :250])]
     engine.capture_graph()

@@ -79,8 +79,8 @@ def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, s
 def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
     batch, heads, dim, dim_v = state.shape
     if batch != 1 or dim != dim_v or dim % 2 or dim % block_v or not state.is_contiguous():
-        raise ValueError(f"the Lightning step kernel takes one sequence's contiguous state [1, H, D, D] with D even and "
-                         f"a multiple of {block_v}; got {tuple(state.shape)}")
+        raise ValueError(f"the Lightning step kernel takes one sequence's contiguous state [1, H, D, D] with D even "
+                         f"and a multiple of {block_v}; got {tuple(state.shape)}")
     if y.numel() != (4 if has_gate else 3) * heads * dim or not y.is_contiguous() or decay.numel() != heads:
         raise ValueError(f"the Lightning step kernel takes y [1, 1, {'4' if has_gate else '3'} * H * D] and decay "
                          f"[H]; got {tuple(y.shape)}, {tuple(decay.shape)}")

@@ -25,6 +25,7 @@ Imported only on CUDA (or under Triton's interpreter): `import hyla` never impor
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -34,7 +35,6 @@ import triton.language as tl
 
 from hyla.inference.matvec import (
     DEFAULT_CONFIG,
-    NORM,
     PLAIN,
     PROLOGUES,
     SCALED,
@@ -203,11 +203,4 @@ class MatvecKernels:
 
 
 def _interpreted() -> bool:
-    import os
-
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-def matvec_function(table: MatvecTable | None = None):
-    """`F.linear`'s signature, through the Triton kernel where it applies: `MatvecKernels(table).linear`."""
-    return MatvecKernels(table).linear
