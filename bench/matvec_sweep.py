@@ -28,9 +28,8 @@ import torch.nn.functional as F
 
 from hyla.bench.floors import COPY_BANDWIDTH
 from hyla.bench.shapes import hypenet_config, qwen3_engine_config
-from hyla.bench.timing import time_ms
 from hyla.outputs import write_atomic, write_json
-from kernel_sweep import sweep_arguments
+from kernel_sweep import check_then_time, graph_time_us, sweep_arguments
 
 CALLS = 64  # products per timed graph, each on its own copy of the weights (cycling through the copies)
 
@@ -68,7 +67,7 @@ def configs(smoke: bool):
 
 
 def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: int, log) -> dict:
-    from hyla.inference.matvec_triton import matvec_triton, supports
+    from hyla.inference.matvec_triton import matvec_triton
 
     dtype = torch.float32 if smoke else torch.bfloat16  # the interpreter has no bfloat16
     gen = torch.Generator(device=device).manual_seed(n * 7 + k)
@@ -85,36 +84,15 @@ def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: in
         def run():
             for i in range(calls):
                 fn(weights[i % copies])
-        if x.device.type == "cuda":
-            run()  # compiles the kernel outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                run()
-            replay = graph.replay
-        else:
-            replay = run
-        return time_ms(replay, device=x.device, warmup=1, repeats=repeats)["median_ms"] * 1e3 / calls
+        return graph_time_us(run, calls, x.device, repeats)
 
     cublas_us = timed(lambda w: F.linear(x, w, bias))
-    rows = []
-    for config in configs(smoke):
-        row = {**config.__dict__}
-        if not supports(x, weights[0], config):
-            rows.append({**row, "error": f"K={k} is not a multiple of block_k"})
-            continue
-        try:
-            out = matvec_triton(x, weights[0], bias, config=config)
-        except Exception as err:  # noqa: BLE001  (a setting the compiler refuses)
-            rows.append({**row, "error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"})
-            continue
-        error = ((out.double() - reference).norm() / reference.norm()).item()
-        row["relative_error"] = error
-        if not error <= 1e-2:
-            rows.append({**row, "error": f"check failed: relative error {error:.2e} > 1e-2"})
-            continue
-        us = timed(lambda w, config=config: matvec_triton(x, w, bias, config=config))
-        rows.append({**row, "us": us, "tb_per_s": weight_bytes / (us * 1e-6) / 1e12})
+    def product(config, w):
+        return matvec_triton(x, w, bias, config=config)
+
+    rows = [check_then_time({**config.__dict__}, lambda config=config: product(config, weights[0]), reference,
+                            lambda config=config: timed(lambda w: product(config, w)), weight_bytes)
+            for config in configs(smoke)]
     timed_rows = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
     floor_us = weight_bytes / COPY_BANDWIDTH * 1e6
     result = {"n": n, "k": k, "bias": has_bias, "weight_bytes": weight_bytes, "copies": copies, "floor_us": floor_us,

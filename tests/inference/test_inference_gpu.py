@@ -98,6 +98,26 @@ def test_graph_decode_matches_model_forward(batch, compile_blocks):
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
 
 
+def _matvec_test_model(layer_types, spread_norms=False):
+    """A float32 model on CUDA whose widths are multiples of the matrix-vector kernel's default step, 300 tokens, and
+    its forward's logits. spread_norms: norm weights drawn from [0.5, 1.5] instead of ones."""
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+        num_key_value_heads=4, head_dim=64, layer_types=layer_types, attn_logits_scaling_a=500.0,
+        attention_output_gate=True, attention_qk_norm=True,
+    )
+    model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
+    with torch.no_grad():
+        if spread_norms:
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.uniform_(0.5, 1.5)
+        tokens = torch.randint(0, 1000, (1, 300), device="cuda")
+        full = model(tokens, use_cache=False).logits
+    return model, tokens, full
+
+
 @pytest.mark.parametrize("compile_blocks,table", [(False, False), (True, False), (True, True)])
 def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks, table):
     """matvec="triton": every product of the batch-1 step through hyla's kernel (widths multiples of its block_k),
@@ -105,16 +125,7 @@ def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks, t
     other settings for one shape and cuBLAS for the LM head."""
     from hyla.inference.matvec import MatvecConfig
 
-    torch.manual_seed(0)
-    config = HypeNetConfig(
-        vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, layer_types=["lightning", "attention", "lightning", "lightning"],
-        attn_logits_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True,
-    )
-    model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
-    tokens = torch.randint(0, 1000, (1, 300), device="cuda")
-    with torch.no_grad():
-        full = model(tokens, use_cache=False).logits
+    model, tokens, full = _matvec_test_model(["lightning", "attention", "lightning", "lightning"])
     engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
                              fuse_projections=True, matvec="triton",
                              matvec_table={(2048, 512): MatvecConfig(block_n=16, block_k=256, num_warps=8,
@@ -198,20 +209,9 @@ def test_lightning_step_kernel_matches_reference(norms, rope, gate):
 def test_graph_decode_triton_fused_matches_model_forward(compile_blocks):
     """matvec="triton-fused": residual adds, norms (weights folded), SiLU, gates and the Lightning step in hyla's
     kernels, eager and compiled, under the CUDA graph, against the float32 model's forward; batch 2 refused."""
-    torch.manual_seed(0)
-    config = HypeNetConfig(
-        vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, layer_types=["lightning", "attention", "lightning", "attention_rope"],
-        attn_logits_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True,
-    )
-    model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.uniform_(0.5, 1.5)  # folded into the maps: away from 1 so that the fold is checked
-    tokens = torch.randint(0, 1000, (1, 300), device="cuda")
-    with torch.no_grad():
-        full = model(tokens, use_cache=False).logits
+    # norm weights away from 1: they are folded into the maps, and the fold is checked
+    model, tokens, full = _matvec_test_model(["lightning", "attention", "lightning", "attention_rope"],
+                                             spread_norms=True)
     engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
                              fuse_projections=True, matvec="triton-fused")
     pieces = [engine.prefill(tokens[:, :250])]
