@@ -9,9 +9,8 @@ attention (prefill) or split-K flash decoding with a device-side length (decode)
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import os
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +28,8 @@ SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Kernels for the decode step's matrix-vector products: cuBLAS through F.linear, or hyla's Triton kernel at batch 1
 # (`hyla.inference.matvec_triton`; with fused projections, on CUDA); "triton-fused" also moves the residual adds,
-# RMSNorms, SiLU and output gates into the products' prologues and each Lightning layer's step into one kernel
-# (`FoldedWeights`, `lightning_block_decode_kernels`).
+# RMSNorms, SiLU and output gates into the products' prologues and epilogues and each Lightning layer's step into one
+# kernel (`FoldedWeights`, `lightning_block_decode_kernels`).
 MATVEC_KERNELS = ("cublas", "triton", "triton-fused")
 
 
