@@ -1,5 +1,6 @@
-"""Command line shared by the kernel sweeps (bench/decode_attention_sweep.py, bench/matvec_sweep.py): --out, and
---smoke for a CPU run through Triton's interpreter with the patches of bench/decode_kernel_interpret.py."""
+"""What the kernel sweeps (bench/decode_attention_sweep.py, bench/matvec_sweep.py, bench/fused_sweep.py) share:
+the command line (--out, and --smoke for a CPU run through Triton's interpreter with the patches of
+bench/decode_kernel_interpret.py), the check of a setting before it is timed, and timing inside a CUDA graph."""
 
 from __future__ import annotations
 

@@ -92,9 +92,9 @@ def _matvec_kernel(
         tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=row_mask)
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor, config: MatvecConfig = DEFAULT_CONFIG) -> bool:
-    """Whether the kernel applies to `F.linear(x, weight)`: one row in x, contiguous last dimensions. (`config` is
-    kept for callers that pass it: any input width works, a multiple of block_k only saves the last step's mask.)"""
+def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the kernel applies to `F.linear(x, weight)`: one row in x, contiguous last dimensions (any input
+    width: the last step is masked)."""
     return (x.numel() == x.shape[-1] and x.stride(-1) == 1 and weight.dim() == 2 and weight.stride(-1) == 1
             and weight.shape[1] == x.shape[-1])
 
