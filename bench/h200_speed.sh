@@ -30,6 +30,9 @@
 #   bash bench/h200_speed.sh m   # the fused decode kernels' launch settings (bench/fused_sweep.py; a --matvec-table)
 #   bash bench/h200_speed.sh l   # the fused decode kernels' GPU tests, then HypeNet's and the Qwen3 shape's 512K
 #                                # steps profiled with --matvec triton-fused
+#   bash bench/h200_speed.sh n   # programmatic dependent launch: the fused kernels' GPU tests (each with and
+#                                # without it, and a decode bitwise-equal either way), then stage k's decode with it
+#                                # (the default on this GPU), then both systems at 512K with --no-pdl (the A/B)
 # A call brings back at most 8 files: each stage leaves its log and one $OUT/<stage>.tar.gz of its result folders.
 # The A/B of fused decode projections in one run: SYSTEMS=hypenet,hypenet-fused,qwen3-engine bash bench/h200_speed.sh b
 # Then, here (after unpacking each stage's archive): hyla bench report hypenet/model.json qwen3/model.json \
@@ -120,6 +123,18 @@ case "$1" in
         --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
     done
     pack l profile ;;
+  n)
+    python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu \
+      -k "matvec or lightning_step or triton_fused or programmatic" 2>&1 | tee $OUT/pdl-test.txt | tail -n 3 || exit 1
+    fused=(--fuse-projections --matvec triton-fused --matvec-table "${MATVEC_TABLE:-$TABLE}")
+    python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K "${fused[@]}" --out $OUT/decode-pdl 2>&1 \
+      | tee $OUT/decode-pdl.log
+    pack n-pdl decode-pdl
+    python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --hypenet-max-prefill 1 \
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 8K "${fused[@]}" --no-pdl --out $OUT/decode-no-pdl 2>&1 \
+      | tee $OUT/decode-no-pdl.log
+    pack n-no-pdl decode-no-pdl ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n" >&2; exit 2 ;;
 esac

@@ -133,6 +133,9 @@ def test_triton_matvec_needs_fused_projections_and_cuda():
         InferenceEngine(model, batch_size=1, max_length=8, matvec="triton", fuse_projections=True)
     with pytest.raises(ValueError, match="needs matvec='triton'"):
         InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True, matvec_table={})
+    with pytest.raises(ValueError, match="launch_pdl applies to matvec='triton-fused'"):
+        InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True, launch_pdl=True)
+    assert not InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True).launch_pdl
 
 
 def _sweep_result(n, k, bias, cublas_us, fastest):

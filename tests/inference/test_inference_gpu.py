@@ -156,12 +156,20 @@ def test_triton_matvec_matches_reference(n, k, has_bias):
     assert rel(out, ref) <= BF16_TOL
 
 
+def _pdl_params():
+    """Programmatic dependent launch off, and on where the GPU has it (compute capability 9.0+)."""
+    supported = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+    return [False, pytest.param(True, marks=pytest.mark.skipif(not supported, reason="needs compute capability 9.0"))]
+
+
+@pytest.mark.parametrize("pdl", _pdl_params())
 @pytest.mark.parametrize("prologue,epilogue", [(0, "none"), (1, "glu"), (1, "none"), (2, "residual"),
                                                (4, "residual")])
 @pytest.mark.parametrize("n,k,has_bias", [(12288, 2048, False), (2048, 6144, True), (1000, 2000, False)])
-def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_bias):
+def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_bias, pdl):
     """The matrix-vector kernel in the engine's combinations (normed with and without the GLU epilogue, scaled plus
-    residual, sigmoid-gated plus residual) against the float64 reference, bf16, K a multiple of block_k and not."""
+    residual, sigmoid-gated plus residual) against the float64 reference, bf16, K a multiple of block_k and not;
+    launched plainly and with programmatic dependent launch."""
     from hyla.inference.matvec import NORM, SCALED, MatvecConfig, fused_matvec_reference
     from hyla.inference.matvec_triton import fused_matvec_triton
 
@@ -174,14 +182,15 @@ def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_b
     residual = torch.randn(1, 1, n, device="cuda", generator=gen).bfloat16() if epilogue == "residual" else None
     kwargs = dict(prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials, eps=1e-6, residual=residual,
                   glu=epilogue == "glu")
-    y = fused_matvec_triton(x, weight, bias, config=MatvecConfig(block_n=2, block_k=1024), **kwargs)
+    y = fused_matvec_triton(x, weight, bias, config=MatvecConfig(block_n=2, block_k=1024), pdl=pdl, **kwargs)
     ref = fused_matvec_reference(x, weight, bias, **kwargs)
     assert y.shape == ref.shape and y.dtype == torch.bfloat16
     assert rel(y, ref) <= BF16_TOL
 
 
+@pytest.mark.parametrize("pdl", _pdl_params())
 @pytest.mark.parametrize("norms,rope,gate", [(True, True, True), (False, False, False)])
-def test_lightning_step_kernel_matches_reference(norms, rope, gate):
+def test_lightning_step_kernel_matches_reference(norms, rope, gate, pdl):
     """The Lightning step at HypeNet-2B's head shape: bf16 projections, float32 state updated in place."""
     from hyla.inference.lightning_step import lightning_step_reference
     from hyla.inference.lightning_step_triton import BLOCK_V, lightning_step_triton
@@ -197,7 +206,8 @@ def test_lightning_step_kernel_matches_reference(norms, rope, gate):
     state = torch.randn(1, heads, dim, dim, device="cuda", generator=gen)
     decay = torch.rand(heads, device="cuda", generator=gen)
     ref_state = state.clone()
-    u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=gate)
+    u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=gate,
+                                        pdl=pdl)
     ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
                                                    has_gate=gate, block_v=BLOCK_V)
     # float32 state and partial sums: only summation order differs; u is rounded to bf16
@@ -221,3 +231,28 @@ def test_graph_decode_triton_fused_matches_model_forward(compile_blocks):
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
     with pytest.raises(ValueError, match="batch_size=1"):
         InferenceEngine(model, batch_size=2, max_length=8, fuse_projections=True, matvec="triton-fused")
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+                    reason="programmatic dependent launch needs compute capability 9.0")
+def test_triton_fused_decode_with_programmatic_launch_equals_plain_launch():
+    """Under programmatic dependent launch a kernel starts while the one before it finishes and reads only its
+    weights until it waits for that kernel: any read before the wait of something the step writes would show as a
+    difference here. The same kernels in the same order with and without it, 60 graph-replayed steps: the logits
+    and the Lightning states must be bitwise equal."""
+    model, tokens, _ = _matvec_test_model(["lightning", "attention", "lightning", "attention_rope"],
+                                          spread_norms=True)
+    runs = []
+    for launch_pdl in (False, True):
+        engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=True,
+                                 fuse_projections=True, matvec="triton-fused", launch_pdl=launch_pdl)
+        assert engine.launch_pdl is launch_pdl
+        pieces = [engine.prefill(tokens[:, :240])]
+        engine.capture_graph()
+        for t in range(240, 300):
+            pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
+        runs.append((torch.stack(pieces, 1), [s.clone() for s in engine.cache.states.values()]))
+        del engine
+    (plain, plain_states), (pdl, pdl_states) = runs
+    assert torch.equal(plain, pdl)
+    assert all(torch.equal(a, b) for a, b in zip(plain_states, pdl_states, strict=True))

@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--matvec-table", metavar="JSON",
                        help="with --matvec triton: the kernel's settings per shape, and cuBLAS where it was faster, "
                             "from bench/matvec_sweep.py's matvec-sweep.json")
+    model.add_argument("--no-pdl", action="store_true",
+                       help="with --matvec triton-fused: launch the kernels without programmatic dependent launch "
+                            "(on by default on GPUs of compute capability 9.0 or later)")
     model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     _common(model)
     model.set_defaults(handler=run_model)
@@ -92,6 +95,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               "triton-fused: also norms, residual adds, SiLU, gates, Lightning step")
     profile.add_argument("--matvec-table", metavar="JSON",
                          help="with --matvec triton: per-shape settings from bench/matvec_sweep.py's JSON")
+    profile.add_argument("--no-pdl", action="store_true",
+                         help="with --matvec triton-fused: no programmatic dependent launch")
     profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
@@ -212,8 +217,8 @@ def run_model(args: argparse.Namespace) -> int:
         prefill_chunk=args.prefill_chunk,
         compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
         compile_prefill=args.compile_prefill, compile_mode=args.compile_mode, matvec=args.matvec,
-        matvec_table=args.matvec_table, toy=args.toy, device=args.device,
-        check_length=40 if args.toy else defaults.check_length,
+        matvec_table=args.matvec_table, launch_pdl=False if args.no_pdl else None, toy=args.toy,
+        device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -241,7 +246,8 @@ def run_profile(args: argparse.Namespace) -> int:
                                batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
                                fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
                                compile_mode=args.compile_mode, matvec=args.matvec,
-                               matvec_table=args.matvec_table, toy=args.toy,
+                               matvec_table=args.matvec_table, launch_pdl=False if args.no_pdl else None,
+                               toy=args.toy,
                                device=args.device, dtype=args.dtype,
                                top=args.top)
     out = Path(args.out)

@@ -53,6 +53,7 @@ class ModelSettings:
     compile_mode: str = "default"  # torch.compile mode of the decode blocks (hyla.inference.engine.COMPILE_MODES)
     matvec: str = "cublas"  # batch-1 decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
     matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
+    launch_pdl: bool | None = None  # with matvec="triton-fused": programmatic dependent launch (None: where supported)
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
@@ -108,7 +109,7 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
                              compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
                              compile_mode=settings.compile_mode, matvec=settings.matvec,
-                             matvec_table=load_matvec_table(settings))
+                             matvec_table=load_matvec_table(settings), launch_pdl=settings.launch_pdl)
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -194,7 +195,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
                              fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
                              compile_mode=settings.compile_mode, attention_backend=settings.attention_backend,
                              matvec=settings.matvec if batch == 1 else "cublas",
-                             matvec_table=load_matvec_table(settings) if batch == 1 else None)
+                             matvec_table=load_matvec_table(settings) if batch == 1 else None,
+                             launch_pdl=settings.launch_pdl if batch == 1 else False)
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
         prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats,
@@ -202,13 +204,13 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
         if context == max(prefill_contexts) and device.type == "cuda":
             engine.capture_graph()
             decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,
-                                             after_real_prefill=True))
+                                             after_real_prefill=True, launch_pdl=engine.launch_pdl))
     if device.type == "cuda" and engine._graph is None:
         engine.capture_graph()
     engine.fill_synthetic(max(contexts))
     for context in sorted(set(contexts) - {row["context"] for row in decode}):
         decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,
-                                         after_real_prefill=False))
+                                         after_real_prefill=False, launch_pdl=engine.launch_pdl))
     del engine
     _free()
     return prefill, decode

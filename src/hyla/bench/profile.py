@@ -49,6 +49,7 @@ class ProfileSettings:
     compile_mode: str = "default"
     matvec: str = "cublas"  # decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
     matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
+    launch_pdl: bool | None = None  # with matvec="triton-fused": programmatic dependent launch (None: where supported)
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -141,7 +142,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
     engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
                              compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections,
                              compile_mode=settings.compile_mode, matvec=settings.matvec,
-                             matvec_table=load_matvec_table(settings))
+                             matvec_table=load_matvec_table(settings), launch_pdl=settings.launch_pdl)
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()

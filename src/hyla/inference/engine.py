@@ -209,7 +209,8 @@ def lightning_block_decode_kernels(block, hidden, cos, sin, state, decay, scale,
         y, cos if mixer.use_rope else None, sin if mixer.use_rope else None,
         mixer.q_norm.weight if mixer.q_norm is not None else None,
         mixer.k_norm.weight if mixer.k_norm is not None else None, state, decay, scale=scale,
-        eps=mixer.q_norm.eps if mixer.q_norm is not None else 0.0, has_gate=mixer.z_proj is not None)
+        eps=mixer.q_norm.eps if mixer.q_norm is not None else 0.0, has_gate=mixer.z_proj is not None,
+        pdl=kernels.pdl)
     hidden = kernels.fused(u, folded.o_weight, mixer.o_proj.bias, prologue=SCALED, partials=partials,
                            eps=mixer.o_norm.eps, residual=hidden)
     return _mlp_kernels(block, hidden, folded, kernels)
@@ -218,10 +219,12 @@ def lightning_block_decode_kernels(block, hidden, cos, sin, state, decay, scale,
 def attention_block_decode_pre_kernels(block, hidden, position_ids, cos, sin, keys, values, position,
                                        folded: FoldedWeights, kernels):
     """attention_block_decode_pre with the RMSNorm in the product's prologue. Returns (q [B, H, D], output-gate
-    pre-activation or None)."""
+    pre-activation or None). The one fused function torch.compile traces (q/k norms, RoPE or logit scaling and the
+    cache writes fuse around the product): its product is launched without programmatic dependent launch."""
     from hyla.inference.matvec import NORM
 
-    y = kernels.fused(hidden, folded.mixer_weight, folded.mixer_bias, prologue=NORM, eps=block.input_layernorm.eps)
+    y = kernels.fused(hidden, folded.mixer_weight, folded.mixer_bias, prologue=NORM, eps=block.input_layernorm.eps,
+                      pdl=False)
     parts = y.split(folded.mixer_sizes, dim=-1)
     q, k, v = block.mixer._finish_projection(parts[0], parts[1], parts[2],
                                              MixerContext(position_ids=position_ids, rope=(cos, sin)))
@@ -272,7 +275,7 @@ class InferenceEngine:
     def __init__(self, model, *, batch_size: int, max_length: int, prefill_chunk: int = 65536,
                  attention_backend: str = "auto", compile_blocks: bool = False, fuse_projections: bool = False,
                  compile_prefill: bool = False, compile_mode: str = "default", matvec: str = "cublas",
-                 matvec_table=None):
+                 matvec_table=None, launch_pdl: bool | None = None):
         """compile_blocks: torch.compile the decode step's block functions, in torch.compile's `compile_mode`
         ("default"; "max-autotune-no-cudagraphs" times inductor's matrix-product kernels against cuBLAS for each
         shape while compiling and keeps the fastest; the step is graph-captured by `capture_graph` either way, so
@@ -288,7 +291,10 @@ class InferenceEngine:
         `FoldedWeights`) and each Lightning layer's step as one kernel: 5 kernels a Lightning block.
         matvec_table: with the Triton kernels, their settings per weight shape
         {(N, K): MatvecConfig, or None for cuBLAS} (`hyla.inference.matvec.load_table` reads them from the
-        sweep's result); None: the kernel's default settings for every shape."""
+        sweep's result); None: the kernel's default settings for every shape. launch_pdl: with "triton-fused",
+        launch the Lightning blocks', attention output blocks' and LM head's kernels with programmatic dependent
+        launch (each reads its weights while the previous kernel finishes); None: where the GPU supports it
+        (compute capability 9.0 or later)."""
         config = model.config
         unsupported = sorted(set(config.layer_types) - set(SUPPORTED_LAYER_TYPES))
         if unsupported:
@@ -314,10 +320,11 @@ class InferenceEngine:
         self.decay = None if log_decay is None else log_decay.exp().to(state_dtype)[:, None, None]
         if compile_mode not in COMPILE_MODES:
             raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
-        kernels = self._matvec_kernels(matvec, fuse_projections, self.device, matvec_table)
+        kernels = self._matvec_kernels(matvec, fuse_projections, self.device, matvec_table, launch_pdl)
         # F.linear's signature for the decode products (None: F.linear itself), and the kernels of "triton-fused".
         self.linear = kernels.linear if kernels is not None else None
         self.kernels = kernels if matvec == "triton-fused" else None
+        self.launch_pdl = self.kernels is not None and self.kernels.pdl
         if self.kernels is not None:
             self._check_fused_kernels(model, batch_size)
         self._blocks = self._block_functions(compile_blocks, compile_mode, fused_kernels=self.kernels is not None)
@@ -342,9 +349,12 @@ class InferenceEngine:
             return functions
         raise_recompile_limits()
         compiled = tuple(torch.compile(f, dynamic=False, fullgraph=True, mode=mode) for f in functions)
-        # The fused Lightning block is hyla's kernels only, nothing for inductor to fuse: it runs as it is (and its
-        # in-place state update stays out of the compiled graph).
-        return (functions[0], *compiled[1:]) if fused_kernels else compiled
+        # The fused Lightning block, attention output block and logits are hyla's kernels only, nothing for inductor
+        # to fuse: they run as they are (the kernels can then be launched with programmatic dependent launch, which
+        # torch.compile does not pass on, and the Lightning state's in-place update stays out of compiled graphs).
+        if fused_kernels:
+            return functions[0], compiled[1], functions[2], compiled[3], functions[4]
+        return compiled
 
     @staticmethod
     def _check_fused_kernels(model, batch_size: int) -> None:
@@ -359,10 +369,12 @@ class InferenceEngine:
                              f"{config.head_dim}")
 
     @staticmethod
-    def _matvec_kernels(matvec: str, fuse_projections: bool, device: torch.device, table=None):
+    def _matvec_kernels(matvec: str, fuse_projections: bool, device: torch.device, table=None, launch_pdl=None):
         """None (F.linear) for cuBLAS, else hyla's Triton matrix-vector kernels (a MatvecKernels)."""
         if matvec not in MATVEC_KERNELS:
             raise ValueError(f"matvec must be one of {', '.join(MATVEC_KERNELS)}, got {matvec!r}")
+        if launch_pdl and matvec != "triton-fused":
+            raise ValueError(f"launch_pdl applies to matvec='triton-fused', not {matvec!r}")
         if matvec == "cublas":
             if table is not None:
                 raise ValueError("matvec_table sets the Triton kernel per shape: it needs matvec='triton'")
@@ -372,9 +384,13 @@ class InferenceEngine:
         interpreted = device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"
         if not (device.type == "cuda" or interpreted) or not triton_available():
             raise ValueError(f"matvec={matvec!r} needs a CUDA device with triton; the model is on {device}")
-        from hyla.inference.matvec_triton import MatvecKernels
+        from hyla.inference.matvec_triton import MatvecKernels, pdl_supported
 
-        return MatvecKernels(table)
+        if launch_pdl and not pdl_supported(device):
+            raise ValueError(f"launch_pdl needs a CUDA GPU of compute capability 9.0 or later; the model is on "
+                             f"{device}")
+        pdl = pdl_supported(device) if launch_pdl is None else launch_pdl
+        return MatvecKernels(table, pdl=pdl and matvec == "triton-fused")
 
     @staticmethod
     def _prefill_functions(compile_prefill: bool):

@@ -19,13 +19,23 @@ NUM_WARPS = 1
 def _lightning_step_kernel(
     y_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, state_ptr, decay_ptr, u_ptr, p_ptr, scale, eps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_V: tl.constexpr, HAS_QK_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
-    HAS_GATE: tl.constexpr,
+    HAS_GATE: tl.constexpr, PDL: tl.constexpr,
 ):
     head = tl.program_id(0)
     block = tl.program_id(1)
     HALF: tl.constexpr = D // 2
     W: tl.constexpr = H * D
     i = tl.arange(0, HALF)
+    if PDL:  # programmatic dependent launch: the next kernel may start; read the layer's constants, then wait
+        tl.extra.cuda.gdc_launch_dependents()
+    gamma = tl.load(decay_ptr + head).to(tl.float32)
+    if HAS_QK_NORM:
+        qw1 = tl.load(qw_ptr + i).to(tl.float32)
+        qw2 = tl.load(qw_ptr + HALF + i).to(tl.float32)
+        kw1 = tl.load(kw_ptr + i).to(tl.float32)
+        kw2 = tl.load(kw_ptr + HALF + i).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
     q1 = tl.load(y_ptr + head * D + i).to(tl.float32)
     q2 = tl.load(y_ptr + head * D + HALF + i).to(tl.float32)
     k1 = tl.load(y_ptr + W + head * D + i).to(tl.float32)
@@ -33,10 +43,10 @@ def _lightning_step_kernel(
     if HAS_QK_NORM:
         rq = tl.rsqrt((tl.sum(q1 * q1, axis=0) + tl.sum(q2 * q2, axis=0)) / D + eps)
         rk = tl.rsqrt((tl.sum(k1 * k1, axis=0) + tl.sum(k2 * k2, axis=0)) / D + eps)
-        q1 = q1 * rq * tl.load(qw_ptr + i).to(tl.float32)
-        q2 = q2 * rq * tl.load(qw_ptr + HALF + i).to(tl.float32)
-        k1 = k1 * rk * tl.load(kw_ptr + i).to(tl.float32)
-        k2 = k2 * rk * tl.load(kw_ptr + HALF + i).to(tl.float32)
+        q1 = q1 * rq * qw1
+        q2 = q2 * rq * qw2
+        k1 = k1 * rk * kw1
+        k2 = k2 * rk * kw2
     if HAS_ROPE:
         c1 = tl.load(cos_ptr + i).to(tl.float32)
         c2 = tl.load(cos_ptr + HALF + i).to(tl.float32)
@@ -46,7 +56,6 @@ def _lightning_step_kernel(
         k1, k2 = k1 * c1 - k2 * s1, k2 * c2 + k1 * s2
     cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
     v = tl.load(y_ptr + 2 * W + head * D + cols).to(tl.float32)
-    gamma = tl.load(decay_ptr + head).to(tl.float32)
     top = state_ptr + head * D * D + i[:, None] * D + cols[None, :]
     bottom = top + HALF * D
     s_top = tl.load(top).to(tl.float32) * gamma + k1[:, None] * v[None, :]
@@ -62,7 +71,7 @@ def _lightning_step_kernel(
 
 
 def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps, has_gate, block_v,
-            num_warps):
+            num_warps, pdl=False):
     _, heads, dim, _ = state.shape
     u = torch.empty(1, 1, heads * dim, device=y.device, dtype=y.dtype)
     partials = torch.empty(heads * dim // block_v, device=y.device, dtype=torch.float32)
@@ -71,7 +80,7 @@ def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, s
         q_norm_weight if q_norm_weight is not None else y, k_norm_weight if k_norm_weight is not None else y,
         state, decay, u, partials, scale, eps,
         H=heads, D=dim, BLOCK_V=block_v, HAS_QK_NORM=q_norm_weight is not None, HAS_ROPE=cos is not None,
-        HAS_GATE=has_gate, num_warps=num_warps,
+        HAS_GATE=has_gate, PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
     )
     return u, partials
 
@@ -87,10 +96,10 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
-                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS
+                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, pdl: bool = False
                           ) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
-    in y's dtype."""
+    in y's dtype. pdl: programmatic dependent launch (`hyla.inference.matvec_triton.pdl_supported`)."""
     check_inputs(y, state, decay, has_gate, block_v)
     return _launch(_lightning_step_kernel, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps,
-                   has_gate, block_v, num_warps)
+                   has_gate, block_v, num_warps, pdl)

@@ -45,29 +45,47 @@ from hyla.inference.matvec import (
 
 
 @triton.jit
+def _input(x_ptr, x2_ptr, nw_ptr, offs, col_mask, out_ty: tl.constexpr, PROLOGUE: tl.constexpr,
+           HAS_NORM_W: tl.constexpr):
+    """One step's slice of the input vector after the prologue, and its squares (for NORM)."""
+    x = tl.load(x_ptr + offs, mask=col_mask, other=0.0).to(tl.float32)
+    squares = x * x
+    if PROLOGUE == 1:  # NORM
+        if HAS_NORM_W:
+            x = x * tl.load(nw_ptr + offs, mask=col_mask, other=0.0).to(tl.float32)
+    if PROLOGUE == 4:  # SIGMOID_GATE; the model rounds the gate before the product
+        gate = tl.sigmoid(tl.load(x2_ptr + offs, mask=col_mask, other=0.0).to(tl.float32))
+        x = (x * gate.to(out_ty).to(tl.float32)).to(out_ty).to(tl.float32)
+    return x, squares
+
+
+@triton.jit
 def _matvec_kernel(
     x_ptr, x2_ptr, w_ptr, b_ptr, r_ptr, y_ptr, nw_ptr, p_ptr, N, stride_wn, eps,
     K: tl.constexpr, HAS_BIAS: tl.constexpr, PROLOGUE: tl.constexpr, HAS_NORM_W: tl.constexpr,
     NUM_PARTIALS: tl.constexpr, PARTIALS_BLOCK: tl.constexpr, GLU: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     cols = tl.arange(0, BLOCK_K)
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    squares = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    if PDL:  # the next kernel may start once every program has: its programs first read their weights
+        tl.extra.cuda.gdc_launch_dependents()
+    # The first step's weights do not depend on any earlier kernel: under programmatic dependent launch they are
+    # read while the previous kernel finishes; everything else is read after waiting for it.
+    w = tl.load(w_ptr + rows[:, None] * stride_wn + cols[None, :], mask=row_mask[:, None] & (cols < K)[None, :],
+                other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+    x, squares = _input(x_ptr, x2_ptr, nw_ptr, cols, cols < K, y_ptr.dtype.element_ty, PROLOGUE, HAS_NORM_W)
+    acc = w.to(tl.float32) * x[None, :]
+    for start in range(BLOCK_K, K, BLOCK_K):
         offs = start + cols
         col_mask = offs < K
-        x = tl.load(x_ptr + offs, mask=col_mask, other=0.0).to(tl.float32)
-        if PROLOGUE == 1:  # NORM
-            squares += x * x
-            if HAS_NORM_W:
-                x = x * tl.load(nw_ptr + offs, mask=col_mask, other=0.0).to(tl.float32)
-        if PROLOGUE == 4:  # SIGMOID_GATE; the model rounds the gate before the product
-            gate = tl.sigmoid(tl.load(x2_ptr + offs, mask=col_mask, other=0.0).to(tl.float32))
-            x = (x * gate.to(y_ptr.dtype.element_ty).to(tl.float32)).to(y_ptr.dtype.element_ty).to(tl.float32)
+        x, step_squares = _input(x_ptr, x2_ptr, nw_ptr, offs, col_mask, y_ptr.dtype.element_ty, PROLOGUE,
+                                 HAS_NORM_W)
+        squares += step_squares
         w = tl.load(w_ptr + rows[:, None] * stride_wn + offs[None, :], mask=row_mask[:, None] & col_mask[None, :],
                     other=0.0)
         acc += w.to(tl.float32) * x[None, :]
@@ -101,9 +119,10 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def _launch(launcher, x, weight, bias, *, prologue: int = PLAIN, x2=None, norm_weight=None, partials=None,
             eps: float = 0.0, residual=None, glu: bool = False, block_n: int, block_k: int, num_warps: int,
-            num_stages: int) -> torch.Tensor:
+            num_stages: int, pdl: bool = False) -> torch.Tensor:
     """Runs the kernel (through `launcher`: the kernel itself, or torch.library.wrap_triton of it inside an op);
-    y in the weight's dtype, [..., N] (N / 2 with glu)."""
+    y in the weight's dtype, [..., N] (N / 2 with glu). pdl: launch it with programmatic dependent launch (Hopper
+    and later; the kernel itself, not through wrap_triton: torch.compile does not pass launch attributes)."""
     n, k = weight.shape
     if glu:
         block_n = max(2, block_n + block_n % 2)  # whole (gate, up) pairs per program
@@ -115,8 +134,8 @@ def _launch(launcher, x, weight, bias, *, prologue: int = PLAIN, x2=None, norm_w
         partials if partials is not None else weight, n, weight.stride(0), eps,
         K=k, HAS_BIAS=bias is not None, PROLOGUE=prologue, HAS_NORM_W=norm_weight is not None,
         NUM_PARTIALS=num_partials, PARTIALS_BLOCK=triton.next_power_of_2(num_partials), GLU=glu,
-        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=num_warps,
-        num_stages=num_stages,
+        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, PDL=pdl, num_warps=num_warps,
+        num_stages=num_stages, **({"launch_pdl": True} if pdl else {}),
     )
     return y
 
@@ -131,9 +150,9 @@ def fused_matvec_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
                         prologue: int = PLAIN, x2: torch.Tensor | None = None,
                         norm_weight: torch.Tensor | None = None, partials: torch.Tensor | None = None,
                         eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
-                        config: MatvecConfig = DEFAULT_CONFIG) -> torch.Tensor:
+                        config: MatvecConfig = DEFAULT_CONFIG, pdl: bool = False) -> torch.Tensor:
     """The product with its prologue and epilogue (module docstring). Same contract as
-    `hyla.inference.matvec.fused_matvec_reference`."""
+    `hyla.inference.matvec.fused_matvec_reference`. pdl: programmatic dependent launch (`pdl_supported`)."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue must be one of {PROLOGUES}, got {prologue}")
     if not supports(x, weight):
@@ -149,7 +168,15 @@ def fused_matvec_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
         raise ValueError(f"the residual must be contiguous with N = {weight.shape[0]} elements")
     return _launch(_matvec_kernel, x, weight, bias, prologue=prologue, x2=x2, norm_weight=norm_weight,
                    partials=partials, eps=eps, residual=residual, glu=glu, block_n=config.block_n,
-                   block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages)
+                   block_k=config.block_k, num_warps=config.num_warps, num_stages=config.num_stages, pdl=pdl)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Whether kernels on `device` can be launched with programmatic dependent launch: a CUDA GPU of compute
+    capability 9.0 or later (not under Triton's interpreter). There, a kernel may start while the one before it
+    finishes: hyla's decode kernels read their weights, then wait for the previous kernel's results."""
+    return (device.type == "cuda" and not _interpreted() and torch.cuda.is_available()
+            and torch.cuda.get_device_capability(device)[0] >= 9)
 
 
 # Custom ops: torch.compile traces into the Triton kernel and keeps it in its graph. Launch settings travel as
@@ -167,19 +194,23 @@ def matvec(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
 def fused_matvec(x: torch.Tensor, x2: Optional[torch.Tensor], weight: torch.Tensor,  # noqa: UP045
                  bias: Optional[torch.Tensor], norm_weight: Optional[torch.Tensor],  # noqa: UP045
                  partials: Optional[torch.Tensor], residual: Optional[torch.Tensor], prologue: int,  # noqa: UP045
-                 glu: bool, eps: float, block_n: int, block_k: int, num_warps: int, num_stages: int) -> torch.Tensor:
-    """`fused_matvec_triton`, unchecked."""
-    return _launch(torch.library.wrap_triton(_matvec_kernel), x, weight, bias, prologue=prologue, x2=x2,
-                   norm_weight=norm_weight, partials=partials, eps=eps, residual=residual, glu=glu,
-                   block_n=block_n, block_k=block_k, num_warps=num_warps, num_stages=num_stages)
+                 glu: bool, eps: float, block_n: int, block_k: int, num_warps: int, num_stages: int,
+                 pdl: bool) -> torch.Tensor:
+    """`fused_matvec_triton`, unchecked. With pdl the op runs the kernel itself: call it outside torch.compile."""
+    launcher = _matvec_kernel if pdl else torch.library.wrap_triton(_matvec_kernel)
+    return _launch(launcher, x, weight, bias, prologue=prologue, x2=x2, norm_weight=norm_weight, partials=partials,
+                   eps=eps, residual=residual, glu=glu, block_n=block_n, block_k=block_k, num_warps=num_warps,
+                   num_stages=num_stages, pdl=pdl)
 
 
 class MatvecKernels:
     """The decode step's products through the ops above, each in the settings `table` gives for its weight's shape
-    (cuBLAS where it says None, for the plain product; DEFAULT_CONFIG for shapes it lacks)."""
+    (cuBLAS where it says None, for the plain product; DEFAULT_CONFIG for shapes it lacks). pdl: the fused products
+    launched with programmatic dependent launch unless a call says otherwise (`pdl_supported`)."""
 
-    def __init__(self, table: MatvecTable | None = None):
+    def __init__(self, table: MatvecTable | None = None, *, pdl: bool = False):
         self.table = dict(table or {})
+        self.pdl = pdl
 
     def config(self, weight: torch.Tensor) -> MatvecConfig | None:
         return self.table.get(tuple(weight.shape), DEFAULT_CONFIG)
@@ -196,10 +227,11 @@ class MatvecKernels:
         return F.linear(x, weight, bias)
 
     def fused(self, x, weight, bias=None, *, prologue: int = PLAIN, x2=None, norm_weight=None, partials=None,
-              eps: float = 0.0, residual=None, glu: bool = False):
-        """`fused_matvec_triton` through its op, in the table's settings for the weight's shape."""
+              eps: float = 0.0, residual=None, glu: bool = False, pdl: bool | None = None):
+        """`fused_matvec_triton` through its op, in the table's settings for the weight's shape. pdl: None for
+        `self.pdl`; False inside a function torch.compile traces."""
         return torch.ops.hyla.fused_matvec(x, x2, weight, bias, norm_weight, partials, residual, prologue, glu, eps,
-                                           *self._settings(weight))
+                                           *self._settings(weight), self.pdl if pdl is None else pdl)
 
 
 def _interpreted() -> bool:
