@@ -5,9 +5,11 @@ shape's decode-step shapes, and the Lightning step kernel; beside cuBLAS's plain
 Every setting is first checked against the float64 reference (`fused_matvec_reference`, `lightning_step_reference`);
 one that fails is reported and not timed. Timing as in bench/matvec_sweep.py: calls on distinct copies of the
 weights (over 4x the L2 cache), captured in one CUDA graph. Its results/fastest entries (one per weight shape, the
-combination with the most calls a step) are a table for `--matvec-table`.
+combination with the most calls a step) are a table for `--matvec-table`. With --pdl every call is launched with
+programmatic dependent launch, as the engine launches them on Hopper: each call then reads its first weights while
+the one before it finishes, which favours settings that read more of their weights before waiting.
 
-    python bench/fused_sweep.py --out DIR        # on a CUDA machine with triton; ~2 minutes
+    python bench/fused_sweep.py --out DIR [--pdl]    # on a CUDA machine with triton; ~2 minutes
     TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/fused_sweep.py --out DIR --smoke   # CPU plumbing
 
 Writes DIR/fused-sweep.json and .md.
@@ -43,20 +45,20 @@ VARIANTS = [
 TOY = {8192: 48, 6144: 40, 4096: 32, 12288: 64, 2048: 24, 6144 + 1: 0, 151936: 100}
 
 
-def configs(smoke: bool, glu: bool):
+def configs(smoke: bool, glu: bool, k: int):
     from hyla.inference.matvec import MatvecConfig
 
     if smoke:
         yield from (MatvecConfig(block_n=2, block_k=32), MatvecConfig(block_n=4, block_k=64, num_warps=2))
         return
-    for block_n, block_k, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048), (2, 4, 8)):
-        if glu and block_n == 1:
+    for block_n, block_k, warps in itertools.product((1, 2, 4, 8), (512, 1024, 2048, 4096, 8192), (2, 4, 8)):
+        if glu and block_n == 1 or block_k > 2048 and block_k >= 2 * k:  # wider steps: one step over all of K
             continue
         if 8 <= block_n * block_k // (32 * warps) <= 128:
             yield MatvecConfig(block_n=block_n, block_k=block_k, num_warps=warps, num_stages=3)
 
 
-def sweep_variant(variant, device, smoke, l2_bytes, log):
+def sweep_variant(variant, device, smoke, l2_bytes, log, pdl=False):
     from hyla.inference.matvec import fused_matvec_reference
     from hyla.inference.matvec_triton import fused_matvec_triton
 
@@ -86,12 +88,12 @@ def sweep_variant(variant, device, smoke, l2_bytes, log):
         return graph_time_us(run, calls, x.device, 1 if smoke else 7)
 
     def product(config, w):
-        return fused_matvec_triton(x, w, bias, config=config, **kwargs)
+        return fused_matvec_triton(x, w, bias, config=config, pdl=pdl, **kwargs)
 
     cublas_us = timed(lambda w: F.linear(x, w, bias))
     rows = [check_then_time({**config.__dict__}, lambda config=config: product(config, weights[0]), reference,
                             lambda config=config: timed(lambda w: product(config, w)), weight_bytes)
-            for config in configs(smoke, epilogue == "glu")]
+            for config in configs(smoke, epilogue == "glu", k)]
     timed_rows = sorted((r for r in rows if "us" in r), key=lambda r: r["us"])
     best = timed_rows[0] if timed_rows else None
     result = {"name": name, "n": n, "k": k, "bias": has_bias, "prologue": prologue, "epilogue": epilogue,
@@ -103,7 +105,7 @@ def sweep_variant(variant, device, smoke, l2_bytes, log):
     return result
 
 
-def sweep_lightning_step(device, smoke, log):
+def sweep_lightning_step(device, smoke, log, pdl=False):
     from hyla.inference.lightning_step import lightning_step_reference
     from hyla.inference.lightning_step_triton import lightning_step_triton
 
@@ -122,7 +124,7 @@ def sweep_lightning_step(device, smoke, log):
     for block_v, warps in itertools.product((16, 32, 64) if not smoke else (16, 32), (1, 2, 4, 8)):
         def step(state, block_v=block_v, warps=warps):
             return lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6,
-                                         has_gate=True, block_v=block_v, num_warps=warps)
+                                         has_gate=True, block_v=block_v, num_warps=warps, pdl=pdl)
 
         def run(step=step):
             for state in states:
@@ -149,15 +151,15 @@ def sweep_lightning_step(device, smoke, log):
 
 
 def main() -> int:
-    args = sweep_arguments(__doc__, "fused_sweep.py")
+    args = sweep_arguments(__doc__, "fused_sweep.py", pdl=True)
     if args is None:
         return 2
     device = torch.device("cpu" if args.smoke else "cuda")
     l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
     out = Path(args.out)
     log = lambda line: print(line, flush=True)  # noqa: E731
-    variants = [sweep_variant(v, device, args.smoke, l2_bytes, log) for v in VARIANTS]
-    step = sweep_lightning_step(device, args.smoke, log)
+    variants = [sweep_variant(v, device, args.smoke, l2_bytes, log, args.pdl) for v in VARIANTS]
+    step = sweep_lightning_step(device, args.smoke, log, args.pdl)
     # The table: per weight shape, the combination with the most calls in a HypeNet step (then a Qwen3 step).
     table = {}
     for r in sorted(variants, key=lambda r: (r["calls_hypenet"], r["calls_qwen3"])):
@@ -169,9 +171,10 @@ def main() -> int:
               for model in ("hypenet", "qwen3")}
     totals["hypenet"]["lightning_step_us"] = 21 * step["fastest"]["us"] if step["fastest"] else None
     device_name = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
-    write_json(out / "fused-sweep.json", {"device": device_name, "results": results, "variants": variants,
-                                          "lightning_step": step, "per_step": totals})
-    lines = ["# Fused decode kernels: best setting per combination", "",
+    write_json(out / "fused-sweep.json", {"device": device_name, "pdl": args.pdl, "results": results,
+                                          "variants": variants, "lightning_step": step, "per_step": totals})
+    lines = ["# Fused decode kernels: best setting per combination"
+             + (" (programmatic dependent launch)" if args.pdl else ""), "",
              "| combination | N | K | calls HypeNet / Qwen3 | cuBLAS plain us | fused best us (TB/s) | setting |",
              "|---|---|---|---|---|---|---|"]
     for r in variants:

@@ -30,6 +30,8 @@
 #   bash bench/h200_speed.sh m   # the fused decode kernels' launch settings (bench/fused_sweep.py; a --matvec-table)
 #   bash bench/h200_speed.sh l   # the fused decode kernels' GPU tests, then HypeNet's and the Qwen3 shape's 512K
 #                                # steps profiled with --matvec triton-fused
+#   bash bench/h200_speed.sh o   # stage m's sweep with programmatic dependent launch (--pdl), then both systems'
+#                                # 512K decode with that table and, for the A/B, with the committed one
 #   bash bench/h200_speed.sh n   # programmatic dependent launch: the fused kernels' GPU tests (each with and
 #                                # without it, and a decode bitwise-equal either way), then stage k's decode with it
 #                                # (the default on this GPU), then both systems at 512K with --no-pdl (the A/B)
@@ -135,6 +137,16 @@ case "$1" in
       --qwen3-engine-max-prefill 1 --large-batch-contexts 8K "${fused[@]}" --no-pdl --out $OUT/decode-no-pdl 2>&1 \
       | tee $OUT/decode-no-pdl.log
     pack n-no-pdl decode-no-pdl ;;
+  o)
+    python3 bench/fused_sweep.py --pdl --out $OUT/fused-sweep-pdl 2>&1 | tee $OUT/fused-sweep-pdl.log || exit 1
+    cp $OUT/fused-sweep-pdl/fused-sweep.json $OUT/table-pdl.json
+    pack o-sweep fused-sweep-pdl
+    for table in $OUT/table-pdl.json "${MATVEC_TABLE:-$TABLE}"; do
+      python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --hypenet-max-prefill 1 \
+        --qwen3-engine-max-prefill 1 --large-batch-contexts 8K --fuse-projections --matvec triton-fused \
+        --matvec-table "$table" --out $OUT/decode-$(basename $table .json) 2>&1 | tee -a $OUT/decode-tables.log
+    done
+    pack o-decode decode-table-pdl "decode-$(basename "${MATVEC_TABLE:-$TABLE}" .json)" ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o" >&2; exit 2 ;;
 esac

@@ -10,12 +10,19 @@ import sys
 import torch
 
 
-def sweep_arguments(description: str, script: str) -> argparse.Namespace | None:
-    """The parsed arguments; None after one error line when there is neither --smoke nor a CUDA GPU."""
+def sweep_arguments(description: str, script: str, pdl: bool = False) -> argparse.Namespace | None:
+    """The parsed arguments; None after one error line when there is neither --smoke nor a CUDA GPU. pdl: the
+    script takes --pdl (launches with programmatic dependent launch; refused where the GPU lacks it)."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: toy shapes")
+    if pdl:
+        parser.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
     args = parser.parse_args()
+    if getattr(args, "pdl", False) and (args.smoke or not torch.cuda.is_available()
+                                        or torch.cuda.get_device_capability()[0] < 9):
+        print(f"error: {script} --pdl needs a CUDA GPU of compute capability 9.0 or later", file=sys.stderr)
+        return None
     if args.smoke:
         import decode_kernel_interpret  # noqa: F401  (the interpreter's patches: scalar loop bounds, 4 SMs)
     elif not torch.cuda.is_available():
