@@ -9,7 +9,7 @@ combination with the most calls a step) are a table for `--matvec-table`. With -
 programmatic dependent launch, as the engine launches them on Hopper: each call then reads its first weights while
 the one before it finishes, which favours settings that read more of their weights before waiting.
 
-    python bench/fused_sweep.py --out DIR [--pdl]    # on a CUDA machine with triton; ~2 minutes
+    python bench/fused_sweep.py --out DIR [--pdl] [--step-only]   # on a CUDA machine with triton; ~2 minutes
     TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/fused_sweep.py --out DIR --smoke   # CPU plumbing
 
 Writes DIR/fused-sweep.json and .md.
@@ -121,10 +121,13 @@ def sweep_lightning_step(device, smoke, log, pdl=False):
     states = [torch.randn(1, heads, dim, dim, device=device, generator=gen) for _ in range(copies)]
     decay = torch.rand(heads, device=device, generator=gen)
     rows = []
-    for block_v, warps in itertools.product((16, 32, 64) if not smoke else (16, 32), (1, 2, 4, 8)):
-        def step(state, block_v=block_v, warps=warps):
+    # with pdl, also the state read before waiting (state_ready: each call here has its own state)
+    for block_v, warps, ready in itertools.product((16, 32, 64) if not smoke else (16, 32), (1, 2, 4, 8),
+                                                   (False, True) if pdl else (False,)):
+        def step(state, block_v=block_v, warps=warps, ready=ready):
             return lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6,
-                                         has_gate=True, block_v=block_v, num_warps=warps, pdl=pdl)
+                                         has_gate=True, block_v=block_v, num_warps=warps, pdl=pdl,
+                                         state_ready=ready)
 
         def run(step=step):
             for state in states:
@@ -143,7 +146,7 @@ def sweep_lightning_step(device, smoke, log, pdl=False):
             return torch.cat([u.double().reshape(-1) / norms[0], state.double().reshape(-1) / norms[1]])
 
         rows.append(check_then_time(
-            {"block_v": block_v, "num_warps": warps}, checked,
+            {"block_v": block_v, "num_warps": warps, "state_ready": ready}, checked,
             reference, lambda run=run: graph_time_us(run, copies, y.device, 1 if smoke else 7)))
     best = min((r for r in rows if "us" in r), key=lambda r: r["us"], default=None)
     log(f"Lightning step H={heads} D={dim}: best {best}")
@@ -151,14 +154,16 @@ def sweep_lightning_step(device, smoke, log, pdl=False):
 
 
 def main() -> int:
-    args = sweep_arguments(__doc__, "fused_sweep.py", pdl=True)
+    args = sweep_arguments(__doc__, "fused_sweep.py", pdl=True,
+                           flags={"--step-only": "the Lightning step kernel only (no products, no table)"})
     if args is None:
         return 2
     device = torch.device("cpu" if args.smoke else "cuda")
     l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
     out = Path(args.out)
     log = lambda line: print(line, flush=True)  # noqa: E731
-    variants = [sweep_variant(v, device, args.smoke, l2_bytes, log, args.pdl) for v in VARIANTS]
+    variants = [] if args.step_only else [sweep_variant(v, device, args.smoke, l2_bytes, log, args.pdl)
+                                          for v in VARIANTS]
     step = sweep_lightning_step(device, args.smoke, log, args.pdl)
     # The table: per weight shape, the combination with the most calls in a HypeNet step (then a Qwen3 step).
     table = {}

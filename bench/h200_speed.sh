@@ -32,6 +32,8 @@
 #                                # steps profiled with --matvec triton-fused
 #   bash bench/h200_speed.sh o   # stage m's sweep with programmatic dependent launch (--pdl), then both systems'
 #                                # 512K decode with that table and, for the A/B, with the committed one
+#   bash bench/h200_speed.sh p   # the Lightning step's GPU tests and its sweep with --pdl (state read before the
+#                                # wait or not), then stage g (~8 min)
 #   bash bench/h200_speed.sh n   # programmatic dependent launch: the fused kernels' GPU tests (each with and
 #                                # without it, and a decode bitwise-equal either way), then stage k's decode with it
 #                                # (the default on this GPU), then both systems at 512K with --no-pdl (the A/B)
@@ -44,7 +46,8 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-TABLE=docs/results/speed/h200-2026-11-30-d/m/fused-sweep/fused-sweep.json  # the fused-kernel sweep on an H200 (stage m)
+# the fused-kernel sweep on an H200 with programmatic dependent launch (stage o)
+TABLE=docs/results/speed/h200-2026-11-30-e/o/fused-sweep-pdl/fused-sweep.json
 pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
   local stage=$1; shift
   (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null
@@ -147,6 +150,12 @@ case "$1" in
         --matvec-table "$table" --out $OUT/decode-$(basename $table .json) 2>&1 | tee -a $OUT/decode-tables.log
     done
     pack o-decode decode-table-pdl "decode-$(basename "${MATVEC_TABLE:-$TABLE}" .json)" ;;
+  p)
+    python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k "lightning_step or programmatic or triton_fused" \
+      2>&1 | tee $OUT/step-test.txt | tail -n 3 || exit 1
+    python3 bench/fused_sweep.py --pdl --step-only --out $OUT/step-sweep 2>&1 | tail -n 4
+    pack p-step step-sweep
+    bash bench/h200_speed.sh g ;;
   *)
-    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o" >&2; exit 2 ;;
+    echo "usage: bash bench/h200_speed.sh a|b|c|d|e|f|g|h|i|j|k|l|m|n|o|p" >&2; exit 2 ;;
 esac

@@ -10,14 +10,18 @@ import sys
 import torch
 
 
-def sweep_arguments(description: str, script: str, pdl: bool = False) -> argparse.Namespace | None:
+def sweep_arguments(description: str, script: str, pdl: bool = False,
+                    flags: dict[str, str] | None = None) -> argparse.Namespace | None:
     """The parsed arguments; None after one error line when there is neither --smoke nor a CUDA GPU. pdl: the
-    script takes --pdl (launches with programmatic dependent launch; refused where the GPU lacks it)."""
+    script takes --pdl (launches with programmatic dependent launch; refused where the GPU lacks it); flags: more
+    on/off options, name to help."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help="CPU through Triton's interpreter: toy shapes")
     if pdl:
         parser.add_argument("--pdl", action="store_true", help="launch with programmatic dependent launch")
+    for name, help_text in (flags or {}).items():
+        parser.add_argument(name, action="store_true", help=help_text)
     args = parser.parse_args()
     if getattr(args, "pdl", False) and (args.smoke or not torch.cuda.is_available()
                                         or torch.cuda.get_device_capability()[0] < 9):

@@ -207,7 +207,7 @@ def test_lightning_step_kernel_matches_reference(norms, rope, gate, pdl):
     decay = torch.rand(heads, device="cuda", generator=gen)
     ref_state = state.clone()
     u, partials = lightning_step_triton(y, cos, sin, qw, kw, state, decay, scale=dim**-0.5, eps=1e-6, has_gate=gate,
-                                        pdl=pdl)
+                                        pdl=pdl, state_ready=pdl)
     ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
                                                    has_gate=gate, block_v=BLOCK_V)
     # float32 state and partial sums: only summation order differs; u is rounded to bf16

@@ -205,12 +205,15 @@ def lightning_block_decode_kernels(block, hidden, cos, sin, state, decay, scale,
 
     mixer = block.mixer
     y = kernels.fused(hidden, folded.mixer_weight, folded.mixer_bias, prologue=NORM, eps=block.input_layernorm.eps)
+    # state_ready: only this kernel touches the layer's state, once a step, and every step ends with the argmax of
+    # its logits, an ATen kernel launched plainly, which waits for all earlier work: under programmatic dependent
+    # launch the state can be read before waiting for the projection.
     u, partials = lightning_step_triton(
         y, cos if mixer.use_rope else None, sin if mixer.use_rope else None,
         mixer.q_norm.weight if mixer.q_norm is not None else None,
         mixer.k_norm.weight if mixer.k_norm is not None else None, state, decay, scale=scale,
         eps=mixer.q_norm.eps if mixer.q_norm is not None else 0.0, has_gate=mixer.z_proj is not None,
-        pdl=kernels.pdl)
+        pdl=kernels.pdl, state_ready=True)
     hidden = kernels.fused(u, folded.o_weight, mixer.o_proj.bias, prologue=SCALED, partials=partials,
                            eps=mixer.o_norm.eps, residual=hidden)
     return _mlp_kernels(block, hidden, folded, kernels)

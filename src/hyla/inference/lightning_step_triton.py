@@ -19,7 +19,7 @@ NUM_WARPS = 1
 def _lightning_step_kernel(
     y_ptr, cos_ptr, sin_ptr, qw_ptr, kw_ptr, state_ptr, decay_ptr, u_ptr, p_ptr, scale, eps,
     H: tl.constexpr, D: tl.constexpr, BLOCK_V: tl.constexpr, HAS_QK_NORM: tl.constexpr, HAS_ROPE: tl.constexpr,
-    HAS_GATE: tl.constexpr, PDL: tl.constexpr,
+    HAS_GATE: tl.constexpr, PDL: tl.constexpr, STATE_READY: tl.constexpr,
 ):
     head = tl.program_id(0)
     block = tl.program_id(1)
@@ -34,8 +34,17 @@ def _lightning_step_kernel(
         qw2 = tl.load(qw_ptr + HALF + i).to(tl.float32)
         kw1 = tl.load(kw_ptr + i).to(tl.float32)
         kw2 = tl.load(kw_ptr + HALF + i).to(tl.float32)
+    cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
+    top = state_ptr + head * D * D + i[:, None] * D + cols[None, :]
+    bottom = top + HALF * D
+    if STATE_READY:  # the caller vouches that no kernel it may overlap writes the state (lightning_step_triton)
+        old_top = tl.load(top)
+        old_bottom = tl.load(bottom)
     if PDL:
         tl.extra.cuda.gdc_wait()
+    if not STATE_READY:
+        old_top = tl.load(top)
+        old_bottom = tl.load(bottom)
     q1 = tl.load(y_ptr + head * D + i).to(tl.float32)
     q2 = tl.load(y_ptr + head * D + HALF + i).to(tl.float32)
     k1 = tl.load(y_ptr + W + head * D + i).to(tl.float32)
@@ -54,12 +63,9 @@ def _lightning_step_kernel(
         s2 = tl.load(sin_ptr + HALF + i).to(tl.float32)
         q1, q2 = q1 * c1 - q2 * s1, q2 * c2 + q1 * s2
         k1, k2 = k1 * c1 - k2 * s1, k2 * c2 + k1 * s2
-    cols = block * BLOCK_V + tl.arange(0, BLOCK_V)
     v = tl.load(y_ptr + 2 * W + head * D + cols).to(tl.float32)
-    top = state_ptr + head * D * D + i[:, None] * D + cols[None, :]
-    bottom = top + HALF * D
-    s_top = tl.load(top).to(tl.float32) * gamma + k1[:, None] * v[None, :]
-    s_bottom = tl.load(bottom).to(tl.float32) * gamma + k2[:, None] * v[None, :]
+    s_top = old_top.to(tl.float32) * gamma + k1[:, None] * v[None, :]
+    s_bottom = old_bottom.to(tl.float32) * gamma + k2[:, None] * v[None, :]
     tl.store(top, s_top.to(state_ptr.dtype.element_ty))
     tl.store(bottom, s_bottom.to(state_ptr.dtype.element_ty))
     o = (tl.sum(q1[:, None] * s_top, axis=0) + tl.sum(q2[:, None] * s_bottom, axis=0)) * scale
@@ -71,7 +77,7 @@ def _lightning_step_kernel(
 
 
 def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps, has_gate, block_v,
-            num_warps, pdl=False):
+            num_warps, pdl=False, state_ready=False):
     _, heads, dim, _ = state.shape
     u = torch.empty(1, 1, heads * dim, device=y.device, dtype=y.dtype)
     partials = torch.empty(heads * dim // block_v, device=y.device, dtype=torch.float32)
@@ -80,7 +86,7 @@ def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, s
         q_norm_weight if q_norm_weight is not None else y, k_norm_weight if k_norm_weight is not None else y,
         state, decay, u, partials, scale, eps,
         H=heads, D=dim, BLOCK_V=block_v, HAS_QK_NORM=q_norm_weight is not None, HAS_ROPE=cos is not None,
-        HAS_GATE=has_gate, PDL=pdl, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+        HAS_GATE=has_gate, PDL=pdl, STATE_READY=pdl and state_ready, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
     )
     return u, partials
 
@@ -96,10 +102,13 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
-                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, pdl: bool = False
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, pdl: bool = False,
+                          state_ready: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
-    in y's dtype. pdl: programmatic dependent launch (`hyla.inference.matvec_triton.pdl_supported`)."""
+    in y's dtype. pdl: programmatic dependent launch (`hyla.inference.matvec_triton.pdl_supported`): the kernel
+    may start before the previous one ends and waits for it before reading y. state_ready (with pdl): the state
+    was last written before the stream's last launch without programmatic dependent launch (which waits for all
+    earlier work; in the engine, each decode step's embedding), so it is read before that wait too."""
     check_inputs(y, state, decay, has_gate, block_v)
     return _launch(_lightning_step_kernel, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, scale, eps,
-                   has_gate, block_v, num_warps, pdl)
+                   has_gate, block_v, num_warps, pdl, state_ready)
