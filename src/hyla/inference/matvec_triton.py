@@ -16,6 +16,10 @@ Each saves a kernel launch and a round trip through memory without reading a sec
 - epilogue GLU: W's rows interleaved as (gate_0, up_0, gate_1, up_1, ...) and y = silu(gate) * up, N / 2 wide;
 - epilogue residual: y = residual + (product), the residual stream's add.
 
+With programmatic dependent launch (`pdl`, Hopper and later) the kernel lets the next kernel launch as soon as all
+its programs have started, reads its first step of weights, and only then waits for the previous kernel
+(`gdc_wait`) before reading anything that kernel may have written: the weights stream while that kernel finishes.
+
 Outputs are rounded to the weight's dtype where the model rounds (each product, then the add or the gating). The
 float64 reference is `hyla.inference.matvec.fused_matvec_reference`. `python bench/matvec_sweep.py` measures the
 plain product against `F.linear` on a decode step's shapes; `InferenceEngine(..., matvec="triton")` and
