@@ -88,7 +88,8 @@ def _launch(launcher, y, cos, sin, q_norm_weight, k_norm_weight, state, decay, s
         q_norm_weight if q_norm_weight is not None else y, k_norm_weight if k_norm_weight is not None else y,
         state, decay, u, partials, scale, eps,
         H=heads, D=dim, BLOCK_V=block_v, HAS_QK_NORM=q_norm_weight is not None, HAS_ROPE=cos is not None,
-        HAS_GATE=has_gate, PDL=pdl, STATE_READY=pdl and state_ready, num_warps=num_warps, **({"launch_pdl": True} if pdl else {}),
+        HAS_GATE=has_gate, PDL=pdl, STATE_READY=pdl and state_ready, num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return u, partials
 
