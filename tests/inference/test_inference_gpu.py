@@ -156,10 +156,14 @@ def test_triton_matvec_matches_reference(n, k, has_bias):
     assert rel(out, ref) <= BF16_TOL
 
 
+# programmatic dependent launch needs compute capability 9.0
+needs_pdl = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
+                               reason="programmatic dependent launch needs compute capability 9.0")
+
+
 def _pdl_params():
-    """Programmatic dependent launch off, and on where the GPU has it (compute capability 9.0+)."""
-    supported = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
-    return [False, pytest.param(True, marks=pytest.mark.skipif(not supported, reason="needs compute capability 9.0"))]
+    """Programmatic dependent launch off, and on where the GPU has it."""
+    return [False, pytest.param(True, marks=needs_pdl)]
 
 
 @pytest.mark.parametrize("pdl", _pdl_params())
@@ -233,8 +237,7 @@ def test_graph_decode_triton_fused_matches_model_forward(compile_blocks):
         InferenceEngine(model, batch_size=2, max_length=8, fuse_projections=True, matvec="triton-fused")
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9),
-                    reason="programmatic dependent launch needs compute capability 9.0")
+@needs_pdl
 def test_triton_fused_decode_with_programmatic_launch_equals_plain_launch():
     """Under programmatic dependent launch a kernel starts while the one before it finishes and reads only its
     weights until it waits for that kernel: any read before the wait of something the step writes would show as a

@@ -48,27 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="timed prefills at contexts >= 128K, each after the same one-chunk warm-up (median "
                             "reported, every time kept in the JSON)")
     model.add_argument("--prefill-chunk", type=_count, default=2**16)
-    model.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
-    model.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
-                       help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times its "
-                            "matrix-product kernels against cuBLAS per shape while compiling)")
-    model.add_argument("--fuse-projections", action="store_true",
-                       help="engine decode through each block's concatenated input maps (every engine system; the "
-                            "system hypenet-fused does this for the HypeNet shape alone, beside hypenet)")
-    model.add_argument("--compile-prefill", action="store_true",
-                       help="torch.compile the engine's prefill around its mixing kernels (norms, projections, "
-                            "RoPE, gates, MLP), every engine system")
-    model.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
-                       help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
-                            "--fuse-projections; bench/matvec_sweep.py compares the two per shape); triton-fused: "
-                            "also the norms, residual adds, SiLU, gates and each Lightning step in hyla's kernels")
-    model.add_argument("--matvec-table", metavar="JSON",
-                       help="with --matvec triton: the kernel's settings per shape, and cuBLAS where it was faster, "
-                            "from bench/matvec_sweep.py's matvec-sweep.json")
-    model.add_argument("--no-pdl", action="store_true",
-                       help="with --matvec triton-fused: launch the kernels without programmatic dependent launch "
-                            "(on by default on GPUs of compute capability 9.0 or later)")
-    model.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    _engine_options(model)
     _common(model)
     model.set_defaults(handler=run_model)
     profile = verbs.add_parser("profile", help="one decode step or one prefill chunk, kernel by kernel "
@@ -83,21 +63,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--steps", type=int, default=None,
                          help="profiled steps after warm-up (default 10 decode steps, 2 prefill chunks)")
     profile.add_argument("--top", type=int, default=40, help="kernels listed, most expensive first")
-    profile.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
-    profile.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
-                         help="torch.compile mode of the decode blocks")
-    profile.add_argument("--fuse-projections", action="store_true",
-                         help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up)")
-    profile.add_argument("--compile-prefill", action="store_true",
-                         help="torch.compile the prefill around its mixing kernels (--phase prefill)")
-    profile.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
-                         help="decode products: cuBLAS or hyla's Triton kernel (with --fuse-projections); "
-                              "triton-fused: also norms, residual adds, SiLU, gates, Lightning step")
-    profile.add_argument("--matvec-table", metavar="JSON",
-                         help="with --matvec triton: per-shape settings from bench/matvec_sweep.py's JSON")
-    profile.add_argument("--no-pdl", action="store_true",
-                         help="with --matvec triton-fused: no programmatic dependent launch")
-    profile.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    _engine_options(profile)
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
     profile.set_defaults(handler=run_profile)
@@ -105,6 +71,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    """The engine settings `model` and `profile` share (fields of ModelSettings and ProfileSettings)."""
+    parser.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
+                        help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times its "
+                             "matrix-product kernels against cuBLAS per shape while compiling)")
+    parser.add_argument("--fuse-projections", action="store_true",
+                        help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up); in "
+                             "`model` for every engine system (the system hypenet-fused does this for the HypeNet "
+                             "shape alone, beside hypenet)")
+    parser.add_argument("--compile-prefill", action="store_true",
+                        help="torch.compile the engine's prefill around its mixing kernels (norms, projections, "
+                             "RoPE, gates, MLP)")
+    parser.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
+                        help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
+                             "--fuse-projections; bench/matvec_sweep.py compares the two per shape); triton-fused: "
+                             "also the norms, residual adds, SiLU, gates and each Lightning step in hyla's kernels")
+    parser.add_argument("--matvec-table", metavar="JSON",
+                        help="with --matvec triton(-fused): the kernel's settings per shape, and cuBLAS where it was "
+                             "faster, from bench/matvec_sweep.py's or bench/fused_sweep.py's JSON")
+    parser.add_argument("--no-pdl", action="store_true",
+                        help="with --matvec triton-fused: launch the kernels without programmatic dependent launch "
+                             "(on by default on GPUs of compute capability 9.0 or later)")
+    parser.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
