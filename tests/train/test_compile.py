@@ -42,15 +42,17 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients():
         assert ((a.grad - b.grad).norm() / a.grad.norm()).item() <= 1e-9, name
 
 
-def test_compile_setting_leaves_stage_hashes_alone():
+def test_fast_path_settings_leave_stage_hashes_alone():
     plan = make_plan("smoke", 1_000_000)
     compiled = apply_overrides(make_plan("smoke", 1_000_000),
-                               ["align.compile=true", "distill.compile=true", "finetune.compile=true"])
+                               ["align.compile=true", "distill.compile=true", "finetune.compile=true",
+                                "distill.fused_loss=false", "distill.micro_batch_size=1",
+                                "finetune.fused_optimizer=true"])
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes.
-    speed_only = ("compile", "checkpoint_activations")
+    speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items() if k not in speed_only}
     changed = apply_overrides(make_plan("smoke", 1_000_000), ["distill.seq_len=64"])
     assert stage_settings(changed, request)["distill"] != stage_settings(plan, request)["distill"]

@@ -50,12 +50,15 @@ class AlignmentTwins(nn.Module):
 
 
 def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
-    """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics."""
+    """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics (tensors: the training
+    step reads them back once)."""
     teacher = model.teacher[0]
     recorder = MixerRecorder(teacher)
     try:
         with torch.no_grad():
-            teacher(batch["input_ids"], use_cache=False)
+            # The decoder stack only: the recorded mixers are all the stage needs, the LM head's logits would be
+            # the largest tensor of the step.
+            teacher.model(batch["input_ids"], use_cache=False)
     finally:
         recorder.close()
     first_input = recorder.inputs[0]
@@ -64,5 +67,5 @@ def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, di
     for i, twin in enumerate(model.twins):
         prediction = twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)
         losses.append(F.mse_loss(prediction.float(), recorder.outputs[i].float()))
-    total = torch.stack(losses).sum()
-    return total, {f"mse_{i:02d}": loss.item() for i, loss in enumerate(losses)}
+    per_layer = torch.stack(losses)
+    return per_layer.sum(), {f"mse_{i:02d}": loss for i, loss in enumerate(per_layer.detach())}

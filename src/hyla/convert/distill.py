@@ -10,6 +10,7 @@ from torch import nn
 
 from hyla.convert.transfer import to_hypenet
 from hyla.models import HypeNetForCausalLM
+from hyla.ops.linear_loss import linear_cross_entropy_chunked, linear_kl_divergence_chunked
 from hyla.train.loop import training_autocast
 
 
@@ -132,18 +133,38 @@ def chunked_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.T
     return cross_entropy(logits.detach(), labels)
 
 
-def distill_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
-    with torch.no_grad():
-        teacher_logits = model.teacher[0](batch["input_ids"], use_cache=False).logits
-    student_logits = model.student(batch["input_ids"], use_cache=False).logits
-    loss = kl_divergence(teacher_logits, student_logits)
-    ce = chunked_cross_entropy(student_logits, batch["labels"])
-    return loss, {"student_ce": ce.item()}
+def _flat(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 2 else tensor.reshape(-1)
 
 
-def finetune_loss(model: StudentWithTeacher, batch: dict) -> tuple[torch.Tensor, dict]:
-    logits = model.student(batch["input_ids"], use_cache=False).logits
-    return cross_entropy(logits, batch["labels"]), {}
+def distill_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False) -> tuple[torch.Tensor, dict]:
+    """KL(teacher || student) over every token; the student's cross-entropy as a metric. fused: the LM heads and the
+    loss in row chunks (`hyla.ops.linear_loss`), no [tokens, vocabulary] logits; otherwise the logits of both models
+    are materialised and the loss taken over them (the reference path)."""
+    teacher, student = model.teacher[0], model.student
+    ids = batch["input_ids"]
+    if not fused:
+        with torch.no_grad():
+            teacher_logits = teacher(ids, use_cache=False).logits
+        student_logits = student(ids, use_cache=False).logits
+        loss = kl_divergence(teacher_logits, student_logits)
+        return loss, {"student_ce": chunked_cross_entropy(student_logits, batch["labels"])}
+    with torch.inference_mode():
+        teacher_hidden = teacher.model(ids, use_cache=False).last_hidden_state
+    hidden = student.model(ids, use_cache=False).last_hidden_state
+    loss, ce = linear_kl_divergence_chunked(_flat(hidden), student.lm_head.weight, _flat(teacher_hidden),
+                                            teacher.lm_head.weight, _flat(batch["labels"]))
+    return loss, {"student_ce": ce}
+
+
+def finetune_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False) -> tuple[torch.Tensor, dict]:
+    """Next-token cross-entropy of the student; fused as in `distill_loss`."""
+    student = model.student
+    if not fused:
+        logits = student(batch["input_ids"], use_cache=False).logits
+        return cross_entropy(logits, batch["labels"]), {}
+    hidden = student.model(batch["input_ids"], use_cache=False).last_hidden_state
+    return linear_cross_entropy_chunked(_flat(hidden), student.lm_head.weight, _flat(batch["labels"])), {}
 
 
 @torch.no_grad()

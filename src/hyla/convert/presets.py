@@ -23,7 +23,11 @@ class StageBudget:
     schedule: str = "cosine"
     warmup_steps: int = 50
     checkpoint_every: int = 100
-    compile: bool = False  # torch.compile each block of the trained model and of its teacher (speed only)
+    # The training fast path (hyla.train.fast; speed and memory only, None = the device's default: all on for CUDA).
+    compile: bool | None = None  # torch.compile each block of the trained model and of its teacher
+    fused_loss: bool | None = None  # LM head + loss in row chunks, no [tokens, vocabulary] logits (distill, finetune)
+    fused_optimizer: bool | None = None  # torch's fused AdamW
+    micro_batch_size: int | None = None  # sequences per forward/backward pass and process; None: the most that fit
     # Activation checkpointing of the trained hybrid's blocks (distill, finetune): each block keeps its input only
     # and recomputes the rest in the backward pass, one more forward for much less memory (memory only).
     checkpoint_activations: bool = False
@@ -33,13 +37,13 @@ class StageBudget:
         return max(1, self.tokens // (self.seq_len * self.batch_size))
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on: `compile` and `checkpoint_activations` change speed and memory, not
-        results, and are left out (a run can be resumed with them switched either way, and earlier runs keep their
-        hash)."""
+        """What the stage's output depends on: the fast path's settings and `checkpoint_activations` change speed
+        and memory, not results (up to float rounding), and are left out (a run can be resumed with them switched
+        either way, and earlier runs keep their hash)."""
         return {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
 
 
-SPEED_ONLY = ("compile", "checkpoint_activations")
+SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
 
 
 @dataclass

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +24,7 @@ from hyla.convert.weights import full_state_dict, load_weights, save_weights
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier, shard_model
+from hyla.train.fast import FastPath, resolve_fast_path
 
 
 @dataclass
@@ -65,13 +68,23 @@ class Run:
         return self.cache["corpus"]
 
 
+def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
+    """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
+    return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
+                             fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
+                             device=run.env.device, distributed=run.env.enabled)
+
+
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
-                 frozen_blocks=()) -> dict:
+                 frozen_blocks=(), fast: FastPath | None = None) -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
     its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls. With
-    `budget.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
-    `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM) checkpoints its blocks' activations."""
-    if budget.compile:
+    `fast.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
+    `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM) checkpoints its blocks' activations. `loss_fn`
+    must already be the one `fast.fused_loss` asks for."""
+    fast = fast or stage_fast_path(run, budget)
+    run.log(f"[{name}] fast path: {fast.describe()}")
+    if fast.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
     if budget.checkpoint_activations:
@@ -81,12 +94,16 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
-    loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name)
+    loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
+                        micro_batch_rows=fast.micro_batch_size, fused_optimizer=fast.fused_optimizer)
     result = run_training(model, loss_fn, loader, optim, loop, folder, run.env, meta={"stage": name})
     last = result.metrics[-1] if result.metrics else {}
     tokens = budget.steps * budget.seq_len * budget.batch_size
+    rates = sorted(m["tok_per_s"] for m in result.metrics[result.resumed_from:] if "tok_per_s" in m)
     return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
-            "first": result.metrics[0] if result.metrics else {}, "last": last}
+            "first": result.metrics[0] if result.metrics else {}, "last": last,
+            "fast_path": {**fast.as_dict(), "micro_batch_rows_used": result.micro_batch_rows},
+            "median_tok_per_s": rates[len(rates) // 2] if rates else None}
 
 
 def run_data(run: Run, stage: Stage) -> dict:
@@ -115,7 +132,10 @@ def run_align(run: Run, stage: Stage) -> dict:
     twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher, run.twin_config()).to(run.env.device)
     for param in twins.parameters():
         param.data = param.data.float()
-    summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins))
+    # No LM head in the alignment: there is no head loss to fuse.
+    fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
+    summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),
+                           fast=fast)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
@@ -150,8 +170,10 @@ def load_student(run: Run, weights_stage: str | None) -> Any:
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
     student = load_student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
-    summary = train_budget(run, stage.path, stage.name, pair, loss_fn, budget, list(student.model.layers), root=student,
-                           frozen_blocks=list(teacher.model.layers) if teacher is not None else ())
+    fast = stage_fast_path(run, budget)
+    summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
+                           budget, list(student.model.layers), root=student,
+                           frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary

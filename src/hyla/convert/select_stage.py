@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 
 from hyla.convert.runners import Run, load_twins
@@ -52,7 +53,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
     import torch
 
     from hyla.convert.distill import StudentWithTeacher, distill_loss, kl_divergence
-    from hyla.convert.runners import train_budget
+    from hyla.convert.runners import stage_fast_path, train_budget
 
     budget = dataclasses.replace(
         run.plan.distill, tokens=run.plan.selection.kl_ls_steps * run.plan.distill.seq_len * run.plan.distill.batch_size,
@@ -62,6 +63,9 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
     length = min(budget.seq_len, heldout.num_tokens - 1)
     batch = torch.from_numpy(heldout.read(0, length))[None].to(run.env.device)
     teacher = run.teacher_equivalent()
+    # Short runs of one student each: compiling every student (and the teacher again) would cost more than it saves.
+    fast = dataclasses.replace(stage_fast_path(run, budget), compile=False)
+    loss_fn = functools.partial(distill_loss, fused=fast.fused_loss)
     kl_by_layer = {}
     for layer in range(run.hf_teacher.config.num_hidden_layers):
         folder = stage.path / "kl-ls" / f"layer-{layer:03d}"
@@ -70,8 +74,8 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
             kl_by_layer[layer] = json.loads(result_file.read_text())["kl"]
             continue
         student = run.build_student([layer]).to(run.env.device).float()
-        train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), distill_loss, budget,
-                     list(student.model.layers), root=student)
+        train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), loss_fn, budget,
+                     list(student.model.layers), root=student, fast=fast)
         with torch.no_grad():
             kl = kl_divergence(teacher(batch, use_cache=False).logits, student.eval()(batch, use_cache=False).logits)
         kl_by_layer[layer] = kl.item()

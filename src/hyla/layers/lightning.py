@@ -13,7 +13,7 @@ from hyla.layers.context import MixerContext
 from hyla.layers.linear_mixer import run_linear_op
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import apply_rotary
-from hyla.ops.lightning import lightning_attention, lightning_log_decay
+from hyla.ops.lightning import decay_is_chunk_safe, lightning_attention, lightning_log_decay
 
 
 class LightningAttention(nn.Module):
@@ -37,6 +37,8 @@ class LightningAttention(nn.Module):
         # `module.to(dtype)`, converted by the op to its accumulation precision.
         self._log_decay = lightning_log_decay(self.num_heads)
         self._log_decay_by_device: dict[torch.device, torch.Tensor] = {}
+        # Known here, from the CPU constant: the GPU op need not read the decays back from the device at every call.
+        self._chunk_safe = decay_is_chunk_safe(self._log_decay)
 
     def log_decay(self, device: torch.device) -> torch.Tensor:
         """The per-head log-decay g_h = -2^(-8h/H) (float64 [H]) on `device`, copied there once."""
@@ -67,7 +69,7 @@ class LightningAttention(nn.Module):
         # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
         output = run_linear_op(
             lightning_attention, self.config, self.layer_idx, q, k, v, context,
-            log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5,
+            log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5, chunk_safe=self._chunk_safe,
         )
         return self._output(output, hidden_states)
 

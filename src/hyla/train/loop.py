@@ -7,20 +7,19 @@ takes its slice of rows, so a run gives the same batches at every step whatever 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from hyla.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from hyla.train.distributed import Distributed, all_reduce_mean
+from hyla.train.distributed import Distributed
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.progress import StepLog, read_metrics
+from hyla.train.step import LossFn, TrainStep, training_autocast
 
-LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
+__all__ = ["LoopSettings", "LossFn", "TrainResult", "TrainingDiverged", "run_training", "training_autocast"]
 
 
 class TrainingDiverged(ValueError):
@@ -34,6 +33,10 @@ class LoopSettings:
     keep_last: int = 2
     log_every: int = 1
     description: str = "train"
+    # Rows per forward/backward pass (gradients accumulated over the step); None: the most that fit (TrainStep).
+    micro_batch_rows: int | None = None
+    # torch's fused AdamW; None: where the parameters are on CUDA.
+    fused_optimizer: bool | None = None
 
 
 @dataclass
@@ -41,6 +44,7 @@ class TrainResult:
     steps: int
     resumed_from: int
     metrics: list[dict] = field(default_factory=list)
+    micro_batch_rows: int | None = None  # what the steps ran at (None: all rows at once)
 
 
 def _local_rows(batch: dict, env: Distributed) -> dict:
@@ -51,26 +55,6 @@ def _local_rows(batch: dict, env: Distributed) -> dict:
     per = rows // env.world_size
     local = {k: v[env.rank * per : (env.rank + 1) * per] for k, v in batch.items() if k != "cu_seqlens"}
     return {k: v.to(env.device) for k, v in local.items()}
-
-
-def training_autocast(device: torch.device) -> torch.autocast:
-    """bf16 autocast on GPU (master weights stay float32), the precision training and evaluation run at there; CPU
-    runs in the model's own dtype."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
-
-
-def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed):
-    with training_autocast(env.device):
-        loss, metrics = loss_fn(model, batch)
-    if not torch.isfinite(loss.detach()).all():
-        return loss, metrics, None
-    loss.backward()
-    params = [p for p in model.parameters() if p.requires_grad]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return loss, metrics, grad_norm
 
 
 def run_training(
@@ -87,7 +71,7 @@ def run_training(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / "checkpoints"
-    optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps)
+    optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps, fused=loop.fused_optimizer)
     start = 0
     found = latest_checkpoint(checkpoints)
     if found is not None:
@@ -96,21 +80,29 @@ def run_training(
     log = StepLog(out_dir / "metrics.jsonl", total_steps=loop.steps, start_step=start,
                   description=loop.description, enabled=env.is_main)
     model.train()
+
+    def note(line: str) -> None:
+        if env.is_main:
+            print(f"[{loop.description}] {line}", flush=True)
+
+    step_fn = TrainStep(model, loss_fn, optimizer, scheduler, optim, env, micro_batch_rows=loop.micro_batch_rows,
+                        log=note)
     try:
         for step in range(start, loop.steps):
             started = time.perf_counter()
             batch = next(loader)
-            loss, metrics, grad_norm = _step(model, loss_fn, _local_rows(batch, env), optimizer, scheduler, optim, env)
-            loss = all_reduce_mean(loss.detach().float(), env).item()
-            if not math.isfinite(loss):
+            outcome = step_fn(_local_rows(batch, env))
+            if not outcome.applied:
+                last = latest_checkpoint(checkpoints)
                 raise TrainingDiverged(
-                    f"{loop.description}: loss is {loss} at step {step + 1}; finished stages are kept, the last "
-                    f"good checkpoint is {latest_checkpoint(checkpoints).path if latest_checkpoint(checkpoints) else 'none'}"
+                    f"{loop.description}: loss {outcome.loss}, gradient norm {outcome.grad_norm} at step {step + 1} "
+                    f"(the update was not applied); finished stages are kept, the last good checkpoint is "
+                    f"{last.path if last else 'none'}"
                 )
             elapsed = time.perf_counter() - started
-            record = {"step": step + 1, "loss": loss, "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": float(grad_norm), "tok_per_s": batch["input_ids"].numel() / elapsed,
-                      **{k: float(v) for k, v in metrics.items()}}
+            record = {"step": step + 1, "loss": outcome.loss, "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": outcome.grad_norm, "tok_per_s": batch["input_ids"].numel() / elapsed,
+                      **outcome.metrics}
             log.log(record)
             if (step + 1) % loop.checkpoint_every == 0 or step + 1 == loop.steps:
                 save_checkpoint(checkpoints, step + 1, model=model, optimizer=optimizer, scheduler=scheduler,
@@ -120,4 +112,5 @@ def run_training(
         log.close()
     model.eval()
     metrics = read_metrics(out_dir / "metrics.jsonl")
-    return TrainResult(steps=loop.steps, resumed_from=start, metrics=metrics)
+    return TrainResult(steps=loop.steps, resumed_from=start, metrics=metrics,
+                       micro_batch_rows=step_fn.micro_batch_rows)

@@ -40,4 +40,4 @@ def longce_loss(model, batch: dict, *, window: int = 256, cap: float = 5.0) -> t
     influence = short - losses.detach()
     weights = torch.exp(influence).clamp(max=cap)
     loss = (weights * losses).sum() / weights.sum()
-    return loss, {"ce": losses.mean().item(), "mean_weight": weights.mean().item()}
+    return loss, {"ce": losses.detach().mean(), "mean_weight": weights.mean()}

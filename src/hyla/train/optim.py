@@ -39,13 +39,18 @@ def lr_at(step: int, total_steps: int, settings: OptimSettings) -> float:
     return settings.min_lr + 0.5 * (settings.lr - settings.min_lr) * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(params, settings: OptimSettings, total_steps: int):
-    """AdamW and a LambdaLR scheduler that follows `lr_at`."""
+def build_optimizer(params, settings: OptimSettings, total_steps: int, *, fused: bool | None = None):
+    """AdamW and a LambdaLR scheduler that follows `lr_at`. fused: torch's fused AdamW (one kernel for every
+    parameter; the same update up to float32 rounding); None: where every parameter is on CUDA."""
+    params = [p for p in params if p.requires_grad]
+    if fused is None:
+        fused = bool(params) and all(p.is_cuda for p in params)
     optimizer = torch.optim.AdamW(
-        [p for p in params if p.requires_grad],
+        params,
         lr=settings.lr,
         betas=(settings.beta1, settings.beta2),
         weight_decay=settings.weight_decay,
+        fused=fused,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_at(step, total_steps, settings) / settings.lr

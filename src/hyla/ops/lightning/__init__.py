@@ -8,6 +8,16 @@ from hyla.ops.dispatch import resolve_backend
 from hyla.ops.lightning.reference import lightning_chunked, lightning_recurrent
 
 
+# fla's chunk kernel returns a NaN final state when |log-decay| per token exceeds ~1.41 and T is not a multiple of
+# its chunk size (SPEC §7); such decays go to the recurrent kernel instead.
+CHUNK_SAFE_LOG_DECAY = 1.4
+
+
+def decay_is_chunk_safe(log_decay: torch.Tensor) -> bool:
+    """Whether fla's chunk kernel can take this per-head log-decay (a host read where the tensor is on a device)."""
+    return bool((log_decay.abs() <= CHUNK_SAFE_LOG_DECAY).all())
+
+
 def lightning_log_decay(num_heads: int) -> torch.Tensor:
     """HypeNet's fixed per-head log-decay g_h = -2^(-8h/H), h = 1..H (float64 [H]); gamma_h = exp(g_h)."""
     # An explicit CPU device: models are built under a meta-device context when loaded.
@@ -25,11 +35,14 @@ def lightning_attention(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    chunk_safe: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """o_t = scale * q_t S_t with S_t = exp(g_h) S_{t-1} + k_t^T v_t.
 
     q, k: [B, T, H, K]; v: [B, T, H, V]; log_decay: [H]; initial_state: [N, H, K, V] float32;
     cu_seqlens: [N + 1] boundaries of packed sequences (B = 1). Returns (o [B, T, H, V], final state or None).
+    chunk_safe: the caller's knowledge that the decays suit fla's chunk kernel (the GPU path otherwise reads
+    `log_decay` back from the device, a host sync per call); the references ignore it.
     """
     kwargs = dict(
         log_decay=log_decay,
@@ -41,10 +54,11 @@ def lightning_attention(
     if resolve_backend(q) == "fla":
         from hyla.ops.lightning.gpu import lightning_fla
 
-        return lightning_fla(q, k, v, **kwargs)
+        return lightning_fla(q, k, v, **kwargs, chunk_safe=chunk_safe)
     if q.shape[1] == 1:
         return lightning_recurrent(q, k, v, **kwargs)
     return lightning_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["lightning_attention", "lightning_chunked", "lightning_log_decay", "lightning_recurrent"]
+__all__ = ["CHUNK_SAFE_LOG_DECAY", "decay_is_chunk_safe",
+           "lightning_attention", "lightning_chunked", "lightning_log_decay", "lightning_recurrent"]

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import torch
 
-# fla's chunk kernel returns a NaN final state when |log-decay| per token exceeds ~1.41 and T is not a multiple of
-# its chunk size (SPEC §7); such decays go to the recurrent kernel instead.
-_CHUNK_SAFE_LOG_DECAY = 1.4
+from hyla.ops.lightning import decay_is_chunk_safe
 
 
 def lightning_fla(
@@ -22,8 +20,11 @@ def lightning_fla(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    chunk_safe: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same contract as `hyla.ops.lightning.reference.lightning_recurrent`, on CUDA."""
+    """Same contract as `hyla.ops.lightning.reference.lightning_recurrent`, on CUDA. chunk_safe: whether every
+    |log-decay| is within the chunk kernel's range, when the caller knows it (None: read off `log_decay`, which waits
+    for the device)."""
     from fla.ops.simple_gla import chunk_simple_gla, fused_recurrent_simple_gla
 
     scale = q.shape[-1] ** -0.5 if scale is None else scale
@@ -33,7 +34,7 @@ def lightning_fla(
     if cu_seqlens is not None:
         cu_seqlens = cu_seqlens.to(device=q.device, dtype=torch.long)
     single_token = q.shape[1] == 1 and not torch.is_grad_enabled()
-    unsafe_chunk = bool((g_gamma.abs() > _CHUNK_SAFE_LOG_DECAY).any())
+    unsafe_chunk = not chunk_safe if chunk_safe is not None else not decay_is_chunk_safe(g_gamma)
     kernel = fused_recurrent_simple_gla if (single_token or unsafe_chunk) else chunk_simple_gla
     output, final_state = kernel(
         q,

@@ -1,0 +1,8 @@
+"""The LM head fused with its training loss (KL to a teacher, cross-entropy): the plain formulas
+(`reference`) and the chunked version that never materialises [tokens, vocabulary] logits (`chunked`)."""
+
+from hyla.ops.linear_loss.chunked import default_chunk_rows, linear_cross_entropy_chunked, linear_kl_divergence_chunked
+from hyla.ops.linear_loss.reference import linear_cross_entropy_reference, linear_kl_divergence_reference
+
+__all__ = ["default_chunk_rows", "linear_cross_entropy_chunked", "linear_cross_entropy_reference",
+           "linear_kl_divergence_chunked", "linear_kl_divergence_reference"]

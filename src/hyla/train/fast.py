@@ -1,0 +1,51 @@
+"""The training fast path: which of its parts a stage runs with, resolved from the stage's settings (None = the
+default for the device) and printed at the stage's start. On CUDA everything is on by default; with every part off
+the step is the eager reference path (the same model, loss formulas and update, unfused)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class FastPath:
+    compile: bool  # torch.compile each block of the trained model and of its teacher
+    fused_loss: bool  # the LM head fused with the loss in row chunks (hyla.ops.linear_loss): no [tokens, V] logits
+    fused_optimizer: bool  # torch's fused AdamW
+    micro_batch_size: int | None  # sequences per forward/backward pass; None: the most that fit
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def describe(self) -> str:
+        def on(flag: bool) -> str:
+            return "on" if flag else "off"
+
+        micro = "the most that fit" if self.micro_batch_size is None else str(self.micro_batch_size)
+        return (f"compiled blocks {on(self.compile)}, fused LM head + loss {on(self.fused_loss)}, fused AdamW "
+                f"{on(self.fused_optimizer)}, micro-batch {micro} sequences")
+
+
+EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None)
+
+
+def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
+                      micro_batch_size: int | None, device: torch.device, distributed: bool) -> FastPath:
+    """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
+    compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere).
+    Under FSDP the LM head's weight is sharded outside the model's forward, so the fused loss is not available
+    there: the default leaves it off and asking for it is an error."""
+    cuda = device.type == "cuda"
+    if fused_loss and distributed:
+        raise ValueError("fused_loss=true is not available under torchrun (FSDP shards the LM head's weight "
+                         "outside the model's forward); leave it unset")
+    if micro_batch_size is not None and micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
+    return FastPath(
+        compile=cuda if compile is None else compile,
+        fused_loss=(not distributed) if fused_loss is None else fused_loss,
+        fused_optimizer=cuda if fused_optimizer is None else fused_optimizer,
+        micro_batch_size=micro_batch_size,
+    )
