@@ -45,6 +45,7 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     extra = ["--set", "selection.niah_lengths=512", "--set", "selection.niah_samples=1",
              "--set", "selection.csr_tasks=arc_easy", "--set", "selection.csr_limit=4"]
     assert main(convert_args(tiny_teacher, out, *extra, select="halo")) == 0
+    printed = capsys.readouterr().out
     selection = json.loads((out / "02-select" / "selection.json").read_text())
     assert len(selection["chosen"]) == 1  # floor(4 / 4)
     assert [row["layer"] for row in selection["layers"]] == [0, 1, 2, 3]
@@ -63,6 +64,11 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     # Complete training stages keep their output, not their resume checkpoints.
     for stage in ("01-align", "03-distill", "04-finetune"):
         assert (out / stage / "manifest.json").exists() and not (out / stage / "checkpoints").exists(), stage
+    # Each training stage prints the fast-path settings it resolved and records them with its measured rate.
+    for stage, fused in (("align", False), ("distill", True), ("finetune", True)):
+        assert f"[{stage}] fast path: compiled blocks off, fused LM head + loss {'on' if fused else 'off'}" in printed
+        results = manifest(out, stage)["results"]
+        assert results["fast_path"]["fused_loss"] is fused and results["median_tok_per_s"] > 0
     report = json.loads((model_dir / "conversion.json").read_text())
     assert report["total_training_tokens"] == 2048 + 2048 + 1024
     assert "HypeNet converted" in (model_dir / "README.md").read_text()

@@ -1,4 +1,4 @@
-"""`hyla bench kernels` and `hyla bench model`: thin wrappers over `hyla.bench.kernels` and `hyla.bench.model`.
+"""`hyla bench kernels|model|profile|train|report`: thin wrappers over `hyla.bench.*`.
 Each writes JSON (with the exact command and environment), a PNG and a markdown summary into --out."""
 
 from __future__ import annotations
@@ -67,6 +67,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
     profile.set_defaults(handler=run_profile)
+    train = verbs.add_parser("train", help="the conversion's training steps (align, distill, finetune) as hyla convert "
+                                           "runs them: eager reference vs the fast default, tokens/s, MFU, memory")
+    train.add_argument("--teacher", default=None,
+                       help="teacher spec (default: the SmolLM2-135M shape with random weights, no file needed)")
+    train.add_argument("--cases", default=None,
+                       help="comma list of STAGE:BATCHxLEN (default align:64x512,distill:16x4096,finetune:4x16384; "
+                            "--toy: align:2x64,distill:2x128,finetune:1x256)")
+    train.add_argument("--paths", default="eager,fast", help="comma list of eager, fast (default both)")
+    train.add_argument("--attention-layers", default=None,
+                       help="comma list of the hybrid's attention layers (default: SmolLM2's HALO choice for a 30-layer "
+                            "teacher, else every fourth layer)")
+    train.add_argument("--steps", type=_positive, default=8, help="timed steps per case (median reported)")
+    train.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
+    train.add_argument("--no-profile", action="store_true", help="skip the profiled step of each fast case")
+    train.add_argument("--no-losses", action="store_true", help="skip the LM-head losses measured alone")
+    train.add_argument("--toy", action="store_true", help="tiny sizes (a 4-layer teacher of width 64): for CPU")
+    _common(train)
+    train.set_defaults(handler=run_train)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
@@ -253,6 +271,42 @@ def run_profile(args: argparse.Namespace) -> int:
     (out / f"{stem}.md").write_text(profile_markdown(result))
     print(profile_markdown(result))
     print(f"wrote {out / (stem + '.json')} and {out / (stem + '.md')}")
+    return 0
+
+
+TOY_TRAIN_CASES = "align:2x64,distill:2x128,finetune:1x256"
+
+
+def run_train(args: argparse.Namespace) -> int:
+    from hyla.bench.train import DEFAULT_CASES, Case, TrainBenchSettings, run_train_bench
+    from hyla.bench.train_report import plot_train, train_markdown
+
+    cases = args.cases or (TOY_TRAIN_CASES if args.toy else None)
+    try:
+        layers = (tuple(int(i) for i in args.attention_layers.split(",")) if args.attention_layers else None)
+    except ValueError:
+        raise ValueError(f"--attention-layers: expected a comma list of layer numbers, got {args.attention_layers!r}")
+    settings = TrainBenchSettings(
+        teacher=args.teacher,
+        cases=tuple(Case.parse(item) for item in cases.split(",")) if cases else DEFAULT_CASES,
+        paths=tuple(item for item in args.paths.split(",") if item), attention_layers=layers,
+        steps=args.steps, warmup=args.warmup, profile=not args.no_profile, losses=not args.no_losses,
+        toy=args.toy, device=args.device,
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+
+    def save(results: dict) -> None:
+        _write_json(out / "train.json", {"environment": env, **results})
+
+    results = run_train_bench(settings, save=save)
+    save(results)
+    plot_train(results, out / "train.png")
+    markdown = train_markdown({"environment": env, **results}, env["command"])
+    (out / "train.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {out / 'train.json'}, {out / 'train.md'} and {out / 'train.png'}")
     return 0
 
 

@@ -45,6 +45,14 @@ class AlignmentTwins(nn.Module):
             lightning_from_attention(layer.self_attn, config, i) for i, layer in enumerate(hf_teacher.model.layers)
         )
 
+    @classmethod
+    def for_training(cls, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config, device) -> AlignmentTwins:
+        """The twins as stage 1 trains them: on `device`, float32 master weights."""
+        twins = cls(teacher, hf_teacher, config).to(device)
+        for param in twins.parameters():
+            param.data = param.data.float()
+        return twins
+
     def twin_state_dict(self) -> dict[str, torch.Tensor]:
         return {f"{i}.{k}": v for i, twin in enumerate(self.twins) for k, v in twin.state_dict().items()}
 

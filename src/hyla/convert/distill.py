@@ -15,15 +15,19 @@ from hyla.train.loop import training_autocast
 
 
 def build_student(
-    hf_teacher: nn.Module, attention_layers: list[int], twins_path, *, attention_rope: bool = False, **config_overrides
+    hf_teacher: nn.Module, attention_layers: list[int], twins_path=None, *, attention_rope: bool = False,
+    **config_overrides,
 ) -> HypeNetForCausalLM:
     """The hybrid: teacher weights everywhere, attention (NoPE unless `attention_rope`, with a new output gate) at
-    `attention_layers`, aligned Lightning twins from stage 1 everywhere else. `config_overrides` must match what the
-    twins were built with (lightning_rope, lightning_qk_norm)."""
+    `attention_layers`, aligned Lightning twins from stage 1 everywhere else (None: the twins as transferred from
+    the attention weights, before alignment). `config_overrides` must match what the twins were built with
+    (lightning_rope, lightning_qk_norm)."""
     num_layers = hf_teacher.config.num_hidden_layers
     layer_types = ["attention" if i in attention_layers else "lightning" for i in range(num_layers)]
     student = to_hypenet(hf_teacher, layer_types, attention_rope=attention_rope, attention_output_gate=True,
                          **config_overrides)
+    if twins_path is None:
+        return student
     twins = load_file(str(twins_path))
     for i, block in enumerate(student.model.layers):
         if block.layer_type != "lightning":

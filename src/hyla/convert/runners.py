@@ -129,9 +129,7 @@ def run_data(run: Run, stage: Stage) -> dict:
 
 
 def run_align(run: Run, stage: Stage) -> dict:
-    twins = AlignmentTwins(run.teacher_equivalent(), run.hf_teacher, run.twin_config()).to(run.env.device)
-    for param in twins.parameters():
-        param.data = param.data.float()
+    twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
     summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),

@@ -1,0 +1,370 @@
+"""`hyla bench train`: the conversion's training steps timed as `hyla convert` runs them, the eager reference path
+and the fast default side by side in one run.
+
+Each case builds its stage's real modules (stage 1: `AlignmentTwins` + `alignment_loss`; stage 2: the hybrid and
+the teacher-equivalent + `distill_loss`; stage 3: the hybrid + `finetune_loss`), resolves the fast path as a stage
+does (`hyla.train.fast`), compiles what a stage compiles, and times the training loop's own step (`TrainStep`:
+micro-batches, clipping, AdamW, one host read) on random tokens. Weights are random unless a teacher is given:
+speed depends on shapes, not values. Reported per case and path: tokens/s (median step), model FLOPs per token
+(counted from the shapes: `training_flops_per_token`), the FLOP rate and MFU, peak memory, the first step's time
+(compilation), and for the fast path the top kernels of one profiled step. A second table times the LM-head losses
+alone at the distillation shape (materialised logits, hyla's chunked fused loss, and flash-linear-attention's fused
+KL / cross-entropy where installed): the measurement behind the fused loss's default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from hyla.bench.floors import LIGHTNING_CHUNK
+
+STAGES = ("align", "distill", "finetune")
+PATHS = ("eager", "fast")
+# SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
+SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                    num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True)
+SMOLLM2_ATTENTION_LAYERS = (0, 1, 7, 16, 18, 19, 23)
+TOY = dict(SMOLLM2_135M, vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+           num_attention_heads=4, num_key_value_heads=2)
+# Dense bf16 matrix rate by the vendor's datasheet, by device name: MFU's denominator.
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+# The targets of a fast path at the SmolLM2-135M shape on one H200 (stage: minimum tokens/s).
+TARGETS = {"align": 500e3, "distill": 250e3, "finetune": 200e3}
+DISTILL_MEMORY_TARGET_GIB = 60.0  # distillation with 64K tokens a step
+
+
+@dataclass(frozen=True)
+class Case:
+    stage: str
+    batch: int
+    seq_len: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.stage} {self.batch}x{self.seq_len}"
+
+    @classmethod
+    def parse(cls, text: str) -> Case:
+        """`STAGE:BATCHxLEN`, e.g. `distill:16x4096`."""
+        try:
+            stage, shape = text.split(":")
+            batch, seq_len = (int(part) for part in shape.lower().split("x"))
+        except ValueError:
+            raise ValueError(f"case {text!r} is not STAGE:BATCHxLEN (e.g. distill:16x4096)") from None
+        if stage not in STAGES or batch < 1 or seq_len < 2:
+            raise ValueError(f"case {text!r}: stage one of {', '.join(STAGES)}, batch >= 1, length >= 2")
+        return cls(stage, batch, seq_len)
+
+
+DEFAULT_CASES = (Case("align", 64, 512), Case("distill", 16, 4096), Case("finetune", 4, 16384))
+
+
+@dataclass(frozen=True)
+class TrainBenchSettings:
+    teacher: str | None = None  # a teacher spec; None: the SmolLM2-135M shape with random weights
+    cases: tuple[Case, ...] = DEFAULT_CASES
+    paths: tuple[str, ...] = PATHS
+    attention_layers: tuple[int, ...] | None = None  # None: SmolLM2's HALO choice, or every fourth layer
+    steps: int = 8
+    warmup: int = 3
+    profile: bool = True  # one profiled step of each fast case
+    losses: bool = True  # the LM-head losses alone at the distillation case's shape
+    toy: bool = False  # tiny sizes, for CPU
+    device: str = "cuda"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.warmup < 0:
+            raise ValueError("steps must be >= 1 and warmup >= 0")
+        unknown = sorted(set(self.paths) - set(PATHS))
+        if unknown or not self.paths:
+            raise ValueError(f"paths must be some of {', '.join(PATHS)}, got {', '.join(self.paths) or 'none'}")
+
+
+def training_flops_per_token(stage: str, trained, seq_len: int, teacher=None) -> dict[str, float]:
+    """Model FLOPs per token of one training step, counted from the shapes: 2 per matrix parameter per token
+    forward, twice that backward (the trained model three times, a frozen teacher's forward once); causal softmax
+    attention 2 T H D per token and layer forward (QK^T and PV over the lower triangle), Lightning's chunked form
+    4 C D + 4 D^2 per token and head; the LM head's product for every token; embedding lookups free. Stage 1 trains
+    each layer's twin on the teacher's recorded input: the teacher's decoder forward (no head) and every twin
+    forward and backward, where the maps that read the recorded input need no gradient for it (two FLOPs per
+    parameter and token fewer). Recomputation (activation checkpointing) is not counted: these are model FLOPs."""
+    if stage == "align":
+        teacher_forward = _forward_flops_per_token(teacher, seq_len, head=False)
+        twins = sum(3 * _mixer_forward_flops(twin, seq_len) - 2.0 * _input_side_params(twin) for twin in trained.twins)
+        return {"trained": twins, "teacher": teacher_forward, "total": twins + teacher_forward}
+    trained_flops = 3 * _forward_flops_per_token(trained, seq_len, head=True)
+    teacher_flops = _forward_flops_per_token(teacher, seq_len, head=True) if teacher is not None else 0.0
+    return {"trained": trained_flops, "teacher": teacher_flops, "total": trained_flops + teacher_flops}
+
+
+def _linear_params(module: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+
+def _input_side_params(mixer: torch.nn.Module) -> int:
+    """Parameters of the maps that read the mixer's input (every linear map but the output projection)."""
+    return _linear_params(mixer) - mixer.o_proj.weight.numel()
+
+
+def _mixer_forward_flops(mixer: torch.nn.Module, seq_len: int) -> float:
+    flops = 2.0 * _linear_params(mixer)
+    heads, head_dim = mixer.num_heads, mixer.head_dim
+    if hasattr(mixer, "log_decay"):  # Lightning
+        return flops + heads * (4.0 * LIGHTNING_CHUNK * head_dim + 4.0 * head_dim**2)
+    return flops + 2.0 * seq_len * heads * head_dim
+
+
+def _forward_flops_per_token(model, seq_len: int, *, head: bool) -> float:
+    flops = sum(_mixer_forward_flops(block.mixer, seq_len) + 2.0 * _linear_params(block.mlp)
+                for block in model.model.layers)
+    return flops + (2.0 * model.lm_head.weight.numel() if head else 0.0)
+
+
+def peak_flops(device: torch.device) -> float | None:
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((rate for key, rate in PEAK_BF16.items() if key in name), None)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@dataclass
+class _Built:
+    model: torch.nn.Module
+    loss_fn: object
+    blocks: list
+    frozen_blocks: list
+    flops: dict = field(default_factory=dict)
+
+
+def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device) -> _Built:
+    """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners)."""
+    import copy
+
+    from hyla.convert.align import AlignmentTwins, alignment_loss
+    from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
+    from hyla.convert.transfer import to_hypenet
+
+    teacher = to_hypenet(hf_teacher, attention_rope=True).to(device).eval()
+    if case.stage == "align":
+        config = copy.deepcopy(teacher.config)
+        for name, value in plan.twin_options().items():
+            setattr(config, name, value)
+        twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
+        return _Built(twins, alignment_loss, list(twins.twins), [],
+                      training_flops_per_token("align", twins, case.seq_len, teacher))
+    student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
+    if case.stage == "distill":
+        loss_fn = functools.partial(distill_loss, fused=fused_loss)
+        return _Built(StudentWithTeacher(student, teacher), loss_fn, list(student.model.layers),
+                      list(teacher.model.layers), training_flops_per_token("distill", student, case.seq_len, teacher))
+    return _Built(StudentWithTeacher(student, None), functools.partial(finetune_loss, fused=fused_loss),
+                  list(student.model.layers), [], training_flops_per_token("finetune", student, case.seq_len))
+
+
+def _fast_path(path: str, device: torch.device):
+    from hyla.train.fast import EAGER, resolve_fast_path
+
+    if path == "eager":
+        return EAGER
+    return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                             device=device, distributed=False)
+
+
+def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
+    """Time `settings.steps` training steps of `case` on `path` after `settings.warmup` (the first compiles)."""
+    from hyla.bench.timing import peak_memory_gib, reset_peak_memory
+    from hyla.compile import compile_blocks
+    from hyla.train.distributed import Distributed
+    from hyla.train.optim import OptimSettings, build_optimizer
+    from hyla.train.step import TrainStep
+
+    device = torch.device(settings.device)
+    reset_peak_memory(device)
+    torch.manual_seed(settings.seed)  # both paths start from the same weights and see the same batches
+    fast = _fast_path(path, device)
+    if case.stage == "align":
+        fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
+    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device)
+    if fast.compile:
+        compile_blocks([*built.blocks, *built.frozen_blocks])
+    built.model.train()
+    budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
+    optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=min(budget.warmup_steps, 1),
+                          schedule=budget.schedule)
+    total = settings.warmup + settings.steps + (1 if settings.profile else 0)
+    optimizer, scheduler = build_optimizer(built.model.parameters(), optim, total, fused=fast.fused_optimizer)
+    step = TrainStep(built.model, built.loss_fn, optimizer, scheduler, optim, Distributed(device=device),
+                     micro_batch_rows=fast.micro_batch_size, log=lambda line: print(f"  {case.label} {path}: {line}"))
+    vocab = hf_teacher.config.vocab_size
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+
+    def one_step():
+        ids = torch.randint(0, vocab, (case.batch, case.seq_len + 1), device=device, generator=generator)
+        return step({"input_ids": ids[:, :-1], "labels": ids[:, 1:]})
+
+    times, losses = [], []
+    for index in range(settings.warmup + settings.steps):
+        _sync(device)
+        started = time.perf_counter()
+        outcome = one_step()
+        _sync(device)
+        times.append(time.perf_counter() - started)
+        losses.append(outcome.loss)
+        print(f"  {case.label} {path} step {index + 1}: {times[-1]:.3f} s, loss {outcome.loss:.4f}", flush=True)
+    median = statistics.median(times[settings.warmup:])
+    tokens = case.batch * case.seq_len
+    flops = built.flops["total"]
+    rate = peak_flops(device)
+    result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
+              "fast_path": fast.as_dict(), "micro_batch_rows_used": step.micro_batch_rows,
+              "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
+              "tok_per_s": tokens / median, "flops_per_token": built.flops,
+              "tflop_per_s": flops * tokens / median / 1e12, "mfu": flops * tokens / median / rate if rate else None,
+              "peak_gib": peak_memory_gib(device)}
+    if settings.profile and path == "fast":
+        result["profile"] = _profile(one_step, device)
+    return result
+
+
+def _profile(one_step, device: torch.device, top: int = 25) -> dict:
+    from hyla.bench.profile import kernel_kinds, profile_steps
+
+    profiled = profile_steps(one_step, 1, device)
+    return {"wall_ms": profiled["wall_ms_per_step"], "kernel_ms": profiled["kernel_ms_per_step"],
+            "kernels": profiled["calls_per_step"],
+            "by_kind_ms": {kind: us / 1e3 for kind, us in kernel_kinds(profiled["rows"]).items()},
+            "top": profiled["rows"][:top]}
+
+
+def measure_losses(batch_tokens: int, hidden_size: int, vocab_size: int, device: torch.device,
+                   repeats: int = 5) -> list[dict]:
+    """The LM-head losses alone, forward and backward, at `batch_tokens` rows: time (median) and peak memory of
+    each implementation, and its loss's relative difference from the materialised one."""
+    from hyla.bench.timing import peak_memory_gib, reset_peak_memory, time_ms
+    from hyla.convert.distill import cross_entropy, kl_divergence
+    from hyla.ops.linear_loss import linear_cross_entropy_chunked, linear_kl_divergence_chunked
+    from hyla.train.step import training_autocast
+
+    generator = torch.Generator(device=device).manual_seed(0)
+    hidden = torch.randn(batch_tokens, hidden_size, device=device, generator=generator, requires_grad=True)
+    teacher_hidden = torch.randn(batch_tokens, hidden_size, device=device, generator=generator)
+    weight = (torch.randn(vocab_size, hidden_size, device=device, generator=generator) * 0.05).requires_grad_()
+    teacher_weight = torch.randn(vocab_size, hidden_size, device=device, generator=generator) * 0.05
+    labels = torch.randint(0, vocab_size, (batch_tokens,), device=device, generator=generator)
+    variants = {
+        ("kl", "logits"): lambda: kl_divergence(teacher_hidden @ teacher_weight.T, hidden @ weight.T),
+        ("kl", "hyla-chunked"): lambda: linear_kl_divergence_chunked(hidden, weight, teacher_hidden,
+                                                                      teacher_weight, labels)[0],
+        ("ce", "logits"): lambda: cross_entropy(hidden @ weight.T, labels),
+        ("ce", "hyla-chunked"): lambda: linear_cross_entropy_chunked(hidden, weight, labels),
+    }
+    variants.update(_fla_losses(hidden, weight, teacher_hidden, teacher_weight, labels))
+    rows, reference = [], {}
+    for (loss, name), fn in variants.items():
+        def run():
+            hidden.grad, weight.grad = None, None
+            with training_autocast(device):
+                value = fn()
+            value.backward()
+            return value
+
+        reset_peak_memory(device)
+        try:
+            value = run().item()
+            timing = time_ms(run, device=device, warmup=1, repeats=repeats)
+        except Exception as err:  # noqa: BLE001  (an implementation that fails is reported; the others still run)
+            if not (isinstance(err, torch.OutOfMemoryError) or name.startswith("fla")):
+                raise
+            rows.append({"loss": loss, "implementation": name, "error": f"{type(err).__name__}: {err}"[:300]})
+            print(f"  {loss} {name}: {rows[-1]['error']}", flush=True)
+            continue
+        reference.setdefault(loss, value)
+        rows.append({"loss": loss, "implementation": name, "rows": batch_tokens, "median_ms": timing["median_ms"],
+                     "peak_gib": peak_memory_gib(device), "value": value,
+                     "relative_difference": abs(value - reference[loss]) / abs(reference[loss])})
+        print(f"  {loss} {name}: {timing['median_ms']:.2f} ms, peak {rows[-1]['peak_gib'] or 0:.1f} GiB, "
+              f"value {value:.6f}", flush=True)
+    return rows
+
+
+def _fla_losses(hidden, weight, teacher_hidden, teacher_weight, labels) -> dict:
+    """flash-linear-attention's fused LM-head losses, where it is installed and the tensors are on CUDA."""
+    if not hidden.is_cuda:
+        return {}
+    try:
+        from fla.modules import FusedKLDivLoss, FusedLinearCrossEntropyLoss
+    except ImportError:
+        return {}
+    kl, ce = FusedKLDivLoss(), FusedLinearCrossEntropyLoss()
+    return {("kl", "fla-fused"): lambda: kl(hidden, teacher_hidden, weight, teacher_weight),
+            ("ce", "fla-fused"): lambda: ce(hidden, labels, weight)}
+
+
+def _teacher(settings: TrainBenchSettings, device: torch.device):
+    if settings.teacher is not None:
+        from hyla.convert.teacher import load_teacher
+
+        return load_teacher(settings.teacher, device=device)[0].eval()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(settings.seed)
+    return LlamaForCausalLM(LlamaConfig(**(TOY if settings.toy else SMOLLM2_135M))).to(device).eval()
+
+
+def _attention_layers(settings: TrainBenchSettings, num_layers: int) -> tuple[int, ...]:
+    if settings.attention_layers is not None:
+        bad = [i for i in settings.attention_layers if not 0 <= i < num_layers]
+        if bad:
+            raise ValueError(f"attention layers {bad} outside the teacher's {num_layers} layers")
+        return settings.attention_layers
+    if num_layers == SMOLLM2_135M["num_hidden_layers"]:
+        return SMOLLM2_ATTENTION_LAYERS
+    return tuple(range(0, num_layers, 4))
+
+
+def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> dict:
+    """Every case on every path (eager first), then the losses alone; `save(results)` after each measurement, so
+    that a run cut short keeps what it measured."""
+    from hyla.convert.presets import make_plan
+
+    device = torch.device(settings.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("hyla bench train: no CUDA device here; use --device cpu (with --toy for a quick check)")
+    hf_teacher = _teacher(settings, device)
+    attention_layers = _attention_layers(settings, hf_teacher.config.num_hidden_layers)
+    plan = make_plan("quick", sum(p.numel() for p in hf_teacher.parameters()))
+    results = {"settings": {**dataclasses.asdict(settings), "attention_layers": list(attention_layers)},
+               "teacher": {"spec": settings.teacher or ("toy" if settings.toy else "smollm2-135m shape, random"),
+                           "num_params": sum(p.numel() for p in hf_teacher.parameters())},
+               "peak_flops": peak_flops(device), "cases": [], "losses": []}
+    for case in settings.cases:
+        for path in settings.paths:
+            print(f"{case.label} {path}", flush=True)
+            try:
+                results["cases"].append(measure_case(case, path, hf_teacher, plan, attention_layers, settings))
+            except torch.OutOfMemoryError as err:
+                results["cases"].append({"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len,
+                                         "path": path, "error": f"out of memory: {str(err).splitlines()[0]}"})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            save(results)
+    distill = next((c for c in settings.cases if c.stage == "distill"), None)
+    if settings.losses and distill is not None:
+        print(f"LM-head losses at {distill.batch * distill.seq_len} rows", flush=True)
+        results["losses"] = measure_losses(distill.batch * distill.seq_len, hf_teacher.config.hidden_size,
+                                           hf_teacher.config.vocab_size, device)
+        save(results)
+    return results

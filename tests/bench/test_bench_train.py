@@ -1,0 +1,87 @@
+"""`hyla bench train` on toy shapes on CPU: every stage on both paths, its files, and FLOPs per token that match
+what torch's FLOP counter counts for the same steps."""
+
+import json
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hyla.bench.train import TOY, training_flops_per_token
+from hyla.cli import main
+from hyla.convert.align import AlignmentTwins, alignment_loss
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
+from hyla.convert.transfer import to_hypenet
+
+
+def test_bench_train_toy_writes_both_paths_of_every_stage(tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "1",
+                 "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    measured = {(case["stage"], case["path"]) for case in results["cases"]}
+    assert measured == {(stage, path) for stage in ("align", "distill", "finetune") for path in ("eager", "fast")}
+    for case in results["cases"]:
+        assert case["tok_per_s"] > 0 and case["flops_per_token"]["total"] > 0
+        assert case["fast_path"]["fused_loss"] == (case["path"] == "fast" and case["stage"] != "align")
+        if case["path"] == "fast":
+            assert case["profile"]["top"]
+    assert {(row["loss"], row["implementation"]) for row in results["losses"]} >= {
+        ("kl", "logits"), ("kl", "hyla-chunked"), ("ce", "logits"), ("ce", "hyla-chunked")}
+    assert all(row["relative_difference"] < 1e-4 for row in results["losses"])
+    assert "| distill | 2x128 | fast |" in (tmp_path / "train.md").read_text()
+    assert (tmp_path / "train.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
+def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "STAGE:BATCHxLEN" in err[0] or "stage one of" in err[0]
+    assert not (tmp_path / "train.json").exists()
+
+
+def counted_flops(fn) -> int:
+    # The math backend writes attention as matrix products the counter sees (it counts the full T x T square, twice
+    # the causal triangle the model FLOPs count).
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def attention_square_excess(model, length: int) -> float:
+    """What the counter counts beyond the causal triangle per token: one more triangle, forward (2 T H D)."""
+    return sum(2.0 * length * block.mixer.num_heads * block.mixer.head_dim for block in model.model.layers
+               if block.layer_type == "attention")
+
+
+def test_flops_per_token_match_torchs_flop_counter():
+    """Forward passes match exactly; a training step is within 1%: model FLOPs count the backward as twice the
+    forward, the reference Lightning kernel skips a few products whose gradients nothing needs (the zero initial
+    state's)."""
+    torch.manual_seed(0)
+    teacher_hf = LlamaForCausalLM(LlamaConfig(**TOY)).double().eval()
+    teacher = to_hypenet(teacher_hf, attention_rope=True).double().eval()
+    student = build_student(teacher_hf, [0], None, lightning_rope=True, lightning_qk_norm=True).double().train()
+    length = 256  # four Lightning chunks: the skipped zero-state products are a small share, as in training
+    ids = torch.randint(0, TOY["vocab_size"], (2, length))
+    batch, tokens = {"input_ids": ids, "labels": ids}, ids.numel()
+
+    for model in (teacher, student):
+        with torch.no_grad():
+            counted = counted_flops(lambda: model(ids, use_cache=False))
+        forward = training_flops_per_token("finetune", model, length)["total"] / 3
+        assert counted / tokens == pytest.approx(forward + attention_square_excess(model, length), rel=1e-12)
+
+    for fused in (False, True):
+        counted = counted_flops(
+            lambda: distill_loss(StudentWithTeacher(student, teacher), batch, fused=fused)[0].backward())
+        formula = training_flops_per_token("distill", student, length, teacher)["total"]
+        excess = 3 * attention_square_excess(student, length) + attention_square_excess(teacher, length)
+        assert counted / tokens == pytest.approx(formula + excess, rel=1e-2)
+
+    twins = AlignmentTwins(teacher, teacher_hf).double()
+    counted = counted_flops(lambda: alignment_loss(twins, batch)[0].backward())
+    formula = training_flops_per_token("align", twins, length, teacher)["total"]
+    assert counted / tokens == pytest.approx(formula + attention_square_excess(teacher, length), rel=1e-2)
