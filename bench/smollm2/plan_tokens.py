@@ -21,7 +21,7 @@ def plan(probe: dict, seconds: float, max_tokens: float, driver_args: list[str])
     # The rate of the run's own variant: compiled (`--main-set distill.compile=true`), with activation checkpointing
     # (`distill.checkpoint_activations=true`), or neither.
     cases = [c for c in probe["cases"] if c["stage"] == "distill" and c["seq_len"] == distill.seq_len
-             and "error" not in c and bool(c.get("compiled", False)) == distill.compile
+             and "error" not in c and bool(c.get("compiled", False)) == bool(distill.compile)
              and bool(c.get("checkpointed", False)) == distill.checkpoint_activations]
     if not cases:
         variant = (" compiled" if distill.compile else "") + (" checkpointed" if distill.checkpoint_activations else "")
