@@ -1,36 +1,33 @@
-"""Build the family-LH training corpus: a prepared corpus with synthetic RULER-SK1-like retrieval documents and
-copy lists mixed in.
-
-    python bench/family_lh/build_mix.py --corpus CORPUS --out MIX --seq-len 1024 --num-sequences 16000 \
-        --retrieval-share 0.5 --copy-share 0.25 --eval-lengths 1024,4096,16384 --eval-num-samples 20 \
-        --eval-num-depths 5
+"""A prepared corpus with synthetic RULER-SK1-like retrieval documents and copy lists mixed in
+(`hyla data niah-mix`): training data for models that must learn in-context retrieval from scratch.
 
 The output is a `hyla data prepare` corpus folder (same format, so `hyla train --data MIX` reads it) laid out in
 blocks of exactly `seq_len` tokens, one block per training sequence of `hyla train --seq-len` (the loader's
 sequence i is the window at i * seq_len). A retrieval block starts with one retrieval document (at most seq_len
 tokens with its separator) and is filled up with corpus text; a copy block holds copy lists back to back; the
 other blocks are corpus text only. So every retrieval document is seen whole, starting at position 0 as the
-evaluation prompts do. Corpus text is read in order from the start of CORPUS (wrapping around if the mix needs
-more than it has).
+evaluation prompts do. Corpus text is read in order from the start of the corpus (wrapping around if the mix needs
+more than it has). The evaluation's keys and values (the samples `hyla eval niah` builds for the given settings)
+are never drawn (`hyla.data.niah_docs`).
 
-Besides the corpus files, MIX holds `retrieval-docs.jsonl` (block, key, value, lines, needle line, tokens of every
-retrieval document) and `block-kinds.json` (each block's kind: retrieval, copy or corpus); `--save-tokenizer DIR`
-also writes the tokenizer as a HF tokenizer folder.
-Rerunning with the same settings does nothing; other settings into an existing MIX are an error.
+Besides the corpus files, the folder holds `retrieval-docs.jsonl` (block, key, value, lines, needle line, tokens of
+every retrieval document) and `block-kinds.json` (each block's kind: retrieval, copy or corpus); `save_tokenizer`
+also writes the tokenizer as a HF tokenizer folder. Rebuilding with the same settings does nothing; other settings
+into an existing folder are an error.
 """
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
-import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hyla.data.loader import TokenCorpus
+from hyla.data.niah_docs import CopyDocGenerator, RetrievalDocGenerator, evaluation_exclusions
 from hyla.data.tokenize import (
     DOCUMENT_STARTS,
     FORMAT,
@@ -42,42 +39,35 @@ from hyla.data.tokenize import (
     write_json,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from retrieval_docs import CopyDocGenerator, RetrievalDocGenerator, evaluation_exclusions  # noqa: E402
+
+@dataclass(frozen=True)
+class NiahMixSettings:
+    corpus: Path  # a prepared corpus (hyla data prepare)
+    out: Path  # the mixed corpus folder to create
+    seq_len: int  # training sequence length (hyla train --seq-len)
+    num_sequences: int  # training sequences: steps x batch size
+    eval_lengths: tuple[int, ...]  # the lengths hyla eval niah will use
+    eval_num_samples: int
+    eval_num_depths: int
+    retrieval_share: float = 0.5  # fraction of sequences that start with a retrieval document
+    copy_share: float = 0.0  # fraction of sequences filled with copy documents (a list, then the same list again)
+    min_doc_tokens: int | None = None  # smallest retrieval document (None: two haystack lines); largest seq_len - 1
+    seed: int = 0
+    eval_seed: int = 42
+    eval_tokens_to_generate: int = 128
+    tokenizer: str | None = None  # tokenizer spec or folder (None: the corpus's); it must be the corpus's
+    save_tokenizer: Path | None = None  # also save the tokenizer here (HF folder)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--corpus", type=Path, required=True, help="prepared corpus (hyla data prepare)")
-    parser.add_argument("--out", type=Path, required=True, help="mixed corpus folder to create")
-    parser.add_argument("--seq-len", type=int, required=True, help="training sequence length (hyla train --seq-len)")
-    parser.add_argument("--num-sequences", type=int, required=True, help="training sequences: steps x batch size")
-    parser.add_argument("--retrieval-share", type=float, default=0.5, help="fraction of sequences that start with "
-                        "a retrieval document (default 0.5)")
-    parser.add_argument("--copy-share", type=float, default=0.0, help="fraction of sequences filled with copy "
-                        "documents (a random list, then the same list again; default 0)")
-    parser.add_argument("--min-doc-tokens", type=int, default=None,
-                        help="smallest retrieval document (default: two haystack lines); the largest is seq_len - 1")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--eval-lengths", required=True, help="lengths hyla eval niah will use, e.g. 1024,16384")
-    parser.add_argument("--eval-num-samples", type=int, required=True)
-    parser.add_argument("--eval-num-depths", type=int, required=True)
-    parser.add_argument("--eval-seed", type=int, default=42)
-    parser.add_argument("--eval-tokens-to-generate", type=int, default=128)
-    parser.add_argument("--tokenizer", default=None, help="tokenizer spec or folder (default: the corpus's, e.g. "
-                        "smollm2-135m); it must be the corpus's tokenizer")
-    parser.add_argument("--save-tokenizer", type=Path, default=None, help="also save the tokenizer here (HF folder)")
-    return parser.parse_args(argv)
-
-
-def settings_of(args: argparse.Namespace, corpus: TokenCorpus) -> dict:
+def settings_of(options: NiahMixSettings, corpus: TokenCorpus) -> dict:
     return {
-        "corpus": str(corpus.path.resolve()), "corpus_id": corpus.corpus_id, "seq_len": args.seq_len,
-        "num_sequences": args.num_sequences, "retrieval_share": args.retrieval_share, "copy_share": args.copy_share,
-        "min_doc_tokens": args.min_doc_tokens, "seed": args.seed,
-        "eval_lengths": [int(x) for x in args.eval_lengths.split(",")], "eval_num_samples": args.eval_num_samples,
-        "eval_num_depths": args.eval_num_depths, "eval_seed": args.eval_seed,
-        "eval_tokens_to_generate": args.eval_tokens_to_generate,
+        "corpus": str(corpus.path.resolve()), "corpus_id": corpus.corpus_id, "seq_len": options.seq_len,
+        "num_sequences": options.num_sequences, "retrieval_share": options.retrieval_share,
+        "copy_share": options.copy_share,
+        "min_doc_tokens": options.min_doc_tokens, "seed": options.seed,
+        "eval_lengths": [int(x) for x in options.eval_lengths], "eval_num_samples": options.eval_num_samples,
+        "eval_num_depths": options.eval_num_depths, "eval_seed": options.eval_seed,
+        "eval_tokens_to_generate": options.eval_tokens_to_generate,
     }
 
 
@@ -231,9 +221,9 @@ def write_mix(out: Path, settings: dict, corpus: TokenCorpus, stream: np.ndarray
             "last_document_truncated": True, "shards": shards, "document_starts": DOCUMENT_STARTS,
             "sources": [
                 {"spec": f"corpus:{corpus.path}", "corpus_id": corpus.corpus_id, "num_tokens": mix["corpus_tokens"]},
-                {"spec": "synthetic:SK1-like (bench/family_lh/retrieval_docs.py)", "num_documents": len(docs),
+                {"spec": "synthetic:SK1-like (hyla.data.niah_docs)", "num_documents": len(docs),
                  "num_tokens": mix["retrieval_tokens"]},
-                {"spec": "synthetic:copy lists (bench/family_lh/retrieval_docs.py)",
+                {"spec": "synthetic:copy lists (hyla.data.niah_docs)",
                  "num_documents": mix["num_copy_docs"], "num_tokens": mix["copy_tokens"]},
             ],
             "mix": mix, "provenance": provenance(),
@@ -244,57 +234,50 @@ def write_mix(out: Path, settings: dict, corpus: TokenCorpus, stream: np.ndarray
     return manifest
 
 
-def build(args: argparse.Namespace) -> dict:
+def build_niah_mix(options: NiahMixSettings, log=print) -> dict:
+    """Build the mix (or find it built); returns its manifest."""
     from hyla.convert.teacher import load_tokenizer
 
-    corpus = TokenCorpus(args.corpus)
-    settings = settings_of(args, corpus)
-    print("build_mix: " + ", ".join(f"{k}={v}" for k, v in settings.items()), flush=True)
-    if (args.out / MANIFEST).is_file():
-        found = json.loads((args.out / MANIFEST).read_text())
+    corpus = TokenCorpus(options.corpus)
+    settings = settings_of(options, corpus)
+    log("niah-mix: " + ", ".join(f"{k}={v}" for k, v in settings.items()))
+    out = Path(options.out)
+    if (out / MANIFEST).is_file():
+        found = json.loads((out / MANIFEST).read_text())
         if found.get("settings") != settings:
-            raise SystemExit(f"build_mix: {args.out} holds a mix built with other settings; delete it or choose "
-                             f"another --out")
-        print(f"build_mix: {args.out} already holds this mix; nothing to do", flush=True)
+            raise ValueError(f"{out} holds a mix built with other settings; delete it or choose another --out")
+        log(f"niah-mix: {out} already holds this mix; nothing to do")
         return found
-    if not (0 <= args.retrieval_share <= 1 and 0 <= args.copy_share <= 1 - args.retrieval_share):
-        raise SystemExit(f"build_mix: need 0 <= --retrieval-share <= 1 and 0 <= --copy-share <= 1 - retrieval share, "
-                         f"got {args.retrieval_share} and {args.copy_share}")
+    if not (0 <= options.retrieval_share <= 1 and 0 <= options.copy_share <= 1 - options.retrieval_share):
+        raise ValueError(f"need 0 <= retrieval share <= 1 and 0 <= copy share <= 1 - retrieval share, "
+                         f"got {options.retrieval_share} and {options.copy_share}")
     started = time.perf_counter()
-    spec = args.tokenizer or corpus.manifest["tokenizer"]["spec"]
+    spec = options.tokenizer or corpus.manifest["tokenizer"]["spec"]
     tokenizer = load_tokenizer(spec)
     warnings = check_tokenizer(corpus, tokenizer, spec)
     for warning in warnings:
-        print(f"build_mix: WARNING: {warning}", flush=True)
-    if args.save_tokenizer is not None:
-        tokenizer.save_pretrained(args.save_tokenizer)
-    exclusions = evaluation_exclusions(tokenizer, settings["eval_lengths"], args.eval_num_samples, args.eval_seed,
-                                       args.eval_num_depths, args.eval_tokens_to_generate)
-    generator = RetrievalDocGenerator(tokenizer, max_tokens=args.seq_len - 1, min_tokens=args.min_doc_tokens,
-                                      seed=args.seed, exclusions=exclusions)
-    num_docs = round(args.retrieval_share * args.num_sequences)
+        log(f"niah-mix: WARNING: {warning}")
+    if options.save_tokenizer is not None:
+        tokenizer.save_pretrained(options.save_tokenizer)
+    exclusions = evaluation_exclusions(tokenizer, settings["eval_lengths"], options.eval_num_samples, options.eval_seed,
+                                       options.eval_num_depths, options.eval_tokens_to_generate)
+    generator = RetrievalDocGenerator(tokenizer, max_tokens=options.seq_len - 1, min_tokens=options.min_doc_tokens,
+                                      seed=options.seed, exclusions=exclusions)
+    num_docs = round(options.retrieval_share * options.num_sequences)
     docs = generator.draw_tokenized(num_docs)
-    kinds = block_kinds(args.num_sequences, num_docs, round(args.copy_share * args.num_sequences), args.seed)
+    num_copy = round(options.copy_share * options.num_sequences)
+    kinds = block_kinds(options.num_sequences, num_docs, num_copy, options.seed)
     separator_id = corpus.manifest["separator_token_id"]
     readers = {"corpus": CorpusReader(corpus),
-               "copy": CopyReader(CopyDocGenerator(tokenizer, seed=args.seed, exclusions=exclusions), separator_id)}
-    stream, document_starts = build_stream(args.num_sequences, args.seq_len, kinds, docs, readers, separator_id)
+               "copy": CopyReader(CopyDocGenerator(tokenizer, seed=options.seed, exclusions=exclusions), separator_id)}
+    stream, document_starts = build_stream(options.num_sequences, options.seq_len, kinds, docs, readers, separator_id)
     mix = mix_summary(stream, kinds, docs, readers, corpus, exclusions, warnings)
-    manifest = write_mix(args.out, settings, corpus, stream, document_starts, kinds, docs, mix)
+    manifest = write_mix(out, settings, corpus, stream, document_starts, kinds, docs, mix)
     natural_tokens = mix["corpus_tokens"]
-    print(f"build_mix: {len(stream):,} tokens, {num_docs} retrieval documents "
+    log(f"niah-mix: {len(stream):,} tokens, {num_docs} retrieval documents "
           f"({mix['retrieval_share_of_tokens']:.1%} of tokens, {mix['retrieval_doc_tokens']['min']}.."
           f"{mix['retrieval_doc_tokens']['max']} tokens each), {mix['num_copy_docs']} copy documents "
           f"({mix['copy_share_of_tokens']:.1%} of tokens), {natural_tokens:,} corpus tokens "
           f"({mix['corpus_passes']:.2f} passes), {exclusions.num_samples} evaluation samples' keys/values excluded; "
-          f"{time.perf_counter() - started:.1f} s -> {args.out}", flush=True)
+          f"{time.perf_counter() - started:.1f} s -> {out}")
     return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    build(parse_args(argv))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

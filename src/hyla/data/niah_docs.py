@@ -1,9 +1,10 @@
 """RULER-SK1-like training documents: a needle in a "The grass is green." haystack, the question, and the answer.
 
 A 33M model trained from scratch on 10-25M tokens of ordinary text is not expected to answer RULER's NIAH prompts
-at all, so the family-LH experiment mixes in documents of exactly the evaluation's format, up to the training length,
-and then asks whether the learned retrieval survives 16x that length (with and without EME). Copy lists (below)
-add dense in-context copying, the mechanism this SK1 needs.
+at all, so the seed-003 experiment (configs/experiments/seed-003.json, through `hyla data niah-mix`) mixes in
+documents of exactly the evaluation's format, up to the training length, and then asks whether the learned retrieval
+survives 16x that length (with and without EME). Copy lists (below) add dense in-context copying, the mechanism this
+SK1 needs.
 
 The strings (needle, haystack line, question and answer prefix) are hyla's RULER templates, imported, so training
 and evaluation share the format byte for byte; the sampling (keys, values, sizes, depths) is this file's own. A
@@ -154,22 +155,3 @@ class CopyDocGenerator:
 
     def draw_tokenized(self, count: int) -> list[list[int]]:
         return self.tokenizer([self.draw_text() for _ in range(count)], add_special_tokens=False)["input_ids"]
-
-
-def main() -> None:
-    """Print a few documents: `python bench/family_lh/retrieval_docs.py [COUNT] [MAX_TOKENS]`."""
-    import sys
-
-    from hyla.convert.teacher import load_tokenizer
-
-    count = int(sys.argv[1]) if len(sys.argv) > 1 else 2
-    max_tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 256
-    tokenizer = load_tokenizer("smollm2-135m")
-    generator = RetrievalDocGenerator(tokenizer, max_tokens=max_tokens, seed=0, exclusions=Exclusions())
-    for doc, ids in generator.draw_tokenized(count):
-        print(f"--- {len(ids)} tokens, key {doc.key}, value {doc.value}, needle line {doc.needle_line} of "
-              f"{doc.num_lines + 1}\n{doc.text}")
-
-
-if __name__ == "__main__":
-    main()

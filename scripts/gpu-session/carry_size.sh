@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# What each device call of bench/smollm2/h200.sh sends, against the 64 MiB a call may carry: the repository's
-# tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a call over the
-# limit is refused before it starts. When part1 + start no longer fit, it checks the three-call variant (a `stash`
+# What each device call of scripts/gpu-session/experiment.sh sends, against the 64 MiB a call may carry: the
+# repository's tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a
+# call over the limit is refused before it starts. When part1 + start no longer fit, it checks the three-call variant (a `stash`
 # call with .gpu-inputs/b between them) and says so; it fails only when neither fits.
-#   bash bench/smollm2/carry_size.sh
+#   bash scripts/gpu-session/carry_size.sh
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
 limit=$((64 * 1024 * 1024))
@@ -23,4 +23,4 @@ check part1 .gpu-teacher/p0 .gpu-inputs/a .whl || exit 1
 check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
 # the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
 check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1
-echo "part1 + start is over: send .gpu-inputs/b with \`h200.sh stash\` between them (see h200.sh)"
+echo "part1 + start is over: send .gpu-inputs/b with \`experiment.sh stash\` between them (see experiment.sh)"

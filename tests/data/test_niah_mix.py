@@ -1,20 +1,17 @@
-"""Checks of the family-LH training mix (bench/family_lh; CPU, ~30 s; needs the smollm2-135m tokenizer and
-wonderwords, as `hyla eval niah` does)."""
+"""The NIAH training mix (`hyla data niah-mix`; CPU, ~30 s; needs the smollm2-135m tokenizer and wonderwords, as
+`hyla eval niah` does)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench" / "family_lh"))
-import build_mix  # noqa: E402
-from retrieval_docs import CopyDocGenerator, Exclusions, RetrievalDocGenerator, render_doc  # noqa: E402
-
-from hyla.data.loader import PackedDataset, TokenLoader  # noqa: E402
-from hyla.evals.niah_samples import NEEDLE_TEMPLATE, REPEAT_HAYSTACK_LINE, build_samples  # noqa: E402
+from hyla.cli import main as hyla_main
+from hyla.data.loader import PackedDataset, TokenLoader
+from hyla.data.niah_docs import CopyDocGenerator, Exclusions, RetrievalDocGenerator, render_doc
+from hyla.evals.niah_samples import NEEDLE_TEMPLATE, REPEAT_HAYSTACK_LINE, build_samples
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +68,14 @@ def test_copy_documents_repeat_their_list_and_avoid_excluded_needles(tokenizer):
 
 
 def _mix_args(corpus: Path, out: Path, share: float = 0.5, copy_share: float = 0.25) -> list[str]:
-    return ["--corpus", str(corpus), "--out", str(out), "--seq-len", "256", "--num-sequences", "12",
+    return ["data", "niah-mix", "--corpus", str(corpus), "--out", str(out), "--seq-len", "256", "--num-sequences", "12",
             "--retrieval-share", str(share), "--copy-share", str(copy_share), "--eval-lengths", "256,1024",
             "--eval-num-samples", "3", "--eval-num-depths", "2"]
 
 
 def test_each_retrieval_document_starts_a_training_sequence(tmp_path, corpus, tokenizer):
     out = tmp_path / "mix"
-    build_mix.main(_mix_args(corpus, out))
+    assert hyla_main(_mix_args(corpus, out)) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["num_tokens"] == 12 * 256 + 1
     assert manifest["mix"]["exclusions"]["eval_samples"] == 6
@@ -104,11 +101,11 @@ def test_each_retrieval_document_starts_a_training_sequence(tmp_path, corpus, to
     assert batch["input_ids"].shape == (4, 256)
 
 
-def test_rebuilding_is_a_no_op_and_other_settings_are_refused(tmp_path, corpus):
+def test_rebuilding_is_a_no_op_and_other_settings_are_refused(tmp_path, corpus, capsys):
     out = tmp_path / "mix"
-    build_mix.main(_mix_args(corpus, out))
+    assert hyla_main(_mix_args(corpus, out)) == 0
     written = (out / "shard-00000.bin").stat().st_mtime_ns
-    build_mix.main(_mix_args(corpus, out))
+    assert hyla_main(_mix_args(corpus, out)) == 0
     assert (out / "shard-00000.bin").stat().st_mtime_ns == written
-    with pytest.raises(SystemExit, match="other settings"):
-        build_mix.main(_mix_args(corpus, out, share=0.25))
+    assert hyla_main(_mix_args(corpus, out, share=0.25)) == 2
+    assert "other settings" in capsys.readouterr().err

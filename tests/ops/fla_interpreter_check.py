@@ -1,10 +1,12 @@
 """Run hyla's fla wrappers for GLA and GDN (`gla_fla`, `gdn_fla`) through Triton's CPU interpreter and compare output,
-final state and every gradient with the pure-torch references (no GPU needed).
+final state and every gradient with the pure-torch references (no GPU needed). tests/ops/test_fla_interpreter.py
+runs it in a process of its own (the interpreter and the patches below must be in place before fla is imported).
 
 Needs triton, fla and einops importable, e.g.
 `pip install --no-deps --target /tmp/tri triton==3.6.0 einops .whl/fla_core-0.6.0-py3-none-any.whl
 .whl/flash_linear_attention-0.6.0-py3-none-any.whl`, then:
-`TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/fla_interpret_check.py --lengths 1 3 65`
+`TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python tests/ops/fla_interpreter_check.py --lengths 1 3 65`
+(or `PYTHONPATH=/tmp/tri python -m pytest tests/ops/test_fla_interpreter.py`).
 Each line gives relative errors, or the norm of fla's value where the reference is exactly 0.
 
 Options: `--tf32` rounds the inputs of fp32 dots that ask for TF32 to TF32, as Hopper's tensor cores do (the
