@@ -43,18 +43,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# PlanError and finish are part of this module's interface too.
+from hyla.experiment.substitution import PlanError, arguments, bind, finish, substitute  # noqa: F401
+
 KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
 _TOP_KEYS = {"name", "description", "variables", "settings", "env", "profiles", "jobs", "report"}
 _JOB_KEYS = {"name", "needs", "after", "kind", "env", "matrix", "always", "description", *ACTIONS}
 _SETTINGS = {"parallel": 14, "train_slots": 4}
 _BUILT_IN = ("run", "plan_dir", "python")
-_REFERENCE = re.compile(r"\$(\$|\{([^}]*)\})")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
-
-
-class PlanError(ValueError):
-    """A mistake in a plan file or in what the command line sets: one line, reported before anything runs."""
 
 
 @dataclass(frozen=True)
@@ -252,81 +250,6 @@ def _resolve_variables(declared: dict, overrides: dict, built_in: dict, where: s
     return resolved
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, list):
-        return ",".join(_text(item) for item in value)
-    return str(value)
-
-
-def substitute(text: str, lookup, where: str) -> str:
-    """`text` with every `${name}` replaced by `lookup(name)` (lists joined with commas); `${json:...}` is kept
-    for the runner to read when the job starts."""
-
-    def replace(match: re.Match) -> str:
-        if match.group(1) == "$":
-            return "$$"  # unescaped by `finish`, after the late references are read
-        name = match.group(2)
-        if name.startswith("json:"):
-            _parse_json_reference(name, where)
-            return match.group(0)
-        try:
-            return _text(lookup(name))
-        except KeyError:
-            raise PlanError(f"{where}: unknown variable ${{{name}}}") from None
-
-    return _REFERENCE.sub(replace, text)
-
-
-def finish(text: str, run_dir: Path) -> str:
-    """A substituted argument made final: `${json:PATH#key}` read from the run folder, `$$` made `$`."""
-
-    def replace(match: re.Match) -> str:
-        if match.group(1) == "$":
-            return "$"
-        path, keys = _parse_json_reference(match.group(2), "a job argument")
-        source = run_dir / path
-        try:
-            value: Any = json.loads(source.read_text())
-            for key in keys:
-                value = value[key] if isinstance(value, dict) else value[int(key)]
-        except (OSError, json.JSONDecodeError) as err:
-            raise FileNotFoundError(f"${{{match.group(2)}}}: cannot read {source}: {err}") from None
-        except (KeyError, IndexError, ValueError):
-            raise ValueError(f"${{{match.group(2)}}}: {source} has no {'.'.join(keys)}") from None
-        return _text(value)
-
-    return _REFERENCE.sub(replace, text)
-
-
-def _parse_json_reference(reference: str, where: str) -> tuple[str, list[str]]:
-    path, sep, keys = reference.removeprefix("json:").partition("#")
-    if not path or not sep or not keys:
-        raise PlanError(f"{where}: ${{{reference}}}: expected ${{json:PATH#key.key}}")
-    return path, keys.split(".")
-
-
-def _arguments(items: list, lookup, where: str) -> list[str]:
-    """Substituted arguments; an item that is exactly `${name}` of a list becomes its items."""
-    out: list[str] = []
-    for item in items:
-        if not isinstance(item, (str, int, float)) or isinstance(item, bool):
-            raise PlanError(f"{where}: arguments must be strings or numbers, got {item!r}")
-        item = str(item)
-        whole = _REFERENCE.fullmatch(item)
-        if whole and whole.group(2) and not whole.group(2).startswith("json:"):
-            try:
-                value = lookup(whole.group(2))
-            except KeyError:
-                raise PlanError(f"{where}: unknown variable {item}") from None
-            if isinstance(value, list):
-                out.extend(_text(v) for v in value)
-                continue
-        out.append(substitute(item, lookup, where))
-    return out
-
-
 def _matrix(spec: Any, where: str) -> list[dict[str, Any]]:
     """The combinations of a job's matrix axes, in order (the last axis varies fastest)."""
     if spec is None:
@@ -334,19 +257,6 @@ def _matrix(spec: Any, where: str) -> list[dict[str, Any]]:
     if not isinstance(spec, dict) or not spec or not all(isinstance(v, list) and v for v in spec.values()):
         raise PlanError(f"{where}: matrix must map each axis to a non-empty list of values")
     return [dict(zip(spec, values)) for values in itertools.product(*spec.values())]
-
-
-def _bind(value: Any, lookup, where: str) -> Any:
-    """A matrix value with the plan's variables substituted in its strings (objects and lists included)."""
-    if isinstance(value, dict):
-        return {key: _bind(item, lookup, where) for key, item in value.items()}
-    if isinstance(value, list):
-        return _arguments(value, lookup, where)
-    if isinstance(value, str):
-        return substitute(value, lookup, where)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlanError(f"{where}: matrix values are strings, numbers, lists or objects of those, got {value!r}")
-    return value
 
 
 def _lookup_in(variables: dict, binding: dict):
@@ -387,7 +297,7 @@ def _expand_jobs(entries: list, variables: dict, where: str) -> dict[str, Job]:
             raise PlanError(f"{label}: unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
         plain = _lookup_in(variables, {})
         for binding in _matrix(entry.get("matrix"), label):
-            binding = {axis: _bind(value, plain, f"{label}: matrix") for axis, value in binding.items()}
+            binding = {axis: bind(value, plain, f"{label}: matrix") for axis, value in binding.items()}
             job = _expand_one(entry, actions[0], kind, _lookup_in(variables, binding), label)
             if job.name in jobs:
                 raise PlanError(f"{where}: two jobs are named {job.name}")
@@ -405,7 +315,7 @@ def _expand_one(entry: dict, action: str, kind: str, lookup, label: str) -> Job:
         items = entry.get(key, [])
         if not isinstance(items, list):
             raise PlanError(f"{label}: {key} must be a list of job names")
-        return tuple(item for item in _arguments(items, lookup, f"{label}: {key}") if item)
+        return tuple(item for item in arguments(items, lookup, f"{label}: {key}") if item)
 
     env = {key: substitute(value, lookup, f"{label}: env")
            for key, value in _string_map(entry.get("env", {}), f"{label}: env").items()}
@@ -413,7 +323,7 @@ def _expand_one(entry: dict, action: str, kind: str, lookup, label: str) -> Job:
     if action == "run":
         if not isinstance(entry["run"], list) or not entry["run"]:
             raise PlanError(f"{label}: run must be a non-empty list of arguments")
-        command = _arguments(entry["run"], lookup, f"{label}: run")
+        command = arguments(entry["run"], lookup, f"{label}: run")
         if not command:
             raise PlanError(f"{label}: run is empty once its variables are substituted")
         body["run"] = tuple(command)
@@ -437,8 +347,8 @@ def _action_spec(action: str, spec: Any, lookup, label: str) -> dict[str, Any]:
     where = f"{label}: {action}"
     if action == "copy":
         sources = spec["from"] if isinstance(spec["from"], list) else [spec["from"]]
-        return {"from": _arguments(sources, lookup, where), "into": substitute(str(spec["into"]), lookup, where),
-                "exclude": _arguments(spec.get("exclude", []), lookup, where)}
+        return {"from": arguments(sources, lookup, where), "into": substitute(str(spec["into"]), lookup, where),
+                "exclude": arguments(spec.get("exclude", []), lookup, where)}
     count = spec["count"]
     if isinstance(count, str):
         count = substitute(count, lookup, where)

@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Callable
 
 from hyla.experiment import actions
-from hyla.experiment.plan import Job, Plan, PlanError, finish
+from hyla.experiment.plan import Job, Plan
+from hyla.experiment.substitution import PlanError, finish
 from hyla.outputs import git_sha, package_versions, write_json
 
 STATES = ("waiting", "running", "done", "failed", "skipped")
