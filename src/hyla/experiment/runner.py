@@ -63,7 +63,7 @@ def _utc(stamp: float | None = None) -> str:
     return moment.isoformat(timespec="seconds")
 
 
-def _alive(pid: int | None) -> bool:
+def process_alive(pid: int | None) -> bool:
     if not pid or pid == os.getpid():
         return False
     try:
@@ -168,7 +168,7 @@ class Runner:
             pid = int(lock.read_text().strip())
         except (OSError, ValueError):
             pid = None
-        if _alive(pid):
+        if process_alive(pid):
             raise RunnerBusy(f"{self.run_dir} is being run by pid {pid} (see `hyla experiment status "
                              f"{self.run_dir}`); stop it first or wait for it")
         lock.write_text(f"{os.getpid()}\n")
@@ -188,7 +188,7 @@ class Runner:
         except (OSError, json.JSONDecodeError):
             return
         orphans = [(name, info["pid"]) for name, info in earlier.items()
-                   if info.get("state") == "running" and _alive(info.get("pid"))]
+                   if info.get("state") == "running" and process_alive(info.get("pid"))]
         if orphans:
             self._release_lock()
             listed = ", ".join(f"{name} (pid {pid})" for name, pid in orphans)

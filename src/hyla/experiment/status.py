@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from hyla.experiment.runner import _alive
+from hyla.experiment.runner import process_alive
 
 # Progress bars rewrite their line with carriage returns; escape sequences colour it.
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -21,7 +21,7 @@ def read_status(run_dir: str | Path) -> dict[str, Any]:
                                 f"`hyla experiment run PLAN --out {run_dir}`")
     status = json.loads(path.read_text())
     runner = status["runner"]
-    runner["alive"] = runner["state"] == "running" and _alive(runner.get("pid"))
+    runner["alive"] = runner["state"] == "running" and process_alive(runner.get("pid"))
     if runner["state"] == "running" and not runner["alive"]:
         runner["state"] = "gone"  # killed without a chance to write its end
     return status
