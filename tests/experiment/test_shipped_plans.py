@@ -119,3 +119,14 @@ def test_the_budget_takes_the_rate_of_the_runs_own_shape_and_variant():
     assert distill_tokens(PROBE, 0.1, 1e9, "quick", []) == 512 * 32  # at least one step
     with pytest.raises(ValueError, match="no compiled distill case at seq_len 2048"):
         distill_tokens(PROBE, 100, 1e9, "quick", ["distill.seq_len=2048", "distill.compile=true"])
+
+
+def test_the_example_plan_of_the_docs_loads(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.json"
+    path.write_text(example)
+    plan = load_plan(path, tmp_path / "run", profile="smoke", overrides=["text=/data"])
+    assert list(plan.jobs) == ["corpus", "convert", "niah-teacher", "niah-main", "report"]
+    assert plan.jobs["niah-main"].needs == ("convert",) and plan.jobs["niah-teacher"].needs == ()
+    assert plan.jobs["convert"].run[-2:] == ("--device", "cpu")
