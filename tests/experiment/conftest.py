@@ -1,16 +1,7 @@
 import json
-import sys
 from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
-PLANS = sorted((REPO / "configs" / "experiments").glob("*.json"))
-
-
-def job(name: str, code: str = "pass", **fields) -> dict:
-    """A plan job that runs `code` in this interpreter."""
-    return {"name": name, "run": ["python", "-c", code], **fields}
 
 
 @pytest.fixture
@@ -21,8 +12,3 @@ def write_plan(tmp_path):
         return path
 
     return write
-
-
-@pytest.fixture
-def python():
-    return sys.executable

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import job
+from experiment_helpers import job
 
 from hyla.experiment.plan import PlanError, finish, keep_only, load_plan
 

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import job
+from experiment_helpers import job
 
 from hyla.cli import main as hyla_main
 from hyla.experiment.actions import split_largest

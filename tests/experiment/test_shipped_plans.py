@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import PLANS
+from experiment_helpers import PLANS
 
 from hyla.cli import build_parser
 from hyla.cli import main as hyla_main

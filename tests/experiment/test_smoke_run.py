@@ -4,16 +4,13 @@ documents, conversion through every stage, evaluations, report (a subset of its 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from conftest import PLANS
+from experiment_helpers import PLANS
+from offline_models import save_tiny_teacher
 
 from hyla.cli import main as hyla_main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from offline_models import save_tiny_teacher  # noqa: E402
 
 
 @pytest.mark.slow
