@@ -16,7 +16,8 @@ from hyla.ops.swla import sliding_window_linear_attention
 
 pytestmark = pytest.mark.gpu
 
-# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, SPEC §7).
+# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, docs/method.md,
+# "Kernel notes").
 # bf16 inputs: bf16 rounding of q, k, v and of the kernels' intermediate products.
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 # The gate gradients (GLA's dg, GDN's dg and dbeta) are reverse cumulative sums of differences of products, where
@@ -199,9 +200,9 @@ def strong_gate_inputs(name, length):
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("length", [65, 100])
 def test_strong_gates_stay_finite(name, length):
-    """SPEC §7's hazard (NaN final states of chunk kernels for |log-decay| > ~1.41 on lengths not a multiple of 64),
-    checked for the data-dependent gates with log-gates around -5 per token: finite, and every output, state and
-    gradient at the usual tolerance, except GDN's gate gradient (the next test)."""
+    """The hazard of docs/method.md, "Kernel notes" (NaN final states of chunk kernels for |log-decay| > ~1.41 on
+    lengths not a multiple of 64), checked for the data-dependent gates with log-gates around -5 per token: finite, and
+    every output, state and gradient at the usual tolerance, except GDN's gate gradient (the next test)."""
     inputs, gate_names, state = strong_gate_inputs(name, length)
     compare(name, inputs, gate_names, state, None, torch.float32, skip=("dg",) if name == "gdn" else ())
 

@@ -1,4 +1,5 @@
-"""Lightning attention (fixed per-head decay linear attention, SPEC §1): dispatch + decay constants."""
+"""Lightning attention (fixed per-head decay linear attention, docs/method.md, "Lightning layer"): dispatch + decay
+constants."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 # fla's chunk kernel returns a NaN final state when |log-decay| per token exceeds ~1.41 and T is not a multiple of
-# its chunk size (SPEC §7); such decays go to the recurrent kernel instead.
+# its chunk size (docs/method.md, "Kernel notes"); such decays go to the recurrent kernel instead.
 _CHUNK_SAFE_LOG_DECAY = 1.4
 
 
