@@ -47,7 +47,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
 # the fused-kernel sweep on an H200 with programmatic dependent launch (stage o)
-TABLE=docs/results/speed/h200-2026-11-30-e/o/fused-sweep-pdl/fused-sweep.json
+TABLE=docs/results/speed/2026-11-30-pdl/pdl-sweep/fused-sweep-pdl/fused-sweep.json
 pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
   local stage=$1; shift
   (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null

@@ -22,6 +22,7 @@ _AREAS = (
     "hyla.evals.cli",
     "hyla.analysis.cli",
     "hyla.bench.cli",
+    "hyla.experiment.cli",
 )
 
 

@@ -11,8 +11,9 @@ from hyla.ops.dispatch import use_backend
 # Same reference ops on both devices, float32, different matmul kernels and summation orders: ~1e-6 relative in q·k,
 # ~1e-5 in α~; 1e-4 on entropies in [0, 1] is well above that and far below a wrong position or head (≥ 1e-2).
 REFERENCE_ATOL = 1e-4
-# With the fla kernels, Lightning layers run their float32 matmuls in TF32 (~1.5e-3 relative, SPEC §7), which reaches
-# the q/k of every later layer: a few 1e-3 in entropy; 2e-2 still catches a wrong position or head.
+# With the fla kernels, Lightning layers run their float32 matmuls in TF32 (~1.5e-3 relative, docs/method.md, "Kernel
+# notes"), which reaches the q/k of every later layer: a few 1e-3 in entropy; 2e-2 still catches a wrong position or
+# head.
 FLA_ATOL = 2e-2
 
 

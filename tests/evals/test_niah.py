@@ -41,7 +41,7 @@ def test_templates_match_ruler_constants():
 
 
 def _expected_prompt_pattern(value_type: str, singular: bool) -> re.Pattern:
-    # SPEC §5 / RULER's template, singularized when exactly one value is asked for.
+    # docs/method.md, "Evaluation" / RULER's template, singularized when exactly one value is asked for.
     kind = value_type[:-1] if singular else value_type
     if singular:
         head = f"A special magic {kind} is hidden within the following text."

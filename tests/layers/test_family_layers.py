@@ -98,7 +98,7 @@ def test_rope_attention_has_no_logit_scaling_and_follows_eme_window():
 
 
 def test_per_length_scaling_is_log_length_over_log_train_length():
-    """SPEC §3: c(L) = log L / log L0 for L >= L0; at L0 = 4096, L = 65536 the multiplier is 4/3."""
+    """docs/method.md, "EME": c(L) = log L / log L0 for L >= L0; at L0 = 4096, L = 65536 the multiplier is 4/3."""
     cfg = config(layer_types=["attention"], logit_scaling="per_length", logit_scaling_train_length=4096)
     positions = torch.tensor([[0, 100, 4095, 65535]])
     scale = query_logit_scale(cfg, positions)

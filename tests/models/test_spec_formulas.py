@@ -1,4 +1,5 @@
-"""Each mixer recomputed by hand from its weights with SPEC §1's equations: decay, scaling, norm and gate placement."""
+"""Each mixer recomputed by hand from its weights with the equations of docs/method.md ("Lightning layer", "Attention
+layer and logit scaling"): decay, scaling, norm and gate placement."""
 
 import math
 

@@ -43,7 +43,8 @@ def test_gqa_uses_kv_head_of_its_group():
 
 
 def test_dynamic_logit_scale_values():
-    """SPEC §1 / seed 000: s_t = log(t + a) / log(a); a = 500: s_0 = 1, s_512 ~ 1.11, s_256K ~ 2.01."""
+    """docs/method.md, "Attention layer and logit scaling" / seed 000: s_t = log(t + a) / log(a); a = 500: s_0 = 1,
+    s_512 ~ 1.11, s_256K ~ 2.01."""
     positions = torch.tensor([[0, 512, 262144]])
     s = attention_logit_scale(positions, a=500.0)[0]
     assert s[0].item() == pytest.approx(1.0)
@@ -55,6 +56,6 @@ def test_dynamic_logit_scale_values():
 
 
 def test_length_logit_scale():
-    """SPEC §3: c(L) = log L / log L0 for L >= L0: 4/3 at 64K from 4K; 1 inside the training range."""
+    """docs/method.md, "EME": c(L) = log L / log L0 for L >= L0: 4/3 at 64K from 4K; 1 inside the training range."""
     assert length_logit_scale(65536, train_length=4096) == pytest.approx(4 / 3)
     assert length_logit_scale(2048, train_length=4096) == 1.0

@@ -16,7 +16,8 @@ from hyla.ops.swla import sliding_window_linear_attention
 
 pytestmark = pytest.mark.gpu
 
-# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, SPEC §7).
+# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, docs/method.md,
+# "Kernel notes").
 # bf16 inputs: bf16 rounding of q, k, v and of the kernels' intermediate products.
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 # The gate gradients (GLA's dg, GDN's dg and dbeta) are reverse cumulative sums of differences of products, where
@@ -199,17 +200,18 @@ def strong_gate_inputs(name, length):
 @pytest.mark.parametrize("name", OPS)
 @pytest.mark.parametrize("length", [65, 100])
 def test_strong_gates_stay_finite(name, length):
-    """SPEC §7's hazard (NaN final states of chunk kernels for |log-decay| > ~1.41 on lengths not a multiple of 64),
-    checked for the data-dependent gates with log-gates around -5 per token: finite, and every output, state and
-    gradient at the usual tolerance, except GDN's gate gradient (the next test)."""
+    """The hazard of docs/method.md, "Kernel notes" (NaN final states of chunk kernels for |log-decay| > ~1.41 on
+    lengths not a multiple of 64), checked for the data-dependent gates with log-gates around -5 per token: finite, and
+    every output, state and gradient at the usual tolerance, except GDN's gate gradient (the next test)."""
     inputs, gate_names, state = strong_gate_inputs(name, length)
     compare(name, inputs, gate_names, state, None, torch.float32, skip=("dg",) if name == "gdn" else ())
 
 
 # GDN's gate gradient under strong gates, measured 2026-11-30 on the H200 (Triton 3.7.1, fla 0.6.0): 4.5e-2 (T=65)
-# and 4.4e-2 (T=100) relative, against 4e-3. Reproduced without a GPU by bench/fla_interpret_check.py --strong-gates
-# --dim 64 --heads 4: fla's kernels in full fp32 give 1.0e-5 / 6.1e-5, the same kernels with their fp32 dots rounded
-# to TF32 (as Hopper's tensor cores do) 2.7e-2 / 6.2e-2, while every other output and gradient stays <= 4.3e-4. The
+# and 4.4e-2 (T=100) relative, against 4e-3. Reproduced without a GPU (tests/ops/test_fla_interpreter.py runs
+# tests/ops/fla_interpreter_check.py --strong-gates --dim 64 --heads 4): fla's kernels in full fp32 give 1.0e-5 /
+# 6.1e-5, the same kernels with their fp32 dots rounded to TF32 (as Hopper's tensor cores do) 2.7e-2 / 6.2e-2, while
+# every other output and gradient stays <= 4.3e-4. The
 # error is fla's TF32 arithmetic, amplified by cancellation in dg when decays are ~e^-5 per token; not a bound this
 # test may relax, so the case stays here, expected to fail, until fla computes it differently. With Triton's fp32 dots
 # in IEEE precision (TRITON_F32_DEFAULT=ieee, set before the process starts) the interpreter gives 1.1e-5 under the

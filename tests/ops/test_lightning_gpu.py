@@ -8,7 +8,8 @@ from hyla.ops.lightning import lightning_attention, lightning_log_decay
 
 pytestmark = pytest.mark.gpu
 
-# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, SPEC §7).
+# fp32 inputs: fla's chunk kernels run their matmuls in TF32 on Hopper (~1.5e-3 relative, docs/method.md,
+# "Kernel notes").
 # bf16 inputs: bf16 rounding of q, k, v and of the kernel's intermediate products.
 TOLERANCE = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 

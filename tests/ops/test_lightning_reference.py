@@ -117,7 +117,8 @@ def test_bad_packing_is_rejected():
 
 
 def test_decay_constants_for_16_heads():
-    """SPEC §1: gamma_h = exp(-2^(-8h/H)), h = 1..H; for H = 16 the log-decay runs from -0.707 to -0.0039."""
+    """docs/method.md, "Lightning layer": gamma_h = exp(-2^(-8h/H)), h = 1..H; for H = 16 the log-decay runs from -0.707
+    to -0.0039."""
     g = lightning_log_decay(16)
     assert g.shape == (16,)
     assert g[0].item() == pytest.approx(-1 / math.sqrt(2), abs=1e-15)

@@ -1,5 +1,5 @@
-"""SWLA (sliding-window linear attention, SPEC §3): W >= T is the plain op exactly; W < T gives each position the
-output of a fresh run over the window that serves it; cached chunks equal one pass; padding and packing."""
+"""SWLA (sliding-window linear attention, docs/method.md, "EME"): W >= T is the plain op exactly; W < T gives each
+position the output of a fresh run over the window that serves it; cached chunks equal one pass; padding and packing."""
 
 import pytest
 import torch

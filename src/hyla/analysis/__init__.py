@@ -1,5 +1,6 @@
-"""Head analyses of hybrid models (SPEC §4): Jacobian concentration α~ and its normalized entropy, top-k hit rate on
-NIAH needles, and per-head parameter displacement between checkpoints. The command line is `hyla analyze`."""
+"""Head analyses of hybrid models (docs/method.md, "Analysis"): Jacobian concentration α~ and its normalized entropy,
+top-k hit rate on NIAH needles, and per-head parameter displacement between checkpoints. The command line is
+`hyla analyze`."""
 
 from hyla.analysis.capture import CAPTURES, MixerLayer, capture_heads, mixer_layers, register_mixer
 from hyla.analysis.concentration import (

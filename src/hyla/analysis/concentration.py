@@ -1,4 +1,4 @@
-"""Jacobian concentration of a token mixer's heads (SPEC §4, seed 003 Eq. 1).
+"""Jacobian concentration of a token mixer's heads (docs/method.md, "Analysis"; seed 003 Eq. 1).
 
 For query t of one head, `α~_{t,s} = ‖∂o_t/∂v_s‖₂ / Σ_u ‖∂o_t/∂v_u‖₂` with queries and keys held fixed. Every mixer
 hyla has mixes values with one scalar per (t, s) (o_t = Σ_s c_{t,s} v_s), so the Jacobian block is c_{t,s} I and its
@@ -134,8 +134,8 @@ def normalized_entropy(
 ) -> torch.Tensor:
     """H~_t = −Σ_s α~ log α~ / log N for α~ [..., Tq, S]; returns [..., Tq].
 
-    normalizer "length": N = L, the sequence length (SPEC §4); "visible": N = t + 1, the keys query t can see, so that
-    a uniform head scores 1 at every position (N = 1 at t = 0 gives NaN: sample t ≥ 1).
+    normalizer "length": N = L, the sequence length (docs/method.md, "Analysis"); "visible": N = t + 1, the keys query t
+    can see, so that a uniform head scores 1 at every position (N = 1 at t = 0 gives NaN: sample t ≥ 1).
     """
     entropy = -torch.special.xlogy(alpha, alpha).sum(-1)
     if normalizer == "length":

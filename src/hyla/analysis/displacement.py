@@ -1,4 +1,4 @@
-"""Parameter displacement per head between two checkpoints (SPEC §4, seed 003 Sec. 5.1):
+"""Parameter displacement per head between two checkpoints (docs/method.md, "Analysis"; seed 003 Sec. 5.1):
 `r = ‖W' − W‖₂ / ‖W‖₂` (spectral norms) of each head's slice of the q, k, v and o projections.
 
 A head's slice is its `head_dim` rows of q_proj/k_proj/v_proj and its `head_dim` columns of o_proj. K and V have

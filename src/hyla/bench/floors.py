@@ -1,5 +1,5 @@
 """Lower bounds on time from counted work: bytes per decoded token over memory bandwidth, prefill FLOPs over the
-matrix rate. Ceilings measured on the reference H200 (SPEC §8)."""
+matrix rate. Ceilings measured on the reference H200 (docs/method.md, "Reference GPU")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""The benchmarked model shapes, as configs: HypeNet-2B (SPEC §1 sizes), the Qwen3-1.7B shape on hyla's own engine
-(every layer RoPE attention), and the Qwen3-1.7B shape for HF transformers; plus toy versions for CPU smoke tests."""
+"""The benchmarked model shapes, as configs: HypeNet-2B (docs/method.md, "HypeNet" sizes), the Qwen3-1.7B shape on
+hyla's own engine (every layer RoPE attention), and the Qwen3-1.7B shape for HF transformers; plus toy versions for CPU
+smoke tests."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`hyla convert`: HALO end to end, as numbered stage folders that hand off by directory (SPEC §2)."""
+"""`hyla convert`: HALO end to end, as numbered stage folders that hand off by directory (docs/method.md, "HALO
+conversion")."""
 
 from __future__ import annotations
 

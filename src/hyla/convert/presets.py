@@ -1,7 +1,8 @@
-"""Conversion budgets. `paper` is SPEC §2's token counts per stage for a 1.7B teacher, scaled in proportion to the
-teacher's size below that; `small` is a tenth of `paper`; `quick` is a fixed ~44M-token budget sized for one GPU and a
-~100M-parameter teacher (at the stage throughputs measured for SmolLM2-135M on a shared H200, ~16 minutes); `smoke` is a fixed toy budget that runs every
-stage on a laptop CPU in minutes. Every number can be overridden with `--set section.field=value`."""
+"""Conversion budgets. `paper` is the token counts (docs/method.md, "HALO conversion") per stage for a 1.7B teacher,
+scaled in proportion to the teacher's size below that; `small` is a tenth of `paper`; `quick` is a fixed ~44M-token
+budget sized for one GPU and a ~100M-parameter teacher (at the stage throughputs measured for SmolLM2-135M on a shared
+H200, ~16 minutes); `smoke` is a fixed toy budget that runs every stage on a laptop CPU in minutes. Every number can be
+overridden with `--set section.field=value`."""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ class ScalingPlan:
     length: int = 4096
     num_docs: int = 8
     # None: windows of the conversion corpus's held-out tail. A prepared corpus folder: the first `length` tokens of
-    # its first `num_docs` documents of at least `length` tokens (SPEC §1: `a` is chosen on long documents).
+    # its first `num_docs` documents of at least `length` tokens (`a` is chosen on long documents: docs/method.md,
+    # "Attention layer and logit scaling").
     data: str | None = None
 
     def settings(self) -> dict[str, Any]:
@@ -78,7 +80,8 @@ class ScalingPlan:
 
 @dataclass
 class ArchitecturePlan:
-    """The student's design choices (SPEC §1 defaults); the ablations of seed 000's Tables 3-4 flip them."""
+    """The student's design choices (docs/method.md, "HypeNet" defaults); the ablations of seed 000's Tables 3-4 flip
+    them."""
 
     lightning_rope: bool = True  # RoPE on the Lightning layers' q/k
     lightning_qk_norm: bool = True  # RMSNorm on the Lightning layers' q/k
@@ -142,7 +145,7 @@ def _smoke() -> dict[str, StageBudget]:
 def _quick() -> dict[str, StageBudget]:
     # ~44M tokens. At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
     # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU (align 68-84K,
-    # distill 56-58K, fine-tune 102K tokens/s; bench/smollm2/probe.py) ~12 minutes.
+    # distill 56-58K, fine-tune 102K tokens/s, eager, measured 2026-11-30) ~12 minutes.
     return {
         "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
         "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),

@@ -1,9 +1,10 @@
 """The layer-selection report: per-layer R_i, C_i (± standard errors), s_i and the chosen set, as JSON, a terminal
 table and a plot.
 
-SPEC §2 warns that s_i is noise-dominated when the CSR gap C_max − C_i is within the metric's standard error. The
-report flags those layers: gap ≤ √(se_i² + se_m²), with m the layer of C_max. Both estimates come from the same
-documents, so the paired error of the difference is smaller; this marginal one errs on the side of flagging.
+docs/method.md ("Layer selection") warns that s_i is noise-dominated when the CSR gap C_max − C_i is within the
+metric's standard error. The report flags those layers: gap ≤ √(se_i² + se_m²), with m the layer of C_max. Both
+estimates come from the same documents, so the paired error of the difference is smaller; this marginal one errs on
+the side of flagging.
 """
 
 from __future__ import annotations
@@ -102,7 +103,8 @@ def _notes(scores: SelectionScores, report: SelectionReport) -> list[str]:
     if flagged:
         notes.append(
             f"C_max − C_i is within one standard error for {len(flagged)} of {len(scores.layers)} layers {flagged}: "
-            "their HALO scores are dominated by noise (SPEC §2); more CSR documents would separate them."
+            "their HALO scores are dominated by noise (docs/method.md, 'Layer selection'); more CSR documents would "
+            "separate them."
         )
     noisy_chosen = [layer for layer in report.chosen if layer in flagged]
     if report.method == "halo" and noisy_chosen:

@@ -47,9 +47,9 @@ def run_select(run: Run, stage: Stage) -> dict:
 
 
 def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
-    """KL-LS (SPEC §2): for each layer i, the all-Lightning student with only layer i restored to attention,
-    distilled for `selection.kl_ls_steps` steps; the layer's score is the KL to the teacher it reaches on a
-    held-out batch. Each layer's short run has its own folder, so an interrupted selection resumes."""
+    """KL-LS (docs/method.md, "Layer selection"): for each layer i, the all-Lightning student with only layer i restored
+    to attention, distilled for `selection.kl_ls_steps` steps; the layer's score is the KL to the teacher it reaches on
+    a held-out batch. Each layer's short run has its own folder, so an interrupted selection resumes."""
     import torch
 
     from hyla.convert.distill import StudentWithTeacher, distill_loss, kl_divergence

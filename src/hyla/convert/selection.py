@@ -1,4 +1,5 @@
-"""HALO layer selection (SPEC §2): which teacher layers stay softmax attention in the converted hybrid.
+"""HALO layer selection (docs/method.md, "Layer selection"): which teacher layers stay softmax attention in the
+converted hybrid.
 
 For each layer i, M(i) is the teacher with only layer i replaced by its stage-1 RNN twin; R_i and C_i are the recall
 (NIAH) and commonsense (CSR) accuracies of M(i). The HALO score
@@ -37,7 +38,7 @@ Scorer = Callable[["nn.Module"], tuple[float, "float | None"]]
 
 
 def default_num_kept(num_layers: int) -> int:
-    """k = ⌊L/4⌋ attention layers kept (SPEC §2)."""
+    """k = ⌊L/4⌋ attention layers kept (docs/method.md, "Layer selection")."""
     return _check_num_layers(num_layers) // 4
 
 

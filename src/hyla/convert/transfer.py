@@ -1,4 +1,4 @@
-"""Weight transfer from a Llama-family teacher into HypeNet (SPEC §1).
+"""Weight transfer from a Llama-family teacher into HypeNet (docs/method.md, "Weight transfer").
 
 Attention layers are copied as they are. A Lightning layer is built from the attention weights of the same layer:
 q and o projections and q/k norms copied, k and v projections expanded from grouped (GQA) to one head per query

@@ -16,6 +16,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     info = verbs.add_parser("info", help="summarize a prepared corpus folder")
     info.add_argument("path", help="a folder made by `hyla data prepare`")
     info.set_defaults(handler=run_info)
+    _register_niah_mix(verbs)
 
 
 def _register_prepare(verbs: argparse._SubParsersAction) -> None:
@@ -49,6 +50,52 @@ def _register_prepare(verbs: argparse._SubParsersAction) -> None:
     generation("--device", default="cpu", help="device of the sampling teacher")
     generation("--dtype", default="float32", help="dtype of the sampling teacher")
     prepare.set_defaults(handler=run_prepare)
+
+
+def _register_niah_mix(verbs: argparse._SubParsersAction) -> None:
+    mix = verbs.add_parser(
+        "niah-mix", help="mix synthetic SK1-like retrieval documents and copy lists into a prepared corpus",
+        description="Lay a prepared corpus out in blocks of --seq-len tokens (one per training sequence of `hyla "
+                    "train`); a --retrieval-share of them start with a RULER-SK1-like document (needle, question, "
+                    "answer), a --copy-share hold copy lists; the evaluation's own keys and values (the samples "
+                    "`hyla eval niah` builds for the --eval-* settings) are never drawn. Rerunning with the same "
+                    "settings does nothing.")
+    add = mix.add_argument
+    add("--corpus", required=True, help="prepared corpus (hyla data prepare)")
+    add("--out", required=True, help="mixed corpus folder to create")
+    add("--seq-len", type=int, required=True, help="training sequence length (hyla train --seq-len)")
+    add("--num-sequences", type=int, required=True, help="training sequences: steps x batch size")
+    add("--retrieval-share", type=float, default=0.5, help="fraction of sequences that start with a retrieval "
+        "document (default 0.5)")
+    add("--copy-share", type=float, default=0.0, help="fraction of sequences of copy lists (default 0)")
+    add("--min-doc-tokens", type=int, default=None, help="smallest retrieval document (default: two haystack lines)")
+    add("--seed", type=int, default=0)
+    add("--eval-lengths", required=True, help="lengths hyla eval niah will use, e.g. 1024,16384")
+    add("--eval-num-samples", type=int, required=True)
+    add("--eval-num-depths", type=int, required=True)
+    add("--eval-seed", type=int, default=42)
+    add("--eval-tokens-to-generate", type=int, default=128)
+    add("--tokenizer", default=None, help="tokenizer spec or folder (default: the corpus's)")
+    add("--save-tokenizer", default=None, help="also save the tokenizer here (HF folder)")
+    mix.set_defaults(handler=run_niah_mix)
+
+
+def run_niah_mix(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from hyla.data.niah_mix import NiahMixSettings, build_niah_mix
+
+    try:
+        lengths = tuple(int(item) for item in args.eval_lengths.split(","))
+    except ValueError:
+        raise ValueError(f"--eval-lengths: expected token counts like 1024,4096, got {args.eval_lengths!r}") from None
+    build_niah_mix(NiahMixSettings(
+        corpus=Path(args.corpus), out=Path(args.out), seq_len=args.seq_len, num_sequences=args.num_sequences,
+        eval_lengths=lengths, eval_num_samples=args.eval_num_samples, eval_num_depths=args.eval_num_depths,
+        retrieval_share=args.retrieval_share, copy_share=args.copy_share, min_doc_tokens=args.min_doc_tokens,
+        seed=args.seed, eval_seed=args.eval_seed, eval_tokens_to_generate=args.eval_tokens_to_generate,
+        tokenizer=args.tokenizer, save_tokenizer=Path(args.save_tokenizer) if args.save_tokenizer else None))
+    return 0
 
 
 def run_prepare(args: argparse.Namespace) -> int:

@@ -3,10 +3,10 @@
 `apply_inference_overrides(model, **overrides)` is the single place where evaluation options change how a model
 runs, so the teacher and its hybrid are measured by the same command with the same flags. Each override names a
 config field; a model that lacks the field cannot honour it, and that is an error rather than a silent no-op.
-- `logit_scaling_a` sets `attn_logits_scaling_a` (dynamic logit scaling s_t = log(t + a) / log(a), SPEC §1);
-  the value "off" sets it to None (no scaling);
-- the EME settings (`eme_window`, `eme_stride`, `logit_scaling`, `logit_scaling_train_length`, SPEC §3) go through
-  `hyla.models.eme.apply_eme_overrides`, which checks them together with the model config.
+- `logit_scaling_a` sets `attn_logits_scaling_a` (dynamic logit scaling s_t = log(t + a) / log(a), docs/method.md,
+  "Attention layer and logit scaling"); the value "off" sets it to None (no scaling);
+- the EME settings (`eme_window`, `eme_stride`, `logit_scaling`, `logit_scaling_train_length`, docs/method.md, "EME") go
+  through `hyla.models.eme.apply_eme_overrides`, which checks them together with the model config.
 A new override is a row of `OVERRIDE_FIELDS` (or of the EME table) plus a CLI option in `hyla.evals.cli`.
 """
 

@@ -2,7 +2,7 @@
 
 The length lives on the device so that one captured CUDA graph serves every decode step: the kernel reads it, and no
 host synchronisation or re-capture is needed as the cache grows. SDPA cannot do this without an explicit mask, and a
-mask sends it to its math backend (~30x slower at 512K, SPEC §8).
+mask sends it to its math backend (~30x slower at 512K, docs/method.md, "Reference GPU").
 """
 
 from __future__ import annotations

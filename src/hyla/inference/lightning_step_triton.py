@@ -10,9 +10,10 @@ import triton
 import triton.language as tl
 
 # Value columns a program (8 programs a head at D = 128) and warps: the fastest of 12 settings on an H200, 3.66 us a
-# step at HypeNet-2B's shape (docs/results/speed/h200-2026-11-30-d/m, bench/fused_sweep.py). Launched as the engine
-# launches it on Hopper (programmatic dependent launch, state read before the wait), 32 columns were faster in a
-# later sweep (2.17 against 2.50 us, docs/results/speed/h200-2026-11-30-e/p); not adopted, not measured in the engine.
+# step at HypeNet-2B's shape (docs/results/speed/2026-11-30-matvec-and-fused-kernels/fused-settings,
+# bench/fused_sweep.py). Launched as the engine launches it on Hopper (programmatic dependent launch, state read
+# before the wait), 32 columns were faster in a later sweep (2.17 against 2.50 us,
+# docs/results/speed/2026-11-30-pdl/headline); not adopted, not measured in the engine.
 BLOCK_V = 16
 NUM_WARPS = 1
 

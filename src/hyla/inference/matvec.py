@@ -18,7 +18,8 @@ import torch.nn.functional as F
 class MatvecConfig:
     """Launch settings: output rows per program, input columns per loop step, warps, pipeline stages. The defaults:
     the one setting with the least summed time over a HypeNet-2B decode step's products on an H200 (1,126 us against
-    1,083 us for each shape's best and 1,324 us for cuBLAS; docs/results/speed/h200-2026-11-30-d/j2/matvec)."""
+    1,083 us for each shape's best and 1,324 us for cuBLAS;
+    docs/results/speed/2026-11-30-matvec-and-fused-kernels/matvec-sweep/matvec)."""
 
     block_n: int = 2
     block_k: int = 1024

@@ -3,8 +3,8 @@
 Chunk queries see all cached keys before the chunk (a dense rectangle, no mask) and the chunk's own keys causally (a
 square, top-left causal = bottom-right causal). Each part runs through a fused kernel that also returns its
 log-sum-exp, and the two are merged exactly. That keeps both parts on kernels that need no mask: cuDNN's, measured at
-508-618 TFLOP/s on the reference GPU against ~317 for flash (SPEC §8); SDPA's public entry offers a bottom-right
-causal mask only through flash.
+508-618 TFLOP/s on the reference GPU against ~317 for flash (docs/method.md, "Reference GPU"); SDPA's public entry
+offers a bottom-right causal mask only through flash.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Softmax attention layer: GQA with the teacher's q/k norms, RoPE optional (HypeNet keeps these layers NoPE),
-an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = log(t + a) / log(a) (SPEC §1)."""
+an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = log(t + a) / log(a) (docs/method.md,
+"Attention layer and logit scaling")."""
 
 from __future__ import annotations
 
@@ -59,7 +60,8 @@ class Attention(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.use_rope = config.attention_rope
-        # NoPE logit scaling (SPEC §1, §3); the RoPE subclasses (hyla.layers.swa) turn it off.
+        # NoPE logit scaling (docs/method.md, "Attention layer and logit scaling", "EME"); the RoPE subclasses
+        # (hyla.layers.swa) turn it off.
         self.scales_logits = True
         width = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
@@ -96,8 +98,8 @@ class Attention(nn.Module):
         return q, k, v
 
     def window(self) -> int | None:
-        """This layer's sliding window: EME limits RoPE attention to `eme_window` (SPEC §3); NoPE stays global.
-        Read at every call, since EME is switched on in the config of a loaded model."""
+        """This layer's sliding window: EME limits RoPE attention to `eme_window` (docs/method.md, "EME"); NoPE stays
+        global. Read at every call, since EME is switched on in the config of a loaded model."""
         return self.config.eme_window if self.use_rope else None
 
     def _mask(self, context: MixerContext, query_length: int) -> torch.Tensor | None:

@@ -1,4 +1,4 @@
-"""Gated DeltaNet layer (SPEC §3), after fla's GatedDeltaNet without the short convolution.
+"""Gated DeltaNet layer (docs/method.md, "Hybrid family"), after fla's GatedDeltaNet without the short convolution.
 
 q = l2norm(silu(x Wq)), k = l2norm(silu(x Wk)), v = silu(x Wv) (full multi-head, the model's head dim, no RoPE);
 beta_t = sigmoid(x Wb) and g_t = -exp(A_log) * softplus(x Wa + dt_bias) per head;

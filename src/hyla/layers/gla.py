@@ -1,4 +1,5 @@
-"""GLA layer: gated linear attention with a data-dependent diagonal gate (SPEC §3), after fla's GLA layer.
+"""GLA layer: gated linear attention with a data-dependent diagonal gate (docs/method.md, "Hybrid family"), after fla's
+GLA layer.
 
 q = x Wq, k = x Wk, v = x Wv (full multi-head, head dim of the model, no RoPE: the gates are the position signal);
 log-gate g_t = logsigmoid(x W1 W2 + b) / n per key channel (low-rank W1 W2, n = gla_gate_logit_normalizer);

@@ -1,4 +1,5 @@
-"""Head-wise hybrid (HH) layer (SPEC §3): an efficient mixer and NoPE attention side by side in one layer.
+"""Head-wise hybrid (HH) layer (docs/method.md, "Hybrid family"): an efficient mixer and NoPE attention side by side in
+one layer.
 
 The layer's heads split as `headwise_ratio` "E:N" says; each branch is the ordinary mixer built with its share of
 the heads (the NoPE branch keeps the model's query-per-KV-head grouping) and the layer returns the sum of the two

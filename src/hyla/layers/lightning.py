@@ -1,4 +1,4 @@
-"""Lightning attention layer: HypeNet's RNN mixer (SPEC §1).
+"""Lightning attention layer: HypeNet's RNN mixer (docs/method.md, "Lightning layer").
 
 q = RMSNorm_q(x Wq), k = RMSNorm_k(x Wk), v = x Wv, RoPE on q and k, fixed per-head decay gamma_h = exp(-2^(-8h/H)),
 output RMSNorm over all heads, times sigmoid(x Wz), then Wo. K/V heads are full multi-head (no GQA sharing).

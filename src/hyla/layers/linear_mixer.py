@@ -1,5 +1,5 @@
 """The call path shared by the linear mixers (Lightning, GLA, GDN): the recurrent state in the cache, or SWLA's
-window states when EME is on (`config.eme_window`, SPEC §3)."""
+window states when EME is on (`config.eme_window`, docs/method.md, "EME")."""
 
 from __future__ import annotations
 

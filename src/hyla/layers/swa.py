@@ -1,7 +1,8 @@
-"""RoPE softmax attention layers (SPEC §3): full RoPE attention ("attention_rope") and sliding-window attention
-("swa", window `sliding_window`). Both are the `Attention` layer with RoPE always on and no NoPE logit scaling;
-under EME (`eme_window`) full RoPE attention becomes sliding-window attention with that window, while SWA keeps its
-own window. The cache keeps every key (a full DynamicLayer); each call reads only the window it needs.
+"""RoPE softmax attention layers (docs/method.md, "Hybrid family"): full RoPE attention ("attention_rope") and
+sliding-window attention ("swa", window `sliding_window`). Both are the `Attention` layer with RoPE always on and no
+NoPE logit scaling; under EME (`eme_window`) full RoPE attention becomes sliding-window attention with that window,
+while SWA keeps its own window. The cache keeps every key (a full DynamicLayer); each call reads only the window it
+needs.
 """
 
 from __future__ import annotations

@@ -55,9 +55,9 @@ class HypeNetConfig(PreTrainedConfig):
     headwise_ratio (`str`): "E:N", how the heads of an "hh_*" layer split between the efficient mixer (E parts) and
         NoPE attention (N parts), e.g. "3:1", "1:1"; "1:0" and "0:1" give the pure mixers.
     logit_scaling (`str`): how NoPE attention logits are scaled at inference: "per_query" multiplies the query at
-        position t by s_t = log(t + a) / log(a) when `attn_logits_scaling_a` is set (SPEC §1); "per_length"
-        multiplies it by c(L) = max(1, log L / log L0) with L = t + 1 the length it sees and L0 =
-        `logit_scaling_train_length` (EME, SPEC §3).
+        position t by s_t = log(t + a) / log(a) when `attn_logits_scaling_a` is set (docs/method.md, "Attention layer
+        and logit scaling"); "per_length" multiplies it by c(L) = max(1, log L / log L0) with L = t + 1 the length it
+        sees and L0 = `logit_scaling_train_length` (docs/method.md, "EME").
     eme_window, eme_stride (`int`, *optional*): EME at inference. With `eme_window` W set, every linear mixer
         (Lightning, GLA, GDN, also inside "hh_*" layers) runs as SWLA with windows of W tokens every `eme_stride`
         S (default W // 4), and RoPE full attention ("attention_rope", or "attention" with `attention_rope`) becomes

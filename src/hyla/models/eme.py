@@ -1,5 +1,5 @@
-"""EME at inference (SPEC §3): switch a loaded model's config to SWLA for the linear mixers, sliding windows for
-RoPE attention, and per-length logit scaling for NoPE attention.
+"""EME at inference (docs/method.md, "EME"): switch a loaded model's config to SWLA for the linear mixers, sliding
+windows for RoPE attention, and per-length logit scaling for NoPE attention.
 
 `apply_eme_overrides(model, eme_window=4096, eme_stride=1024, logit_scaling="per_length",
 logit_scaling_train_length=4096)` sets the given (non-None) fields, checks them together and returns what it set,

@@ -1,5 +1,5 @@
-"""Layer layouts of the hybrid family (SPEC §3) as `layer_types` lists: layer-wise hybrids (LH) with a ratio and an
-order, and head-wise hybrids (HH), whose head ratio lives in `HypeNetConfig.headwise_ratio`.
+"""Layer layouts of the hybrid family (docs/method.md, "Hybrid family") as `layer_types` lists: layer-wise hybrids (LH)
+with a ratio and an order, and head-wise hybrids (HH), whose head ratio lives in `HypeNetConfig.headwise_ratio`.
 
     layerwise_layout(8)                              # 3 Lightning, 1 NoPE attention, repeated
     layerwise_layout(8, efficient="gla", ratio="1:1", order="bottom")   # YOCO-like: 4 GLA layers, then 4 NoPE

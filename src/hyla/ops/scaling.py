@@ -1,4 +1,4 @@
-"""Logit scaling for NoPE attention (SPEC §1, §3)."""
+"""Logit scaling for NoPE attention (docs/method.md, "Attention layer and logit scaling", "EME")."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def attention_logit_scale(positions: torch.Tensor, *, a: float) -> torch.Tensor:
 
 
 def length_logit_scale(length: int, *, train_length: int) -> float:
-    """Per-length scaling c(L) = log L / log L0 for L >= L0, else 1 (EME, SPEC §3)."""
+    """Per-length scaling c(L) = log L / log L0 for L >= L0, else 1 (docs/method.md, "EME")."""
     if train_length < 2:
         raise ValueError(f"train_length must be >= 2, got {train_length}")
     return max(1.0, math.log(length) / math.log(train_length)) if length > 0 else 1.0

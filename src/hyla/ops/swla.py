@@ -1,4 +1,4 @@
-"""Sliding-window linear attention (SWLA), the EME inference mode of every linear mixer (SPEC §3).
+"""Sliding-window linear attention (SWLA), the EME inference mode of every linear mixer (docs/method.md, "EME").
 
 Windows of W tokens start at every multiple of the stride S (absolute positions 0, S, 2S, ...), each from a zero
 state. Position t is served by the window starting at

@@ -28,7 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--weight-decay", type=float, default=0.1, help="AdamW weight decay (default 0.1)")
     parser.add_argument("--loss", choices=LOSSES, default="ce",
                         help="ce: next-token cross-entropy; longce: cross-entropy weighted by how much the long "
-                        "context helps each token (SPEC §3)")
+                        "context helps each token (docs/method.md, 'LongCE')")
     parser.add_argument("--longce-window", type=int, default=256, help="LongCE short-context window (default 256)")
     parser.add_argument("--longce-cap", type=float, default=5.0, help="LongCE weight cap (default 5)")
     parser.add_argument("--checkpoint-every", type=int, default=200, help="steps between checkpoints (200)")

@@ -1,4 +1,4 @@
-"""Training losses for `hyla train`: next-token cross-entropy and LongCE (SPEC §3).
+"""Training losses for `hyla train`: next-token cross-entropy and LongCE (docs/method.md, "LongCE").
 
 LongCE up-weights the tokens whose prediction improves most when the long context is present: with per-token
 losses under the full context (ce_t) and under a short window only (ce_short_t, no gradient), the influence is

@@ -1,4 +1,5 @@
-"""AdamW with warm-up then cosine decay or a constant rate (SPEC §2: betas (0.9, 0.95), no weight decay, clip 1)."""
+"""AdamW with warm-up then cosine decay or a constant rate (docs/method.md, "HALO conversion": betas (0.9, 0.95), no
+weight decay, clip 1)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Gated delta rule (GDN, SPEC §3): dispatch between the fla kernels and the pure-torch reference."""
+"""Gated delta rule (GDN, docs/method.md, "Hybrid family"): dispatch between the fla kernels and the pure-torch
+reference."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pure-torch gated delta rule (GDN, SPEC §3), in fla's convention (state [K, V], row vectors):
+"""Pure-torch gated delta rule (GDN, docs/method.md, "Hybrid family"), in fla's convention (state [K, V], row vectors):
 
     S_t = exp(g_t) S_{t-1} + k_t^T u_t,   u_t = beta_t (v_t - k_t exp(g_t) S_{t-1}),   o_t = scale * q_t S_t
 

@@ -1,5 +1,5 @@
-"""GLA (gated linear attention, data-dependent diagonal gate, SPEC §3): dispatch between the fla kernels and the
-pure-torch reference."""
+"""GLA (gated linear attention, data-dependent diagonal gate, docs/method.md, "Hybrid family"): dispatch between the fla
+kernels and the pure-torch reference."""
 
 from __future__ import annotations
 

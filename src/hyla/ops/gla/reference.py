@@ -1,4 +1,4 @@
-"""Pure-torch GLA (gated linear attention with a data-dependent diagonal gate, SPEC §3).
+"""Pure-torch GLA (gated linear attention with a data-dependent diagonal gate, docs/method.md, "Hybrid family").
 
     S_t = Diag(exp(g_t)) S_{t-1} + k_t^T v_t,      o_t = scale * q_t S_t
 

@@ -1,4 +1,5 @@
-"""Lightning attention (fixed per-head decay linear attention, SPEC §1): dispatch + decay constants."""
+"""Lightning attention (fixed per-head decay linear attention, docs/method.md, "Lightning layer"): dispatch + decay
+constants."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hyla.ops.lightning.reference import lightning_chunked, lightning_recurrent
 
 
 # fla's chunk kernel returns a NaN final state when |log-decay| per token exceeds ~1.41 and T is not a multiple of
-# its chunk size (SPEC §7); such decays go to the recurrent kernel instead.
+# its chunk size (docs/method.md, "Kernel notes"); such decays go to the recurrent kernel instead.
 CHUNK_SAFE_LOG_DECAY = 1.4
 
 

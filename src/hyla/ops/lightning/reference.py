@@ -1,4 +1,5 @@
-"""Pure-torch Lightning attention: a linear-attention RNN with a fixed per-head decay (SPEC §1).
+"""Pure-torch Lightning attention: a linear-attention RNN with a fixed per-head decay (docs/method.md, "Lightning
+layer").
 
     S_t = exp(g_h) * S_{t-1} + k_t^T v_t,      o_t = scale * q_t S_t
 

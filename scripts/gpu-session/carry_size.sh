@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# What each device call of scripts/gpu-session/experiment.sh sends, against the 64 MiB a call may carry: the
+# repository's tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a
+# call over the limit is refused before it starts. When part1 + start no longer fit, it checks the three-call variant (a `stash`
+# call with .gpu-inputs/b between them) and says so; it fails only when neither fits.
+#   bash scripts/gpu-session/carry_size.sh
+set -euo pipefail
+cd "$(git rev-parse --show-toplevel)"
+limit=$((64 * 1024 * 1024))
+tracked=$(git ls-files -z | du -cb --files0-from=- | tail -1 | cut -f1)
+untracked=$(git ls-files -z --others --exclude-standard | du -cb --files0-from=- 2>/dev/null | tail -1 | cut -f1 || echo 0)
+check() {  # $1: call name, rest: carried paths; fails when the call would be over the limit
+  local name=$1; shift
+  local carried
+  carried=$(du -cb "$@" | tail -1 | cut -f1)
+  local total=$((tracked + untracked + carried))
+  awk -v n="$name" -v t="$total" -v r="$((tracked + untracked))" -v c="$carried" -v l="$limit" 'BEGIN {
+    printf "%-7s %6.2f MiB (repository %5.2f + carried %5.2f) of 64: %s\n", n, t / 1048576, r / 1048576,
+      c / 1048576, (t <= l ? "ok" : "OVER") }'
+  [ "$total" -le "$limit" ]
+}
+check part1 .gpu-teacher/p0 .gpu-inputs/a .whl || exit 1
+check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
+# the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
+check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1
+echo "part1 + start is over: send .gpu-inputs/b with \`experiment.sh stash\` between them (see experiment.sh)"

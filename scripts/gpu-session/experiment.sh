@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# An experiment plan (`hyla experiment run`, default configs/experiments/smollm2.json) on this project's GPU machine,
+# which has no internet, takes at most 64 MiB per call, ends a call after 10 minutes and keeps files ~30 s after it.
+# Elsewhere, one command does the whole run: `hyla experiment run PLAN --out RUN --set text=DIR`.
+#
+# Inputs, made here first: `bash scripts/gpu-session/pack_inputs.sh` (teacher GGUF in two parts, training text, CSR
+# requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each call's size. Then device
+# calls started back to back:
+#   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash scripts/gpu-session/experiment.sh part1
+#   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash scripts/gpu-session/experiment.sh start
+#   call 3+ (no carry)                                          bash scripts/gpu-session/experiment.sh wait
+# When call 2 would pass 64 MiB, send .gpu-inputs/b in a call of its own between calls 1 and 2 (`carry
+# [".gpu-inputs/b"]  bash scripts/gpu-session/experiment.sh stash`); `start` takes the inputs from either place.
+#
+# `part1` keeps teacher part 0 and the text under /root/keep, installs the wheels and (PROBE=1, the default) measures
+# each stage's training throughput at this teacher's shape (`hyla bench train`, at most PROBE_TIMEOUT_S=520 s;
+# $OUT/probe.json; PROBE_ARGS passes options, e.g. "--cases distill:16x4096 --no-losses"). `start` joins the teacher, unpacks the inputs, copies the repository to
+# /root/keep/repo and starts `hyla experiment run` there in its own session (it outlives the call), then waits like
+# `wait`: up to WAIT_S seconds (default 540) or until the run ends, printing `hyla experiment status` every 2 minutes,
+# and writes `hyla experiment report` into $OUT. `restart` stops the runner (it stops its jobs; finished jobs stay
+# finished) and starts it again with this call's src/ and configs/. Variables: PLAN (the plan file), PLAN_ARGS (more
+# `hyla experiment run` arguments, e.g. "--only csr-main --set niah_samples=10"), DISTILL_SECONDS (the plan's
+# distillation tokens from part1's measured throughput: `hyla experiment budget`, at most DISTILL_MAX_TOKENS=80e6).
+# The plan's `teacher` (or `tokenizer`) is set to the joined GGUF and its `text` to the unpacked text.
+set -uo pipefail
+keep=/root/keep
+run=$keep/run
+mode=${1:?usage: experiment.sh part1|stash|start|restart|wait}
+plan=${PLAN:-configs/experiments/smollm2.json}
+wait_s=${WAIT_S:-540}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$keep/site:$keep/repo/src
+
+hyla() { ( cd $keep/repo && python3 -m hyla.cli "$@" ); }
+
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $keep/site .whl/*.whl
+}
+
+runner_alive() { [ -f $run/runner.pid ] && kill -0 "$(cat $run/runner.pid)" 2>/dev/null; }
+
+collect() {
+  local start=$SECONDS
+  while [ $((SECONDS - start)) -lt "$wait_s" ] && runner_alive; do
+    sleep 15
+    if [ $(( (SECONDS - start) % 120 )) -lt 15 ]; then
+      hyla experiment status $run | head -n 3
+      nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+    fi
+  done
+  runner_alive && echo "the run goes on after ${wait_s} s: call wait again"
+  hyla experiment status $run
+  hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
+  cp $run/runner.log "$OUT/" 2>/dev/null
+}
+
+# The plan's arguments for this machine's inputs: the GGUF as its teacher or tokenizer, the unpacked text.
+plan_arguments() {
+  python3 - "$keep/repo/$plan" "$keep" <<'PY'
+import json, sys
+variables, keep = json.load(open(sys.argv[1])).get("variables", {}), sys.argv[2]
+sets = {"teacher": f"{keep}/smol.gguf", "tokenizer": f"{keep}/smol.gguf", "text": f"{keep}/text"}
+print(" ".join(f"--set {name}={value}" for name, value in sets.items() if name in variables))
+PY
+}
+
+launch() {
+  mkdir -p $run || exit 1
+  local args
+  args="$(plan_arguments) ${PLAN_ARGS:-}"
+  if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
+    [ -f $keep/probe.json ] || { echo "error: DISTILL_SECONDS needs part1's probe.json (run part1 with PROBE=1)";
+                                 exit 2; }
+    # shellcheck disable=SC2086 # $args holds several arguments
+    tokens=$(hyla experiment budget "$plan" $args --probe $keep/probe.json --seconds "$DISTILL_SECONDS" \
+      --max-tokens "${DISTILL_MAX_TOKENS:-80e6}" | tail -n 1) || exit 1
+    echo "distillation budget: $tokens tokens (${DISTILL_SECONDS} s at part1's measured tokens/s)"
+    args="$args --set distill_tokens=$tokens"
+  fi
+  cd $keep/repo || exit 1
+  # shellcheck disable=SC2086
+  setsid nohup python3 -m hyla.cli experiment run "$plan" --out $run $args >> $keep/runner.out 2>&1 < /dev/null &
+  cd - >/dev/null || exit 1
+  sleep 10; tail -n 3 $keep/runner.out
+}
+
+copy_repository() {
+  rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/
+}
+
+case $mode in
+part1)
+  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
+  nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  install_wheels || exit 1
+  # train.json is rewritten after each case, so a cut run keeps what it measured.
+  # shellcheck disable=SC2086 # PROBE_ARGS holds several arguments
+  [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout "${PROBE_TIMEOUT_S:-520}" python3 -m hyla.cli bench train \
+    --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
+  cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
+  ;;
+stash)
+  mkdir -p $keep && cp .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz $keep/ && ls -l $keep || exit 1
+  ;;
+start)
+  cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
+  echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
+  # part1 installed the wheels already; carrying them again can put the call over its 64 MiB.
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    install_wheels || exit 1
+  else
+    [ -d $keep/site/fla ] || { echo "error: no wheels carried and none installed by part1"; exit 2; }
+  fi
+  inputs_b=.gpu-inputs/b  # carried now, or by an earlier `stash` call
+  [ -f $inputs_b/text-b.tar.xz ] || inputs_b=$keep
+  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1
+  tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
+  tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
+  copy_repository || exit 1
+  launch
+  collect
+  ;;
+restart)
+  if runner_alive; then kill -TERM "$(cat $run/runner.pid)"; while runner_alive; do sleep 2; done; fi
+  rm -rf $keep/repo/src $keep/repo/configs && cp -r src configs $keep/repo/ || exit 1
+  launch
+  collect
+  ;;
+wait)
+  [ -d $run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
+  collect
+  ;;
+*) echo "usage: experiment.sh part1|stash|start|restart|wait" >&2; exit 2 ;;
+esac

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# GPU tests on this project's GPU machine (no internet): one device call with carry [".whl"] (the fla wheels and
+# what else the image lacks; add ".gpu-inputs/cache" when an earlier session saved its compiled kernels with
+# `bash bench/gpu_cache.sh save`).
+#   bash scripts/gpu-session/gpu-tests.sh
+# TESTS: the test files (default: every file with GPU tests); TEST_WORKERS (8) xdist workers; at most
+# TESTS_TIMEOUT_S (540) seconds. $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens
+# (tests/report_log.py), so a run cut by its limit still says why; $OUT/gpu-tests.txt is pytest's own output.
+set -uo pipefail
+site=/root/keep-tests/site
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+mkdir -p $site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl || exit 1
+bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
+nvidia-smi -L
+export PYTHONPATH=$site:$PWD/src
+python3 -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__,
+  "transformers", transformers.__version__)'
+tests=${TESTS:-$(grep -rl "pytest.mark.gpu\|pytestmark = pytest.mark.gpu" tests --include="*.py" | sort | tr '\n' ' ')}
+# shellcheck disable=SC2086 # $tests holds several paths
+HYLA_TEST_REPORT="$OUT/gpu-test-report.txt" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest $tests \
+  -m gpu -n "${TEST_WORKERS:-8}" -v -rA --tb=short -p no:cacheprovider >"$OUT/gpu-tests.txt" 2>&1
+echo "pytest exit $?" | tee -a "$OUT/gpu-tests.txt"
+grep -E "^(PASSED|FAILED|SKIPPED|ERROR) " "$OUT/gpu-test-report.txt" | cut -d' ' -f1 | sort | uniq -c
+grep -A30 "^FAILED \|^ERROR " "$OUT/gpu-test-report.txt" | head -n 120

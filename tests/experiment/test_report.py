@@ -1,0 +1,117 @@
+"""`hyla experiment report`: graded NIAH answers, the tables, the plots, and the recorded run's summary remade from
+its raw results."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from hyla.cli import main as hyla_main
+from hyla.experiment import niah_grading, report
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2-135m"
+
+
+def record(pred, needle="1234567", task="SK1", length=4096):
+    return {"task": task, "length": length, "outputs": [needle], "pred": pred}
+
+
+def write_result(run: Path, folder: str, result: dict) -> None:
+    (run / "evals" / folder).mkdir(parents=True)
+    (run / "evals" / folder / "results.json").write_text(json.dumps(result))
+
+
+def test_grade_record_by_hand():
+    assert niah_grading.grade_record(record(" 1234567.")) == {"exact": True, "digits_right": 1.0, "leading_4": True,
+                                                              "number_answer": True}
+    near = niah_grading.grade_record(record(" 1234999 and more"))
+    assert near == {"exact": False, "digits_right": pytest.approx(4 / 7), "leading_4": True, "number_answer": True}
+    shifted = niah_grading.grade_record(record(" 9123456"))  # every digit one place off: none right by position
+    assert shifted["digits_right"] == 0.0 and not shifted["leading_4"] and shifted["number_answer"]
+    assert niah_grading.grade_record(record(" the key to the key")) == {
+        "exact": False, "digits_right": 0.0, "leading_4": False, "number_answer": False}
+    # Runs on past the needle: RULER's string match counts it, and the first 7 digits are the needle's.
+    assert niah_grading.grade_record(record(" 12345678888"))["exact"]
+
+
+def test_grade_means_by_cell_and_skips_non_numeric_tasks():
+    records = [record(" 1234567"), record(" 1299999"), record(" nothing"), record(" 1234567", length=8192),
+               record(" a uuid", needle="3f2a-...", task="SK3")]
+    cells = niah_grading.grade(records)
+    assert set(cells) == {("SK1", 4096), ("SK1", 8192)}
+    cell = cells[("SK1", 4096)]
+    assert cell["n"] == 3 and cell["exact"] == pytest.approx(1 / 3) and cell["leading_4"] == pytest.approx(1 / 3)
+    assert cell["number_answer"] == pytest.approx(2 / 3) and cell["digits_right"] == pytest.approx((1 + 2 / 7) / 3)
+
+
+def test_summary_cells_carry_the_graded_scores(tmp_path):
+    write_result(tmp_path, "niah-main-SK1-short", {"kind": "niah", "records": [
+        record(" 1234567"), record(" 1234000"), record(" no")], "tasks": {"SK1": {"by_length": {"4096": 1 / 3}}}})
+    cell = report.collect_evals(tmp_path)["niah"]["main"]["SK1"][4096]
+    assert cell["accuracy"] == pytest.approx(1 / 3) and cell["num_samples"] == 3
+    assert cell["number_answers"] == pytest.approx(2 / 3) and cell["near_misses"] == pytest.approx(2 / 3)
+
+
+def test_labels_name_the_model_whatever_the_task_and_span():
+    assert report.label_of("niah-main-off-SK1-long") == "main-off"
+    assert report.label_of("csr-abl-halo") == "abl-halo"
+    assert report.label_of("niah-main-a500-SK3-short") == "main-a500"
+    assert report.label_of("niah-gla-nope-eme") == "gla-nope-eme"
+
+
+def test_ablations_get_their_table_and_plot(tmp_path):
+    for name, accuracy in (("niah-main-a500-SK1-long", 0.5), ("niah-abl-halo", 0.0)):
+        write_result(tmp_path, name, {"kind": "niah", "records": [record(" 1234567", length=32768)],
+                                      "tasks": {"SK1": {"by_length": {"32768": accuracy}}}})
+    stage = tmp_path / "abl-halo" / "05-scaling"
+    stage.mkdir(parents=True)
+    (tmp_path / "abl-halo" / "00-data").mkdir()
+    stage.joinpath("manifest.json").write_text(json.dumps({
+        "status": "complete", "results": {"chosen_a": None, "loss_by_a": {"None": 2.5, "500": 2.7}, "length": 32768}}))
+    summary = report.summarize(tmp_path)
+    assert summary["niah"]["main-a500"]["SK1"][32768]["accuracy"] == 0.5
+    text = report.markdown(summary)
+    row = next(line for line in text.splitlines() if line.startswith("| abl-halo |") and "2.500" in line)
+    assert row.split("|")[2:-1] == [" 0.00 ", " - ", " 2.500 "]  # NIAH 32K, no CSR, held-out loss with scaling off
+    (tmp_path / "out").mkdir()
+    written = report.plot(summary, tmp_path / "out")
+    assert {path.name for path in written} == {"niah.png", "ablations.png"}
+
+
+def test_trainings_and_the_plans_reference_reach_the_report(tmp_path, capsys):
+    train = tmp_path / "gla-nope" / "train"
+    (train / "model").mkdir(parents=True)
+    (train / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 10.0 - s, "tok_per_s": 1000.0 * s})
+                                                 + "\n" for s in range(1, 5)))
+    (tmp_path / "plan.json").write_text(json.dumps({"name": "seed-003", "command": "hyla experiment run x",
+                                                    "report": {"reference": {"rows": {"GLA-NoPE-LH": [0, 100]}}}}))
+    write_result(tmp_path, "niah-gla-nope-eme", {"kind": "niah", "records": [],
+                                                 "tasks": {"SK1": {"by_length": {"1024": 0.0, "16384": 0.0}}}})
+    assert hyla_main(["experiment", "report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| gla-nope/train | 4 | 9.000 | 7.500 | 3,000 |" in out and '"GLA-NoPE-LH"' in out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["trainings"]["gla-nope/train"]["steps"] == 4 and summary["plan"]["name"] == "seed-003"
+    with tarfile.open(tmp_path / "report" / "results.tar.gz") as archive:
+        names = set(archive.getnames())
+    assert {"evals/niah-gla-nope-eme/results.json", "gla-nope/train/metrics.jsonl", "plan.json"} <= names
+    assert hyla_main(["experiment", "report", str(tmp_path / "nothing")]) == 2
+
+
+def test_the_recorded_runs_summary_is_remade_from_its_raw_results(tmp_path):
+    """Run 2 of docs/results/smollm2-135m.md: the report's numbers equal those of its published summary.json."""
+    with tarfile.open(RESULTS / "run2" / "raw.tar.xz") as archive:
+        archive.extractall(tmp_path, filter="data")
+    published = json.loads((RESULTS / "run2" / "summary.json").read_text())
+    summary = json.loads(json.dumps(report.summarize(tmp_path)))  # as written: integer keys become strings
+    del summary["conversions"]["main"]["stages"]["05-scaling"]["length"]  # added since, for the ablation plot
+    for key in ("csr", "ppl", "conversions"):
+        assert summary[key] == published[key], key
+    # That summary predates the graded NIAH scores: its cells hold accuracy and sample counts.
+    plain = {label: {task: {n: {k: cell[k] for k in ("accuracy", "num_samples")} for n, cell in cells.items()}
+                     for task, cells in by_task.items()} for label, by_task in summary["niah"].items()}
+    assert plain == published["niah"]
+    assert summary["teacher_check"]["passed"]

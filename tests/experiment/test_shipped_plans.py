@@ -1,0 +1,143 @@
+"""Every plan in configs/experiments/ loads in each of its profiles, and each of its hyla commands parses; the
+SmolLM2 plan is the recorded headline run; the budget helper plans that run's distillation tokens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from experiment_helpers import PLANS
+
+from hyla.cli import build_parser
+from hyla.cli import main as hyla_main
+from hyla.convert.presets import apply_overrides, make_plan
+from hyla.experiment.budget import convert_settings, distill_tokens
+from hyla.experiment.plan import load_plan, read_plan_file
+
+RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2-135m"
+REQUIRED = ["text=/data/text"]
+
+
+def cases():
+    for path in PLANS:
+        for profile in [None, *read_plan_file(path).get("profiles", {})]:
+            yield pytest.param(path, profile, id=f"{path.stem}-{profile or 'default'}")
+
+
+def test_plans_are_shipped():
+    assert {path.stem for path in PLANS} >= {"smollm2", "smollm2-ablations", "seed-003"}
+
+
+@pytest.mark.parametrize("path, profile", list(cases()))
+def test_every_hyla_command_of_a_shipped_plan_parses(tmp_path, path, profile):
+    plan = load_plan(path, tmp_path, profile=profile, overrides=REQUIRED)
+    parser = build_parser()
+    for job in plan.jobs.values():
+        if job.run is not None and job.run[0] == "hyla":
+            args = parser.parse_args(list(job.run[1:]))
+            assert getattr(args, "handler", None), job.name
+    assert "report" in plan.jobs and plan.jobs["report"].always
+
+
+def _sets(argv: tuple[str, ...]):
+    items = [value for flag, value in zip(argv, argv[1:]) if flag == "--set"]
+    preset = argv[argv.index("--preset") + 1]
+    return apply_overrides(make_plan(preset, 0), items)
+
+
+def test_the_smollm2_plan_is_the_recorded_headline_run(tmp_path):
+    """Run 2 of docs/results/smollm2-135m.md, as the driver of that day built it (its driver.log lists the jobs)."""
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("smollm2")], tmp_path,
+                     overrides=["text=/root/keep/text", "teacher=/root/keep/smol.gguf"])
+    recorded = [line.split()[-1] for line in (RESULTS / "run2" / "driver.log").read_text().splitlines()
+                if " start " in line]
+    renamed = {"convert-select": "convert", "convert-main": "convert"}
+    assert {renamed.get(name, name) for name in recorded} | {"report"} == set(plan.jobs)
+    corpus = plan.jobs["corpus"].run
+    sources = [corpus[i + 1] for i, item in enumerate(corpus) if item == "--source"]
+    assert sources == ["/root/keep/text", "recall@1000-12000:/root/keep/text", "stdlib"]
+    assert corpus[corpus.index("--weights") + 1] == "3,1,1"
+    assert corpus[corpus.index("--max-tokens") + 1] == "200000000"
+    convert = _sets(plan.jobs["convert"].run)
+    assert (convert.preset, convert.distill.tokens, convert.distill.seq_len, convert.distill.batch_size) == (
+        "quick", 23_740_416, 4096, 4)
+    assert convert.finetune.tokens == 4_000_000 and convert.selection.method == "0,1,7,16,18,19,23"
+    # The published conversion's own record of its plan says the same.
+    manifest = json.loads((RESULTS / "run2" / "summary.json").read_text())["conversions"]["main"]["stages"]
+    assert manifest["03-distill"]["tokens"] == convert.distill.tokens
+    long = plan.jobs["niah-main-off-SK2-long"].run
+    assert long[long.index("--lengths") + 1] == "32K,64K" and long[-2:] == ("--logit-scaling-a", "off")
+    assert plan.jobs["niah-main-SK1-short"].needs == ("convert",)
+    assert plan.jobs["csr-teacher"].needs == ("teacher-check",)
+    assert plan.jobs["convert"].kind == "train" and plan.train_slots == 1
+
+
+def test_the_ablations_share_the_halo_runs_first_stages(tmp_path):
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("smollm2-ablations")], tmp_path, overrides=REQUIRED)
+    halo = _sets(plan.jobs["convert-abl-halo"].run)
+    assert halo.selection.method == "0,1,7,16,18,19,23" and halo.distill.tokens == 6_000_000
+    assert halo.scaling.data == f"{tmp_path.resolve()}/scaling-corpus"
+    assert _sets(plan.jobs["convert-abl-uniform"].run).selection.method == "uniform"
+    assert not _sets(plan.jobs["convert-abl-no-rnn-rope"].run).model.lightning_rope
+    assert plan.jobs["convert-abl-no-rnn-rope"].needs == ("abl-no-rnn-rope-align",)
+    assert [Path(p).name for p in plan.jobs["copy-abl-uniform"].copy["from"]] == ["00-data", "01-align"]
+    assert plan.jobs["copy-abl-halo"].needs == ("convert-select",)
+
+
+def test_the_budget_gives_the_recorded_runs_distillation_tokens(tmp_path, capsys):
+    """DISTILL_SECONDS=420 at run 2's probed 56.5K tokens/s at 4x4096: 23,740,416 tokens."""
+    path = PLANS[[p.stem for p in PLANS].index("smollm2")]
+    plan = load_plan(path, tmp_path, overrides=REQUIRED)
+    probe = json.loads((RESULTS / "run2" / "probe.json").read_text())
+    preset, overrides = convert_settings(plan, "convert")
+    assert distill_tokens(probe, 420, 80e6, preset, overrides) == plan.variables["distill_tokens"] == 23_740_416
+    assert hyla_main(["experiment", "budget", str(path), "--set", REQUIRED[0], "--probe",
+                      str(RESULTS / "run2" / "probe.json"), "--seconds", "420"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "23740416"
+
+
+PROBE = {"cases": [{"stage": "distill", "seq_len": 512, "batch": 32, "tok_per_s": 50_000.0},
+                   {"stage": "distill", "seq_len": 4096, "batch": 4, "tok_per_s": 56_535.6},
+                   {"stage": "distill", "seq_len": 4096, "batch": 8, "tok_per_s": 70_000.0},
+                   {"stage": "distill", "seq_len": 4096, "batch": 4, "compiled": True, "tok_per_s": 90_000.0},
+                   {"stage": "distill", "seq_len": 4096, "batch": 16, "checkpointed": True, "tok_per_s": 80_000.0},
+                   {"stage": "distill", "seq_len": 2048, "batch": 8, "compiled": True, "error": "RuntimeError: x"}]}
+
+
+def test_the_budget_takes_the_rate_of_the_runs_own_shape_and_variant():
+    shape = ["distill.seq_len=4096", "distill.batch_size=4"]
+    assert distill_tokens(PROBE, 100, 1e9, "quick", shape) == int(56_535.6 * 100 // 16384) * 16384
+    assert distill_tokens(PROBE, 100, 1e9, "quick", shape + ["distill.compile=true"]) == \
+        int(90_000.0 * 100 // 16384) * 16384
+    kept = ["distill.seq_len=4096", "distill.batch_size=16", "distill.checkpoint_activations=true"]
+    assert distill_tokens(PROBE, 100, 1e9, "quick", kept) == int(80_000.0 * 100 // 65536) * 65536
+    # a batch size the probe did not measure: the first case at that length
+    assert distill_tokens(PROBE, 100, 1e9, "quick", ["distill.seq_len=4096", "distill.batch_size=2"]) == \
+        int(56_535.6 * 100 // 8192) * 8192
+    assert distill_tokens(PROBE, 10_000, 1e6, "quick", []) == int(1e6 // (512 * 32)) * 512 * 32  # the cap
+    assert distill_tokens(PROBE, 0.1, 1e9, "quick", []) == 512 * 32  # at least one step
+    with pytest.raises(ValueError, match="no fast distill case at seq_len 2048"):
+        distill_tokens(PROBE, 100, 1e9, "quick", ["distill.seq_len=2048", "distill.compile=true"])
+
+
+def test_the_budget_reads_bench_trains_results():
+    """`hyla bench train`'s cases: the fast path's rate for a run on the default settings, the eager one's when
+    the run switches compiling off."""
+    results = {"cases": [{"stage": "distill", "seq_len": 4096, "batch": 16, "path": "eager", "tok_per_s": 75_000.0},
+                         {"stage": "distill", "seq_len": 4096, "batch": 16, "path": "fast", "tok_per_s": 200_000.0}]}
+    shape = ["distill.seq_len=4096", "distill.batch_size=16"]
+    assert distill_tokens(results, 100, 1e9, "quick", shape) == int(200_000.0 * 100 // 65536) * 65536
+    assert distill_tokens(results, 100, 1e9, "quick", shape + ["distill.compile=false"]) == \
+        int(75_000.0 * 100 // 65536) * 65536
+
+
+def test_the_example_plan_of_the_docs_loads(tmp_path):
+    text = (Path(__file__).resolve().parents[2] / "docs" / "experiments.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    path = tmp_path / "example.json"
+    path.write_text(example)
+    plan = load_plan(path, tmp_path / "run", profile="smoke", overrides=["text=/data"])
+    assert list(plan.jobs) == ["corpus", "convert", "niah-teacher", "niah-main", "report"]
+    assert plan.jobs["niah-main"].needs == ("convert",) and plan.jobs["niah-teacher"].needs == ()
+    assert plan.jobs["convert"].run[-2:] == ("--device", "cpu")
