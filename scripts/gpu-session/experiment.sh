@@ -14,7 +14,8 @@
 #
 # `part1` keeps teacher part 0 and the text under /root/keep, installs the wheels and (PROBE=1, the default) measures
 # each stage's training throughput at this teacher's shape (`hyla bench train`, at most PROBE_TIMEOUT_S=520 s;
-# $OUT/probe.json; PROBE_ARGS passes options, e.g. "--cases distill:16x4096 --no-losses"). `start` joins the teacher, unpacks the inputs, copies the repository to
+# $OUT/probe.json; PROBE_ARGS passes options, e.g. "--cases distill:16x4096 --no-losses"). `start` joins the
+# teacher, unpacks the inputs, copies the repository to
 # /root/keep/repo and starts `hyla experiment run` there in its own session (it outlives the call), then waits like
 # `wait`: up to WAIT_S seconds (default 540) or until the run ends, printing `hyla experiment status` every 2 minutes,
 # and writes `hyla experiment report` into $OUT. `restart` stops the runner (it stops its jobs; finished jobs stay
