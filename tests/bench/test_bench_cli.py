@@ -36,6 +36,34 @@ def test_bench_model_toy_writes_results(tmp_path):
     assert json.loads((merged / "model.json").read_text())["systems"].keys() == results["systems"].keys()
 
 
+def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
+    """`hyla bench generate --toy`: NIAH prompts through hyla's engine and transformers' generate; each result names
+    its generation path; float32 on CPU, so both paths give the same greedy text."""
+    code = main(["bench", "generate", "--toy", "--device", "cpu", "--dtype", "float32", "--lengths", "192,320",
+                 "--num-prompts", "3,2", "--batch-sizes", "2,1", "--max-new-tokens", "4", "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "generate.json").read_text())
+    assert [row["length"] for row in results["lengths"]] == [192, 320]
+    for row in results["lengths"]:
+        assert row["paths"]["engine"]["path"] == "engine" and row["paths"]["hf"]["path"] == "hf"
+        assert row["paths"]["engine"]["engine"]["decode_step"] == "eager"
+        assert row["same_predictions"] == 1.0 and row["speedup"] > 0
+        assert row["paths"]["engine"]["timed"]["prompt_tokens"] == row["num_prompts"] * row["prompt_tokens"]
+    assert "speedup" in (tmp_path / "generate.md").read_text()
+
+
+def test_synthetic_niah_prompts_have_exact_token_counts():
+    from hyla.bench.generate import synthetic_niah_samples, synthetic_tokenizer
+
+    tokenizer = synthetic_tokenizer(500)
+    samples = synthetic_niah_samples(500, 1024, 3, tokens_to_generate=128, seed=0)
+    assert [s.depth_percent for s in samples] == [0, 50, 100]
+    for sample in samples:
+        ids = tokenizer(sample.input)["input_ids"]
+        assert len(ids) == sample.num_prompt_tokens == 1024 - 128
+        assert tokenizer.decode(tokenizer(sample.outputs[0])["input_ids"]) == sample.outputs[0]
+
+
 def test_bench_kernels_toy_writes_results(tmp_path):
     code = main(["bench", "kernels", "--device", "cpu", "--out", str(tmp_path), "--lengths", "64,128", "--heads", "2",
                  "--head-dim", "16", "--repeats", "2"])

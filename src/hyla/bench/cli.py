@@ -68,10 +68,51 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     _common(profile)
     profile.set_defaults(handler=run_profile)
+    _register_generate(verbs)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
+
+
+def _register_generate(verbs) -> None:
+    generate = verbs.add_parser("generate", help="NIAH evaluation through hyla's engine and transformers' generate, "
+                                                 "side by side, on a converted-shape HypeNet (random weights)")
+    generate.add_argument("--lengths", type=_lengths, default=None, help="comma list (default 4K,16K,64K)")
+    generate.add_argument("--num-prompts", type=_lengths, default=None,
+                          help="prompts per length, comma list (default 16 up to 16K, 8 above)")
+    generate.add_argument("--batch-sizes", type=_lengths, default=None,
+                          help="batch size per length, comma list (default 4 up to 16K, 1 above)")
+    generate.add_argument("--max-new-tokens", type=_positive, default=64)
+    generate.add_argument("--paths", default="engine,hf", help="comma list of engine, hf")
+    generate.add_argument("--engine-settings", metavar="JSON", help="the engine's settings file (default: tuned)")
+    generate.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    generate.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    _common(generate)
+    generate.set_defaults(handler=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from hyla.bench.generate import GenerateBenchSettings, generate_markdown, run_generate_bench
+
+    defaults = GenerateBenchSettings()
+    settings = GenerateBenchSettings(
+        lengths=args.lengths or defaults.lengths, num_prompts=args.num_prompts, batch_sizes=args.batch_sizes,
+        max_new_tokens=args.max_new_tokens, paths=tuple(args.paths.split(",")), engine_settings=args.engine_settings,
+        toy=args.toy, device=args.device, dtype=args.dtype)
+    settings.plan()  # a bad plan fails before any model is built
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+
+    def save(results: dict) -> None:
+        _write_json(out / "generate.json", {"environment": env, **results})
+
+    results = run_generate_bench(settings, save=save)
+    save(results)
+    (out / "generate.md").write_text(generate_markdown(results, env["command"]))
+    print(generate_markdown(results, env["command"]))
+    return 0
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
