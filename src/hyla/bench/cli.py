@@ -42,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--hf-max-prefill", type=_count, default=2**17)
     model.add_argument("--hf-graph-contexts", type=_lengths, default=None, help="default 32K,128K,512K")
     model.add_argument("--large-batch", type=int, default=32)
-    model.add_argument("--large-batch-contexts", type=_lengths, default=None, help="default 8K,32K")
+    model.add_argument("--large-batch-contexts", type=_lengths, default=None,
+                       help="default 8K,32K; an empty string: no large-batch decode")
     model.add_argument("--decode-steps", type=int, default=20, help="graph replays per timed decode measurement")
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
     model.add_argument("--long-prefill-repeats", type=_positive, default=1,
@@ -248,7 +249,8 @@ def run_model(args: argparse.Namespace) -> int:
         qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hypenet_max_prefill=args.hypenet_max_prefill,
         attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
-        large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
+        large_batch_contexts=(defaults.large_batch_contexts if args.large_batch_contexts is None
+                              else args.large_batch_contexts),
         decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
         prefill_chunk=args.prefill_chunk, **engine_overrides(args), toy=args.toy,
         device=args.device, check_length=40 if args.toy else defaults.check_length,

@@ -3,8 +3,8 @@ side, on a random-weight HypeNet of a converted shape (SmolLM2-135M's sizes, 30 
 
 Both paths run the same code as `hyla eval niah` (`hyla.evals.niah.evaluate_samples`, `Generation` "engine" or "hf":
 tokenization, left padding, batches sorted by length, greedy decoding, RULER's scoring) on the same prompts: NIAH
-prompts of a synthetic word-level tokenizer (one word one token, so prompt lengths are exact, and no tokenizer or
-haystack files are needed) with a 7-digit needle at an even spread of depths. A random model retrieves nothing; the
+prompts of a synthetic word-level tokenizer (one word one token, so prompt lengths are known exactly, and no tokenizer
+or haystack files are needed) with a 7-digit needle at an even spread of depths. A random model retrieves nothing; the
 benchmark measures time. Per length, each path first runs one batch untimed (compilation, autotuning, graph capture:
 reported as warm-up), then every prompt, timed; the speedup is hf seconds / engine seconds. `same_predictions` is the
 fraction of prompts whose greedy text is equal on both paths (bf16 on a GPU: random-weight logits have near ties, so
@@ -66,8 +66,9 @@ def synthetic_tokenizer(vocab_size: int):
 
 
 def synthetic_niah_samples(vocab_size: int, length: int, num_prompts: int, *, tokens_to_generate: int, seed: int):
-    """NIAH samples of exactly `length - tokens_to_generate` prompt tokens: random words, one needle "magic number
-    for wK is 1 2 3 4 5 6 7" (digit tokens) at depth i / (n - 1), and the question at the end."""
+    """NIAH samples: random words, one needle "magic number for wK is 1 2 3 4 5 6 7" (digit tokens) at depth
+    i / (n - 1), and the question at the end; each prompt up to 1% shorter than `length - tokens_to_generate`
+    tokens, as RULER-style samples land (hyla.evals.niah_samples), so that batches carry some left padding."""
     from hyla.evals.niah_samples import NiahSample
 
     rng = random.Random(seed * 1_000_003 + length)
@@ -78,7 +79,8 @@ def synthetic_niah_samples(vocab_size: int, length: int, num_prompts: int, *, to
         value = [str(rng.randrange(10)) for _ in range(7)]
         needle = ["magic", "number", "for", key, "is", *value]
         question = ["what", "is", "the", "magic", "number", "for", key, "answer"]
-        filler = length - tokens_to_generate - len(needle) - len(question)
+        shorter = rng.randrange(max(1, length // 100))
+        filler = length - tokens_to_generate - shorter - len(needle) - len(question)
         if filler < 0:
             raise ValueError(f"length {length} leaves no room for the haystack")
         haystack = [rng.choice(words) for _ in range(filler)]
@@ -145,10 +147,11 @@ def run_generate_bench(settings: GenerateBenchSettings, *, log=print, save=None)
     for length, num_prompts, batch_size in settings.plan():
         samples = synthetic_niah_samples(config.vocab_size, length, num_prompts,
                                          tokens_to_generate=settings.tokens_to_generate, seed=settings.seed)
-        log(f"length {length}: {num_prompts} prompts of {samples[0].num_prompt_tokens} tokens, batch {batch_size}, "
+        counts = [sample.num_prompt_tokens for sample in samples]
+        log(f"length {length}: {num_prompts} prompts of {min(counts)}-{max(counts)} tokens, batch {batch_size}, "
             f"up to {settings.max_new_tokens} new tokens")
         row = {"length": length, "num_prompts": num_prompts, "batch_size": batch_size,
-               "prompt_tokens": samples[0].num_prompt_tokens, "paths": {}}
+               "prompt_tokens": [min(counts), max(counts)], "paths": {}}
         for path in settings.paths:
             row["paths"][path] = _run_path(model, tokenizer, samples, batch_size, settings, path, log)
             if device.type == "cuda":

@@ -261,9 +261,10 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
                      lambda c=context: bench_engine(name, model, shape, settings, batch=1, contexts=[c],
                                                     prefill_contexts=[], log=log)[1], log)
     large = list(settings.large_batch_contexts)
-    _run_guarded(result["decode"], result["skipped"], {"batch": settings.large_batch},
-                 lambda: bench_engine(name, model, shape, settings, batch=settings.large_batch, contexts=large,
-                                      prefill_contexts=[], log=log)[1], log)
+    if large:  # an empty list: no large-batch decode
+        _run_guarded(result["decode"], result["skipped"], {"batch": settings.large_batch},
+                     lambda: bench_engine(name, model, shape, settings, batch=settings.large_batch, contexts=large,
+                                          prefill_contexts=[], log=log)[1], log)
     return result
 
 

@@ -16,13 +16,11 @@ together), so Lightning states never see padding and attention needs no padding 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 
 from hyla.inference.cache import StaticHybridCache
 from hyla.inference.decode_step import build_decode_step, compiled
-from hyla.inference.settings import EngineSettings, fit_to_model, triton_fused_obstacles, tuned_settings
+from hyla.inference.settings import EngineSettings, fit_to_model, triton_fused_obstacles, tuned_settings, with_fields
 from hyla.layers.context import MixerContext
 from hyla.ops.chunk_attention import chunk_attention, pick_attention_backend
 from hyla.ops.decode_attention import decode_attention, resolve_kernel
@@ -78,7 +76,7 @@ class InferenceEngine:
         self.notes: list[str] = []
         if settings is None:
             settings, self.notes = fit_to_model(tuned_settings(model.device), model, batch_size)
-        settings = replace(settings, **overrides) if overrides else settings
+        settings = with_fields(settings, overrides)
         if settings.decode_step == "triton-fused":
             problems = triton_fused_obstacles(model.config, batch_size)
             if problems:

@@ -226,12 +226,20 @@ def resolve_settings(device: torch.device | str, *, path: str | Path | None = No
     if unknown:
         raise ValueError(f"not engine settings a command may set: {unknown}")
     base = load_settings(path) if path is not None else tuned_settings(device)
-    chosen = {name: value for name, value in overrides.items() if value is not None}
-    if chosen.get("decode_step", "triton-fused") != "triton-fused" and "launch_pdl" not in chosen:
-        chosen["launch_pdl"] = None  # a file's launch setting for the fused kernels, which this step does not run
-    return replace(base, **chosen) if chosen else base
+    return with_fields(base, {name: value for name, value in overrides.items() if value is not None})
+
+
+def with_fields(settings: EngineSettings, fields_: dict) -> EngineSettings:
+    """`settings` with `fields_` replaced; a decode step other than triton-fused drops the launch setting of the
+    fused kernels (a settings file's launch_pdl) unless `fields_` sets it too."""
+    if not fields_:
+        return settings
+    fields_ = dict(fields_)
+    if fields_.get("decode_step", "triton-fused") != "triton-fused" and "launch_pdl" not in fields_:
+        fields_["launch_pdl"] = None
+    return replace(settings, **fields_)
 
 
 __all__ = ["COMPILE_MODES", "DECODE_STEPS", "MATVEC_KERNELS", "OVERRIDABLE", "EngineSettings", "fit_to_model",
            "load_settings", "matvec_table_from_sweep", "packaged_settings_for", "resolve_settings",
-           "settings_from_json", "triton_fused_obstacles", "tuned_settings"]
+           "settings_from_json", "triton_fused_obstacles", "tuned_settings", "with_fields"]
