@@ -19,6 +19,9 @@ from hyla.inference.generate import GenerationSession
 from hyla.ops.dispatch import use_backend
 
 pytestmark = pytest.mark.gpu
+# The engine uncompiled where a test is about generation logic (torch.compile's start-up is the cost of a GPU test
+# run); the 64K case and the bf16 test run the tuned settings as they are, compiled.
+UNCOMPILED = dict(compile_decode=False, compile_prefill=False)
 
 
 @pytest.fixture(scope="module")
@@ -40,11 +43,11 @@ def first_difference(a, b):
     return None if different.numel() == 0 else different[0].tolist()
 
 
-@pytest.mark.parametrize("length", [4096, 16384, 65536])
-def test_greedy_tokens_equal_transformers_generate_at_long_context(model, length):
+@pytest.mark.parametrize("length,compiled", [(4096, False), (16384, False), (65536, True)])
+def test_greedy_tokens_equal_transformers_generate_at_long_context(model, length, compiled):
     ids = prompt(length, seed=length)
     with use_backend("torch"):
-        ours = hyla.generate(model, ids, max_new_tokens=16)
+        ours = hyla.generate(model, ids, max_new_tokens=16, **({} if compiled else UNCOMPILED))
         theirs = model.hf_generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
     assert ours.shape == theirs.shape == (1, length + 16)
     assert torch.equal(ours, theirs), f"first difference at {first_difference(ours, theirs)}"
@@ -67,14 +70,15 @@ def test_ragged_batch_with_end_of_sequence_equals_transformers_and_each_prompt_a
     rows = [prompt(n, seed=n)[0] for n in (1000, 6000, 2500, 2500)]
     ids, mask = left_pad(rows)
     with use_backend("torch"):
-        free = hyla.generate(model, ids, mask, max_new_tokens=12, pad_token_id=0)[:, ids.shape[1]:]
+        free = hyla.generate(model, ids, mask, max_new_tokens=12, pad_token_id=0, **UNCOMPILED)[:, ids.shape[1]:]
         eos = int(free[0, 2])  # row 0 ends at its third new token
-        ours = hyla.generate(model, ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+        ours = hyla.generate(model, ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0, **UNCOMPILED)
         theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
                                    pad_token_id=0)
         assert torch.equal(ours, theirs), f"first difference at {first_difference(ours, theirs)}"
         for index, row in enumerate(rows):
-            alone = hyla.generate(model, row[None], max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+            alone = hyla.generate(model, row[None], max_new_tokens=12, eos_token_id=eos, pad_token_id=0,
+                                  **UNCOMPILED)
             new = alone[0, row.shape[0]:]
             assert torch.equal(ours[index, ids.shape[1]:ids.shape[1] + new.shape[0]], new), f"row {index}"
     assert (ours[0, ids.shape[1] + 3:] == 0).all()
@@ -82,7 +86,8 @@ def test_ragged_batch_with_end_of_sequence_equals_transformers_and_each_prompt_a
 
 def test_sampling_is_seeded_and_batched(model):
     ids, mask = left_pad([prompt(n, seed=n)[0] for n in (300, 700)])
-    kwargs = dict(max_new_tokens=20, do_sample=True, temperature=0.8, top_k=40, top_p=0.95, pad_token_id=0)
+    kwargs = dict(max_new_tokens=20, do_sample=True, temperature=0.8, top_k=40, top_p=0.95, pad_token_id=0,
+                  **UNCOMPILED)
     torch.manual_seed(1)
     first = hyla.generate(model, ids, mask, **kwargs)
     torch.manual_seed(1)
