@@ -70,10 +70,47 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _common(profile)
     profile.set_defaults(handler=run_profile)
     _register_generate(verbs)
+    _register_sweep(verbs)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
+
+
+def _register_sweep(verbs) -> None:
+    sweep = verbs.add_parser("sweep", help="kernel launch-setting sweeps that write an engine settings file")
+    sweep.add_argument("kernel", choices=("matvec", "fused", "decode-attention"),
+                       help="matvec: batch-1 products vs cuBLAS; fused: the triton-fused step's kernels; "
+                            "decode-attention: the split-K decode attention kernel")
+    sweep.add_argument("--out", required=True, help="folder for the sweep's JSON and markdown and settings.json")
+    sweep.add_argument("--base-settings", metavar="JSON",
+                       help="settings the sweep's choices are written over (default: the tuned settings of this GPU)")
+    sweep.add_argument("--smoke", action="store_true",
+                       help="CPU through Triton's interpreter (run with TRITON_INTERPRET=1): toy shapes, plumbing")
+    sweep.add_argument("--pdl", action="store_true", help="fused: launch with programmatic dependent launch")
+    sweep.add_argument("--step-only", action="store_true", help="fused: the Lightning step kernel only")
+    sweep.set_defaults(handler=run_sweep)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.kernel != "fused" and (args.pdl or args.step_only):
+        raise ValueError("--pdl and --step-only belong to `hyla bench sweep fused`")
+    common = dict(smoke=args.smoke, base_settings=args.base_settings, log=lambda line: print(line, flush=True))
+    if args.kernel == "matvec":
+        from hyla.bench.sweep.matvec import run_matvec_sweep
+
+        run_matvec_sweep(out, **common)
+    elif args.kernel == "fused":
+        from hyla.bench.sweep.fused import run_fused_sweep
+
+        run_fused_sweep(out, pdl=args.pdl, step_only=args.step_only, **common)
+    else:
+        from hyla.bench.sweep.decode_attention import run_decode_attention_sweep
+
+        run_decode_attention_sweep(out, **common)
+    print(f"wrote {out / 'settings.json'} (engine settings: --engine-settings {out / 'settings.json'})")
+    return 0
 
 
 def _register_generate(verbs) -> None:
