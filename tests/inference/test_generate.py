@@ -191,3 +191,28 @@ def test_model_generate_requests_the_engine_serves(monkeypatch):
                                                                     "return_dict_in_generate": True},
                     {"min_new_tokens": 2}, {"inputs_embeds": torch.zeros(1, 4, 64)}):
         assert hf_request_to_engine(model, ids, None, {"max_new_tokens": 4, **refused}) is None, refused
+
+
+def test_importing_hyla_and_generating_on_cpu_loads_no_triton_kernel_module():
+    """`import hyla` (and generation on CPU) never loads hyla's Triton modules: only hyla/ops/*/gpu.py import triton
+    at module level, and they are imported only when a CUDA (or interpreted) kernel is asked for."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys, torch, hyla, hyla.cli, hyla.inference.generate\n"
+            "from hyla import HypeNetConfig, HypeNetForCausalLM\n"
+            "config = HypeNetConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,\n"
+            "    num_attention_heads=2, num_key_value_heads=1, head_dim=16, layer_types=['lightning', 'attention'])\n"
+            "hyla.generate(HypeNetForCausalLM(config).eval(), torch.tensor([[3, 4, 5]]), max_new_tokens=3)\n"
+            "print(sorted(name for name in sys.modules if name.startswith('hyla.') and name.endswith('.gpu')))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    import re
+
+    source = Path(hyla.__file__).parent
+    top_level = re.compile(r"^(import triton|from triton)", re.M)  # module level; inside functions is lazy
+    importing = sorted(str(path.relative_to(source)) for path in source.rglob("*.py")
+                       if top_level.search(path.read_text()))
+    assert all(path.startswith("ops/") and path.endswith("/gpu.py") for path in importing), importing
