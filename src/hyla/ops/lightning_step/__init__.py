@@ -1,6 +1,5 @@
 """One Lightning decode step for one sequence, from the fused q/k/v(/z) projection to the gated output and the
-output norm's partial sums (`reference.py`: float64; `gpu.py`: one Triton kernel). Importing this package does not
-import triton."""
+output norm's partial sums (`reference.py`: float64; `gpu.py`: one Triton kernel). This package imports no triton."""
 
 from hyla.ops.lightning_step.reference import lightning_step_reference
 
