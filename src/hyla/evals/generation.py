@@ -68,7 +68,9 @@ class Generation:
         self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
                        "seconds": 0.0}
 
-    @torch.inference_mode()
+    # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
+    # ones, which inference tensors allow only inside inference mode.
+    @torch.no_grad()
     def batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
               pad_token_id: int) -> torch.Tensor:
         """Greedy output ids [B, T + new] of one left-padded batch, stopping at the model's end-of-sequence token as

@@ -134,11 +134,12 @@ class GenerationSession:
             if self.model.device.type == "cuda":
                 torch.cuda.empty_cache()
             started = time.perf_counter()
-            settings = self.settings
+            settings, notes = self.settings, []
             if settings is None:
-                settings, _ = fit_to_model(tuned_settings(self.model.device), self.model, batch_size)
+                settings, notes = fit_to_model(tuned_settings(self.model.device), self.model, batch_size)
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
                                      settings=settings, **self.overrides)
+            engine.notes = notes
             self.engine, self._fingerprint = engine, fingerprint
             self.stats.engine_built_s = time.perf_counter() - started
         engine.reset()
