@@ -136,6 +136,8 @@ def run_generate_bench(settings: GenerateBenchSettings, *, log=print, save=None)
     if unknown:
         raise ValueError(f"unknown generation paths {unknown}; choose from engine, hf")
     config = shapes.converted_135m_config(toy=settings.toy)
+    # the synthetic tokenizer's special tokens (generation stops at <eos> on both paths)
+    config.pad_token_id, config.eos_token_id, config.bos_token_id = 0, 1, None
     model = build_hypenet(config, device=device, dtype=dtype)
     tokenizer = synthetic_tokenizer(config.vocab_size)
     params = sum(p.numel() for p in model.parameters())
