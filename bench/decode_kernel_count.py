@@ -30,7 +30,7 @@ def main():
     torch._inductor.config.force_disable_caches = True  # a cached graph would not be generated, so not counted
     config = shapes.hypenet_config(toy=True)
     engine = InferenceEngine(build_hypenet(config, device="cpu", dtype=torch.float32), batch_size=1, max_length=64,
-                             compile_blocks=True, fuse_projections=True)
+                             compile_decode=True, decode_step="fused-projections")
     engine.prefill(torch.randint(0, config.vocab_size, (1, 20)))
     engine.decode()
     print(f"layers: {config.layer_types}")

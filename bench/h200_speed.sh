@@ -46,8 +46,10 @@ set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 export PYTHONPATH=/tmp/site:$PWD/src PYTHONUNBUFFERED=1
-# the fused-kernel sweep on an H200 with programmatic dependent launch (stage o)
-TABLE=docs/results/speed/2026-11-30-pdl/pdl-sweep/fused-sweep-pdl/fused-sweep.json
+# Since issue 24 the engine's defaults are the tuned settings shipped for the GPU (hyla/inference/tuned/, for the H200
+# stage o's sweep table, the fifth run's settings): the stages below were rewritten for that (--fuse-projections ->
+# --decode-step fused-projections; --matvec triton-fused --matvec-table T -> the defaults, or SETTINGS=FILE for
+# --engine-settings FILE, a `hyla bench sweep` settings.json); the bench/*_sweep.py scripts are `hyla bench sweep`.
 pack() {  # pack STAGE FOLDER...: one archive per stage, whatever the number of files the stage wrote
   local stage=$1; shift
   (cd "$OUT" && tar -czf "$stage.tar.gz" "$@" && rm -rf "$@") 2>/dev/null
@@ -66,7 +68,7 @@ case "$1" in
     python3 -m hyla.cli bench kernels --out $OUT/kernels 2>&1 | tee $OUT/kernels.log
     pack c kernels ;;
   d)
-    for spec in "hypenet 8K" "hypenet 512K" "hypenet 512K --fuse-projections" "qwen3-engine 512K"; do
+    for spec in "hypenet 8K" "hypenet 512K" "hypenet 512K --decode-step fused-projections" "qwen3-engine 512K"; do
       set -- $spec
       python3 -m hyla.cli bench profile --system "$1" --context "$2" ${3:-} --out $OUT/profile 2>&1 \
         | tee -a $OUT/profile.log
@@ -87,20 +89,20 @@ case "$1" in
         --hypenet-max-prefill 1 --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --compile-mode $mode \
         --out $OUT/decode-$mode 2>&1 | tee -a $OUT/compile-mode.log
     done
-    python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections \
+    python3 -m hyla.cli bench profile --system hypenet --context 512K --decode-step fused-projections \
       --compile-mode max-autotune-no-cudagraphs --out $OUT/profile 2>&1 | tee -a $OUT/compile-mode.log
     pack f decode-default decode-max-autotune-no-cudagraphs profile ;;
   g)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --large-batch-contexts 32K \
-      --compile-prefill --fuse-projections --matvec triton-fused --matvec-table "${MATVEC_TABLE:-$TABLE}" \
+      --compile-prefill ${SETTINGS:+--engine-settings "$SETTINGS"} \
       --long-prefill-repeats 3 --out $OUT/fast 2>&1 | tee $OUT/fast.log
     pack g fast ;;
   h)
-    python3 bench/decode_attention_sweep.py --out $OUT/sweep 2>&1 | tee $OUT/sweep.log
+    python3 -m hyla.cli bench sweep decode-attention --out $OUT/sweep 2>&1 | tee $OUT/sweep.log
     pack h sweep ;;
   i)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
-      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --out $OUT/decode 2>&1 \
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --decode-step fused-projections --out $OUT/decode 2>&1 \
       | tee $OUT/decode.log
     pack i decode ;;
   j)  # SKIP_TESTS=1: the kernel's GPU tests passed already in this version
@@ -108,30 +110,30 @@ case "$1" in
       python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k matvec 2>&1 | tee $OUT/matvec-test.txt \
         | tail -n 3 || exit 1
     fi
-    python3 bench/matvec_sweep.py --out $OUT/matvec 2>&1 | tee $OUT/matvec.log || exit 1
-    python3 -m hyla.cli bench profile --system hypenet --context 512K --fuse-projections --matvec triton \
-      --matvec-table $OUT/matvec/matvec-sweep.json --out $OUT/profile 2>&1 | tee $OUT/profile.log
+    python3 -m hyla.cli bench sweep matvec --out $OUT/matvec 2>&1 | tee $OUT/matvec.log || exit 1
+    python3 -m hyla.cli bench profile --system hypenet --context 512K --decode-step fused-projections --matvec triton \
+      --engine-settings $OUT/matvec/settings.json --out $OUT/profile 2>&1 | tee $OUT/profile.log
     pack j matvec profile ;;
   k)
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
-      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --fuse-projections --matvec "${MATVEC:-triton}" \
-      --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
+      --qwen3-engine-max-prefill 1 --large-batch-contexts 32K --decode-step "${STEP:-triton-fused}" \
+      ${SETTINGS:+--engine-settings "$SETTINGS"} --out $OUT/decode-matvec 2>&1 | tee $OUT/decode-matvec.log
     pack k decode-matvec ;;
   m)
-    python3 bench/fused_sweep.py --out $OUT/fused-sweep 2>&1 | tee $OUT/fused-sweep.log
+    python3 -m hyla.cli bench sweep fused --out $OUT/fused-sweep 2>&1 | tee $OUT/fused-sweep.log
     pack m fused-sweep ;;
   l)
     python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k "matvec or lightning_step or triton_fused" \
       2>&1 | tee $OUT/fused-test.txt | tail -n 3 || exit 1
     for system in hypenet qwen3-engine; do
-      python3 -m hyla.cli bench profile --system $system --context 512K --fuse-projections --matvec triton-fused \
-        --matvec-table "${MATVEC_TABLE:-$TABLE}" --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
+      python3 -m hyla.cli bench profile --system $system --context 512K --decode-step triton-fused \
+        ${SETTINGS:+--engine-settings "$SETTINGS"} --out $OUT/profile 2>&1 | tee -a $OUT/profile.log
     done
     pack l profile ;;
   n)
     python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu \
       -k "matvec or lightning_step or triton_fused or programmatic" 2>&1 | tee $OUT/pdl-test.txt | tail -n 3 || exit 1
-    fused=(--fuse-projections --matvec triton-fused --matvec-table "${MATVEC_TABLE:-$TABLE}")
+    fused=(--decode-step triton-fused ${SETTINGS:+--engine-settings "$SETTINGS"})
     python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 128K,512K --hypenet-max-prefill 1 \
       --qwen3-engine-max-prefill 1 --large-batch-contexts 32K "${fused[@]}" --out $OUT/decode-pdl 2>&1 \
       | tee $OUT/decode-pdl.log
@@ -141,19 +143,20 @@ case "$1" in
       | tee $OUT/decode-no-pdl.log
     pack n-no-pdl decode-no-pdl ;;
   o)
-    python3 bench/fused_sweep.py --pdl --out $OUT/fused-sweep-pdl 2>&1 | tee $OUT/fused-sweep-pdl.log || exit 1
-    cp $OUT/fused-sweep-pdl/fused-sweep.json $OUT/table-pdl.json
+    python3 -m hyla.cli bench sweep fused --pdl --out $OUT/fused-sweep-pdl 2>&1 | tee $OUT/fused-sweep-pdl.log || exit 1
+    cp $OUT/fused-sweep-pdl/settings.json $OUT/settings-pdl.json
     pack o-sweep fused-sweep-pdl
-    for table in $OUT/table-pdl.json "${MATVEC_TABLE:-$TABLE}"; do
+    for settings in $OUT/settings-pdl.json shipped; do  # the new sweep's settings, then the shipped ones (A/B)
       python3 -m hyla.cli bench model --systems hypenet,qwen3-engine --contexts 512K --hypenet-max-prefill 1 \
-        --qwen3-engine-max-prefill 1 --large-batch-contexts 8K --fuse-projections --matvec triton-fused \
-        --matvec-table "$table" --out $OUT/decode-$(basename $table .json) 2>&1 | tee -a $OUT/decode-tables.log
+        --qwen3-engine-max-prefill 1 --large-batch-contexts 8K --decode-step triton-fused \
+        $([ "$settings" = shipped ] || echo --engine-settings "$settings") --out $OUT/decode-$(basename $settings .json) \
+        2>&1 | tee -a $OUT/decode-tables.log
     done
-    pack o-decode decode-table-pdl "decode-$(basename "${MATVEC_TABLE:-$TABLE}" .json)" ;;
+    pack o-decode decode-settings-pdl decode-shipped ;;
   p)
     python3 -m pytest tests/inference/test_inference_gpu.py -q -m gpu -k "lightning_step or programmatic or triton_fused" \
       2>&1 | tee $OUT/step-test.txt | tail -n 3 || exit 1
-    python3 bench/fused_sweep.py --pdl --step-only --out $OUT/step-sweep 2>&1 | tail -n 4
+    python3 -m hyla.cli bench sweep fused --pdl --step-only --out $OUT/step-sweep 2>&1 | tail -n 4
     pack p-step step-sweep
     bash bench/h200_speed.sh g ;;
   *)

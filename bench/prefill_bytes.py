@@ -74,7 +74,7 @@ def block_traffic(config, layer_type: str, tokens: int) -> tuple[int, int, Count
     ids = torch.randint(0, config.vocab_size, (1, tokens))
     # The chunk's RoPE tables (once per chunk, [T, D]) are counted with the block: small beside its [T, width] work.
     with torch.no_grad(), traffic:
-        engine._prefill_chunk(ids, tokens)
+        engine._prefill_chunk(slice(0, 1), ids, tokens)
     return sum(traffic.bytes.values()), sum(traffic.ops.values()), traffic.bytes
 
 

@@ -1,12 +1,14 @@
 """hyla: hybrid linear-attention language models for extremely long contexts.
 
 Importing hyla registers the `hypenet` model type with transformers' Auto classes; it imports no GPU kernels.
+`hyla.generate(model, input_ids, attention_mask, ...)` generates on the inference engine (hyla.inference.generate).
 """
 
+from hyla.inference.generate import generate
 from hyla.models import HybridCache, HypeNetConfig, HypeNetForCausalLM, HypeNetModel
 from hyla.models.hf import register as _register
 
 _register()
 
 __version__ = "0.1.0"
-__all__ = ["HybridCache", "HypeNetConfig", "HypeNetForCausalLM", "HypeNetModel", "__version__"]
+__all__ = ["HybridCache", "HypeNetConfig", "HypeNetForCausalLM", "HypeNetModel", "__version__", "generate"]

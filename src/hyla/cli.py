@@ -20,6 +20,7 @@ _AREAS = (
     "hyla.convert.cli",
     "hyla.train.cli",
     "hyla.evals.cli",
+    "hyla.inference.cli",
     "hyla.analysis.cli",
     "hyla.bench.cli",
     "hyla.experiment.cli",

@@ -25,13 +25,43 @@ def test_bench_model_toy_writes_results(tmp_path):
         hypenet = results["systems"][name]
         assert max(hypenet["check"]["relative_errors"].values()) <= hypenet["check"]["bar"]
         assert {(r["batch"], r["context"]) for r in hypenet["decode"]} == {(1, 48), (2, 48)}
-        assert hypenet["fused_projections"] == (name == "hypenet-fused")
-    assert not results["systems"]["qwen3-engine"]["fused_projections"]
-    assert results["systems"]["hypenet"]["matvec"] == "cublas"
+        # on CPU the tuned settings are the eager step; hypenet-fused is the fused-projections step beside it
+        assert hypenet["engine"]["decode_step"] == ("fused-projections" if name == "hypenet-fused" else "eager")
+        assert not hypenet["engine"]["compile_decode"]
+    assert results["systems"]["qwen3-engine"]["engine"]["decode_step"] == "eager"
+    assert results["systems"]["hypenet"]["engine"]["matvec"] == "cublas"
     assert (tmp_path / "model.png").stat().st_size > 0 and "Targets" in (tmp_path / "model.md").read_text()
     merged = tmp_path / "merged"
     assert main(["bench", "report", str(tmp_path / "model.json"), "--out", str(merged)]) == 0
     assert json.loads((merged / "model.json").read_text())["systems"].keys() == results["systems"].keys()
+
+
+def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
+    """`hyla bench generate --toy`: NIAH prompts through hyla's engine and transformers' generate; each result names
+    its generation path; float32 on CPU, so both paths give the same greedy text."""
+    code = main(["bench", "generate", "--toy", "--device", "cpu", "--dtype", "float32", "--lengths", "192,320",
+                 "--num-prompts", "3,2", "--batch-sizes", "2,1", "--max-new-tokens", "4", "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "generate.json").read_text())
+    assert [row["length"] for row in results["lengths"]] == [192, 320]
+    for row in results["lengths"]:
+        assert row["paths"]["engine"]["path"] == "engine" and row["paths"]["hf"]["path"] == "hf"
+        assert row["paths"]["engine"]["engine"]["decode_step"] == "eager"
+        assert row["same_predictions"] == 1.0 and row["speedup"] > 0
+        assert row["paths"]["engine"]["timed"]["prompt_tokens"] == row["paths"]["hf"]["timed"]["prompt_tokens"] > 0
+    assert "speedup" in (tmp_path / "generate.md").read_text()
+
+
+def test_synthetic_niah_prompts_have_exact_token_counts():
+    from hyla.bench.generate import synthetic_niah_samples, synthetic_tokenizer
+
+    tokenizer = synthetic_tokenizer(500)
+    samples = synthetic_niah_samples(500, 1024, 3, tokens_to_generate=128, seed=0)
+    assert [s.depth_percent for s in samples] == [0, 50, 100]
+    for sample in samples:
+        ids = tokenizer(sample.input)["input_ids"]
+        assert len(ids) == sample.num_prompt_tokens and 0.99 * (1024 - 128) <= len(ids) <= 1024 - 128
+        assert tokenizer.decode(tokenizer(sample.outputs[0])["input_ids"]) == sample.outputs[0]
 
 
 def test_bench_kernels_toy_writes_results(tmp_path):
@@ -56,7 +86,7 @@ def test_engine_check_fails_on_a_wrong_reference():
     other = model.build_hypenet(hypenet_config(toy=True), device="cpu", dtype=torch.float32)
     with torch.no_grad():
         other.lm_head.weight.mul_(1.1)
-    settings = model.ModelSettings(toy=True, device="cpu", check_length=20, compile_blocks=False)
+    settings = model.ModelSettings(toy=True, device="cpu", check_length=20, compile_decode=False)
     with pytest.raises(CheckFailed):
         model.check_engine(toy, other, settings)
 
@@ -120,7 +150,7 @@ def test_qwen3_engine_passes_its_check_against_hf_in_bfloat16():
     engine_model = model.build_hypenet(engine_config, device="cpu", dtype=torch.bfloat16)
     hf_baseline.copy_qwen3_weights_into_hypenet(qwen3, engine_model)
     settings = model.ModelSettings(device="cpu", dtype="bfloat16", check_length=1024, attention_backend="torch",
-                                   compile_blocks=False)
+                                   compile_decode=False)
     check = model.check_engine(engine_model, qwen3, settings)  # raises CheckFailed above its bar
     assert max(check["relative_errors"].values()) <= check["bar"]
 
@@ -129,7 +159,7 @@ def test_bench_profile_toy_writes_results(tmp_path):
     def profile(*extra: str) -> dict:
         assert main(["bench", "profile", "--toy", "--device", "cpu", "--dtype", "float32", "--context", "48",
                      "--steps", "2", "--no-compile", "--out", str(tmp_path), *extra]) == 0
-        name = "hypenet-fused" if "--fuse-projections" in extra else "hypenet"
+        name = "hypenet-fused-projections" if "fused-projections" in extra else "hypenet"
         return json.loads((tmp_path / f"profile-{name}-48-b1.json").read_text())
 
     top = profile("--top", "5")
@@ -137,7 +167,7 @@ def test_bench_profile_toy_writes_results(tmp_path):
     assert 0 < len(top["rows"]) <= 5 and top["rows_total"] >= len(top["rows"])
     assert "| kernel / operator |" in (tmp_path / "profile-hypenet-48-b1.md").read_text()
     # Every operator (rankings by CPU time move under load; counts do not).
-    result, fused = profile("--top", "1000"), profile("--top", "1000", "--fuse-projections")
+    result, fused = profile("--top", "1000"), profile("--top", "1000", "--decode-step", "fused-projections")
     assert len(result["rows"]) == result["rows_total"]
 
     def matrix_products(rows):
@@ -183,19 +213,25 @@ def test_bench_profile_compiled_prefill_toy(tmp_path):
 
 def test_compile_modes_reach_torch_compile(monkeypatch):
     from hyla.bench import cli
+    from hyla.inference import decode_step, settings
     from hyla.inference import engine as engine_module
 
-    assert cli.COMPILE_MODES_CLI == engine_module.COMPILE_MODES
-    assert cli.MATVEC_KERNELS == engine_module.MATVEC_KERNELS
+    assert cli.COMPILE_MODES_CLI == settings.COMPILE_MODES
+    assert cli.DECODE_STEPS == settings.DECODE_STEPS and cli.MATVEC_KERNELS == settings.MATVEC_KERNELS
     modes = []
     monkeypatch.setattr(torch, "compile", lambda f, **kwargs: modes.append(kwargs["mode"]) or f)
+    monkeypatch.setattr(decode_step, "_COMPILED", {})  # the process-wide compiled functions, empty
     toy = model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"), dtype=torch.float32)
-    engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
+    engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_decode=True,
                                   compile_mode="max-autotune-no-cudagraphs")
     # the decode step's five functions: Lightning block, attention block before and after attention, embed, logits
     assert modes == ["max-autotune-no-cudagraphs"] * 5
+    # a second engine shares them
+    engine_module.InferenceEngine(toy, batch_size=2, max_length=8, compile_decode=True,
+                                  compile_mode="max-autotune-no-cudagraphs")
+    assert len(modes) == 5
     with pytest.raises(ValueError, match="compile_mode"):
-        engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_blocks=True,
+        engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_decode=True,
                                       compile_mode="reduce-overhead")
 
 
@@ -278,16 +314,12 @@ def test_model_plot_marks_a_panel_without_measurements(tmp_path):
 
 
 @pytest.mark.parametrize("verb", ["model", "profile"])
-def test_triton_matvec_is_refused_up_front_without_fused_projections_or_cuda(tmp_path, capsys, verb):
-    common = ["bench", verb, "--toy", "--out", str(tmp_path), "--matvec", "triton"]
-    assert main(common + ["--device", "cpu"]) != 0
-    assert "needs --fuse-projections" in capsys.readouterr().err
-    assert main(common + ["--device", "cpu", "--fuse-projections"]) != 0
-    assert "needs a CUDA device" in capsys.readouterr().err
-    fused = ["bench", verb, "--toy", "--out", str(tmp_path), "--matvec", "triton-fused", "--device", "cpu"]
-    assert main(fused) != 0
-    assert "needs --fuse-projections" in capsys.readouterr().err
-    table = ["bench", verb, "--toy", "--out", str(tmp_path), "--device", "cpu", "--matvec-table", "missing.json"]
-    assert main(table) != 0
-    assert "needs --matvec triton" in capsys.readouterr().err
+def test_triton_kernels_and_bad_settings_are_refused_up_front(tmp_path, capsys, verb):
+    common = ["bench", verb, "--toy", "--out", str(tmp_path), "--device", "cpu"]
+    assert main(common + ["--decode-step", "triton-fused"]) != 0
+    assert "Triton decode kernels need a CUDA device" in capsys.readouterr().err
+    assert main(common + ["--matvec", "triton"]) != 0
+    assert "products of --decode-step fused-projections" in capsys.readouterr().err
+    assert main(common + ["--engine-settings", str(tmp_path / "missing.json")]) != 0
+    assert "not an engine settings file" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())  # nothing written

@@ -35,3 +35,17 @@ def test_generated_text_becomes_a_corpus_with_its_settings_recorded(tmp_path, ti
     result = prepare_corpus(tmp_path / "corpus", settings, show_progress=False)
     assert result.manifest["num_documents"] == 3
     assert result.manifest["settings"]["generation"]["max_new_tokens"] == 4
+
+
+def test_the_teacher_samples_as_its_teacher_equivalent_hypenet_on_the_engine(tiny_teacher_dir):
+    from transformers import AutoModelForCausalLM
+
+    from hyla.data.generated import generating_model
+    from hyla.inference.generate import generation_path
+
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_teacher_dir).eval()
+    model = generating_model(teacher)
+    assert generation_path(model)[0] == "engine"
+    ids = torch.randint(3, 50, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, teacher(ids).logits, atol=1e-5)

@@ -146,8 +146,20 @@ def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny
     assert code == 0, stderr
     applied = _read(tmp_path / "hybrid")["settings"]["applied_overrides"]
     assert applied == {"attn_logits_scaling_a": 500.0, "eme_window": 64}
+    # EME (SWLA windows) is the model's own forward: transformers' generate, and the result file says so
+    assert _read(tmp_path / "hybrid")["generation_path"] == "hf"
     code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--out", tmp_path / "teacher", *options)
     assert code == 0
+    assert _read(tmp_path / "teacher")["generation"]["path"] == "hf"
+    code, _, stderr = _run(capsys, "niah", "--model", tiny_hypenet_folder, "--out", tmp_path / "engine", *options)
+    assert code == 0, stderr
+    engine = _read(tmp_path / "engine")
+    assert engine["generation_path"] == "engine" and engine["generation"]["engine"]["decode_step"] == "eager"
+    code, _, stderr = _run(capsys, "niah", "--model", tiny_hypenet_folder, "--out", tmp_path / "forced-hf",
+                           "--generation", "hf", *options)
+    assert code == 0 and _read(tmp_path / "forced-hf")["generation_path"] == "hf"
+    # the same greedy predictions on both paths
+    assert [r["pred"] for r in _read(tmp_path / "forced-hf")["records"]] == [r["pred"] for r in engine["records"]]
     code, stdout, _ = _run(capsys, "compare", tmp_path / "teacher", tmp_path / "hybrid")
     assert code == 0 and "niah/SK1/256" in stdout
     code, _, stderr = _run(capsys, "ppl", "--model", tiny_hypenet_folder, "--seq-len", "96", "--num-sequences", "1",

@@ -1,12 +1,13 @@
-"""The fast inference path (static cache, chunked prefill, single-token decode) against the model's own forward, and
-its attention pieces against the written-out softmax reference. CPU, pure torch."""
+"""The fast inference path (static cache, chunked prefill, single-token decode, ragged batches) against the model's own
+forward, its attention pieces against the written-out softmax reference, and its settings. CPU, pure torch."""
 
 import pytest
 import torch
 
 from hyla import HypeNetConfig, HypeNetForCausalLM
-from hyla.inference import InferenceEngine, chunk_attention, decode_attention_reference
-from hyla.inference.prefill_attention import attention_with_lse
+from hyla.inference import EngineSettings, InferenceEngine
+from hyla.ops.chunk_attention import attention_with_lse, chunk_attention
+from hyla.ops.decode_attention import decode_attention_reference
 from hyla.ops.attention import softmax_attention_reference
 
 # float64 model and references: the only differences are summation order, far below 1e-9.
@@ -57,12 +58,13 @@ def test_prefill_and_decode_match_model_forward(name, chunk, fused):
     tokens = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=chunk, fuse_projections=fused)
-    assert all((f is not None) == fused for f in engine.fused)
+    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=chunk,
+                             decode_step="fused-projections" if fused else "eager")
+    assert all((f is not None) == fused for f in engine.step.fused)
     logits = [engine.prefill(tokens[:, :21])]
     for t in range(21, 29):
         logits.append(engine.decode(tokens[:, t : t + 1]))
-    assert engine.num_cached == 29 and int(engine.cache.length) == 29
+    assert engine.num_cached == 29 and engine.cache.length.tolist() == [29, 29]
     assert rel(torch.stack(logits, 1), full[:, 20:]) <= TOL
 
 
@@ -105,8 +107,8 @@ def test_every_decode_product_goes_through_the_matvec_function(name):
     tokens = torch.randint(0, 101, (1, 20), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=1, max_length=24, prefill_chunk=8, fuse_projections=True)
-    assert engine.linear is None  # cuBLAS (F.linear) by default
+    engine = InferenceEngine(model, batch_size=1, max_length=24, prefill_chunk=8, decode_step="fused-projections")
+    assert engine.step.linear is None  # cuBLAS (F.linear) by default
     calls = []
 
     def counting_linear(x, weight, bias=None):
@@ -114,7 +116,7 @@ def test_every_decode_product_goes_through_the_matvec_function(name):
         out = x @ weight.T
         return out if bias is None else out + bias
 
-    engine.linear = counting_linear
+    engine.step.linear = counting_linear
     logits = [engine.prefill(tokens[:, :16])]
     for t in range(16, 20):
         logits.append(engine.decode(tokens[:, t : t + 1]))
@@ -123,19 +125,22 @@ def test_every_decode_product_goes_through_the_matvec_function(name):
     assert rel(torch.stack(logits, 1), full[:, 15:]) <= TOL
 
 
-def test_triton_matvec_needs_fused_projections_and_cuda():
+def test_settings_refuse_what_cannot_run():
     model = tiny_model()
-    with pytest.raises(ValueError, match="matvec must be one of"):
-        InferenceEngine(model, batch_size=1, max_length=8, matvec="cutlass")
-    with pytest.raises(ValueError, match="fuse_projections=True"):
+    with pytest.raises(ValueError, match="decode_step must be one of"):
+        InferenceEngine(model, batch_size=1, max_length=8, decode_step="cutlass")
+    with pytest.raises(ValueError, match="sets the products of decode_step='fused-projections'"):
         InferenceEngine(model, batch_size=1, max_length=8, matvec="triton")
     with pytest.raises(ValueError, match="needs a CUDA device with triton"):
-        InferenceEngine(model, batch_size=1, max_length=8, matvec="triton", fuse_projections=True)
-    with pytest.raises(ValueError, match="needs matvec='triton'"):
-        InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True, matvec_table={})
-    with pytest.raises(ValueError, match="launch_pdl applies to matvec='triton-fused'"):
-        InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True, launch_pdl=True)
-    assert not InferenceEngine(model, batch_size=1, max_length=8, fuse_projections=True).launch_pdl
+        InferenceEngine(model, batch_size=1, max_length=8, decode_step="fused-projections", matvec="triton")
+    with pytest.raises(ValueError, match="launch_pdl applies to decode_step='triton-fused'"):
+        InferenceEngine(model, batch_size=1, max_length=8, decode_step="fused-projections", launch_pdl=True)
+    # head_dim 16: the fused Lightning step needs multiples of 32; batch 2: it decodes one sequence
+    with pytest.raises(ValueError, match="multiple of 32"):
+        InferenceEngine(model, batch_size=1, max_length=8, decode_step="triton-fused")
+    with pytest.raises(ValueError, match="batch_size=1"):
+        InferenceEngine(model, batch_size=2, max_length=8, decode_step="triton-fused")
+    assert not InferenceEngine(model, batch_size=1, max_length=8, decode_step="fused-projections").launch_pdl
 
 
 def _sweep_result(n, k, bias, cublas_us, fastest):
@@ -143,11 +148,16 @@ def _sweep_result(n, k, bias, cublas_us, fastest):
 
 
 def test_matvec_table_keeps_the_kernel_only_where_it_beat_cublas(tmp_path):
-    """load_table reads bench/matvec_sweep.py's JSON: a shape's fastest setting where it was faster than cuBLAS,
-    None (cuBLAS) where it was slower, had no checked setting, or where one shape with and without a bias disagree."""
+    """matvec_table_from_sweep reads a matvec sweep's JSON: a shape's fastest setting where it was faster than
+    cuBLAS, None (cuBLAS) where it was slower, had no checked setting, or where one shape with and without a bias
+    disagree."""
     import json
 
-    from hyla.inference.matvec import MatvecConfig, load_table
+    from hyla.inference.settings import matvec_table_from_sweep
+    from hyla.ops.matvec import MatvecConfig
+
+    def load_table(path):
+        return dict(matvec_table_from_sweep(path))
 
     fast = {"block_n": 4, "block_k": 1024, "num_warps": 8, "num_stages": 3, "us": 9.0, "tb_per_s": 3.9}
     results = [
@@ -177,22 +187,22 @@ def test_compiled_decode_blocks_match_model_forward(fused):
     tokens = torch.randint(0, 101, (2, 12), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=2, max_length=16, prefill_chunk=5, compile_blocks=True,
-                             fuse_projections=fused)
+    engine = InferenceEngine(model, batch_size=2, max_length=16, prefill_chunk=5, compile_decode=True,
+                             decode_step="fused-projections" if fused else "eager")
     logits = [engine.prefill(tokens[:, :9])] + [engine.decode(tokens[:, t : t + 1]) for t in range(9, 12)]
     assert rel(torch.stack(logits, 1), full[:, 8:]) <= TOL
 
 
 @pytest.mark.slow
 def test_compiled_prefill_matches_model_forward():
-    # Chunks of 5, 5 and 3 tokens: the second length turns the compiled functions' length symbolic; a later prompt
-    # of another length must still be right. The layers include RoPE attention, NoPE attention with logit scaling
-    # and Lightning.
+    # Chunks of 5, 5 and 3 tokens a row (10 tokens a call over 2 rows): the second length turns the compiled
+    # functions' length symbolic; a later prompt of another length must still be right. The layers include RoPE
+    # attention, NoPE attention with logit scaling and Lightning.
     model = tiny_model(layer_types=["lightning", "attention_rope", "attention", "lightning"])
     tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=2, max_length=20, prefill_chunk=5, compile_prefill=True)
+    engine = InferenceEngine(model, batch_size=2, max_length=20, prefill_chunk=10, compile_prefill=True)
     logits = [engine.prefill(tokens[:, :13])] + [engine.decode(tokens[:, t : t + 1]) for t in range(13, 16)]
     assert rel(torch.stack(logits, 1), full[:, 12:]) <= TOL
     engine.reset()
@@ -234,7 +244,7 @@ def test_attention_with_lse_rejects_unknown_backend():
 
 
 def test_prefill_attention_backend_follows_device_and_dtype():
-    from hyla.inference.prefill_attention import pick_attention_backend
+    from hyla.ops.chunk_attention import pick_attention_backend
 
     cuda, cpu = torch.device("cuda"), torch.device("cpu")
     assert pick_attention_backend("auto", cuda, torch.bfloat16) == "cudnn"

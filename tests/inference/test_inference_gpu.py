@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from hyla import HypeNetConfig, HypeNetForCausalLM
-from hyla.inference import InferenceEngine, chunk_attention, decode_attention, decode_attention_reference
+from hyla.inference import InferenceEngine
+from hyla.ops.chunk_attention import chunk_attention
+from hyla.ops.decode_attention import decode_attention, decode_attention_reference
 
 pytestmark = pytest.mark.gpu
 
@@ -37,10 +39,30 @@ def test_triton_decode_matches_reference(batch, heads, kv_heads, max_length, len
     assert rel(out, ref) <= BF16_TOL
 
 
+def test_triton_decode_reads_each_rows_own_length():
+    """Rows of a ragged batch hold different lengths (engine prefill of a left-padded batch): each row reads only its
+    own positions, NaN past them."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    lengths = [1, 700, 4096, 2777]
+    q = torch.randn(4, 16, 128, device="cuda", generator=gen).bfloat16()
+    keys = torch.randn(4, 8, 4096, 128, device="cuda", generator=gen).bfloat16()
+    values = torch.randn(4, 8, 4096, 128, device="cuda", generator=gen).bfloat16()
+    for row, length in enumerate(lengths):
+        keys[row, :, length:] = float("nan")
+        values[row, :, length:] = float("nan")
+    out = decode_attention(q, keys, values, torch.tensor(lengths, device="cuda"), scale=128**-0.5)
+    assert torch.isfinite(out).all()
+    for row, length in enumerate(lengths):
+        ref = decode_attention_reference(q[row:row + 1].double(), keys[row:row + 1, :, :length].double(),
+                                         values[row:row + 1, :, :length].double(), length, scale=128**-0.5)
+        assert rel(out[row:row + 1], ref) <= BF16_TOL, f"row {row}"
+
+
 @pytest.mark.parametrize("block_n,num_warps,num_stages,programs_per_sm", [(32, 8, 2, 1), (128, 8, 4, 8), (64, 4, 3, 2)])
 def test_triton_decode_launch_settings_match_reference(block_n, num_warps, num_stages, programs_per_sm):
-    """Settings that bench/decode_attention_sweep.py may pick, with the NaN poison past the valid length."""
-    from hyla.inference.decode_triton import DecodeKernelConfig, decode_attention_triton
+    """Settings that `hyla bench sweep decode-attention` may pick, with the NaN poison past the valid length."""
+    from hyla.ops.decode_attention import DecodeKernelConfig
+    from hyla.ops.decode_attention.gpu import decode_attention_triton
 
     config = DecodeKernelConfig(block_n=block_n, num_warps=num_warps, num_stages=num_stages,
                                 programs_per_sm=programs_per_sm)
@@ -81,15 +103,15 @@ def small_model(layer_types, **overrides):
     return HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
 
 
-@pytest.mark.parametrize("compile_blocks", [False, True])
+@pytest.mark.parametrize("compile_decode", [False, True])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_graph_decode_matches_model_forward(batch, compile_blocks):
+def test_graph_decode_matches_model_forward(batch, compile_decode):
     model = small_model(["lightning", "attention", "lightning", "lightning"])
     tokens = torch.randint(0, 1000, (batch, 300), device="cuda")
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
-    engine = InferenceEngine(model, batch_size=batch, max_length=320, prefill_chunk=128,
-                             compile_blocks=compile_blocks)
+    engine = InferenceEngine(model, batch_size=batch, max_length=320, prefill_chunk=128 * batch, decode_step="eager",
+                             compile_decode=compile_decode, compile_prefill=False)
     pieces = [engine.prefill(tokens[:, :250])]
     engine.capture_graph()
     for t in range(250, 300):
@@ -118,19 +140,18 @@ def _matvec_test_model(layer_types, spread_norms=False):
     return model, tokens, full
 
 
-@pytest.mark.parametrize("compile_blocks,table", [(False, False), (True, False), (True, True)])
-def test_graph_decode_with_triton_matvec_matches_model_forward(compile_blocks, table):
+@pytest.mark.parametrize("compile_decode,table", [(False, False), (True, False), (True, True)])
+def test_graph_decode_with_triton_matvec_matches_model_forward(compile_decode, table):
     """matvec="triton": every product of the batch-1 step through hyla's kernel (widths multiples of its block_k),
     eager and compiled (the custom op inside torch.compile's graph), under the CUDA graph; with a per-shape table,
     other settings for one shape and cuBLAS for the LM head."""
-    from hyla.inference.matvec import MatvecConfig
+    from hyla.ops.matvec import MatvecConfig
 
     model, tokens, full = _matvec_test_model(["lightning", "attention", "lightning", "lightning"])
-    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
-                             fuse_projections=True, matvec="triton",
-                             matvec_table={(2048, 512): MatvecConfig(block_n=16, block_k=256, num_warps=8,
-                                                                     num_stages=4),
-                                           (1000, 512): None} if table else None)
+    shapes = (((2048, 512), MatvecConfig(block_n=16, block_k=256, num_warps=8, num_stages=4)), ((1000, 512), None))
+    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_decode=compile_decode,
+                             compile_prefill=False, decode_step="fused-projections", matvec="triton",
+                             launch_pdl=None, matvec_shapes=shapes if table else ())
     pieces = [engine.prefill(tokens[:, :250])]
     engine.capture_graph()
     for t in range(250, 300):
@@ -144,7 +165,7 @@ def test_triton_matvec_matches_reference(n, k, has_bias):
     block_n and a bias."""
     import torch.nn.functional as F
 
-    from hyla.inference.matvec_triton import matvec_triton
+    from hyla.ops.matvec.gpu import matvec_triton
 
     gen = torch.Generator(device="cuda").manual_seed(n)
     weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
@@ -174,8 +195,8 @@ def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_b
     """The matrix-vector kernel in the engine's combinations (normed with and without the GLU epilogue, scaled plus
     residual, sigmoid-gated plus residual) against the float64 reference, bf16, K a multiple of block_k and not;
     launched plainly and with programmatic dependent launch."""
-    from hyla.inference.matvec import NORM, SCALED, MatvecConfig, fused_matvec_reference
-    from hyla.inference.matvec_triton import fused_matvec_triton
+    from hyla.ops.matvec import NORM, SCALED, MatvecConfig, fused_matvec_reference
+    from hyla.ops.matvec.gpu import fused_matvec_triton
 
     gen = torch.Generator(device="cuda").manual_seed(n + prologue)
     weight = (torch.randn(n, k, device="cuda", generator=gen) / k**0.5).bfloat16()
@@ -196,8 +217,8 @@ def test_triton_matvec_prologues_match_reference(prologue, epilogue, n, k, has_b
 @pytest.mark.parametrize("norms,rope,gate", [(True, True, True), (False, False, False)])
 def test_lightning_step_kernel_matches_reference(norms, rope, gate, pdl):
     """The Lightning step at HypeNet-2B's head shape: bf16 projections, float32 state updated in place."""
-    from hyla.inference.lightning_step import lightning_step_reference
-    from hyla.inference.lightning_step_triton import BLOCK_V, lightning_step_triton
+    from hyla.ops.lightning_step import BLOCK_V, lightning_step_reference
+    from hyla.ops.lightning_step.gpu import lightning_step_triton
 
     gen = torch.Generator(device="cuda").manual_seed(7)
     heads, dim = 16, 128
@@ -219,22 +240,22 @@ def test_lightning_step_kernel_matches_reference(norms, rope, gate, pdl):
     assert rel(partials, ref_partials) <= 1e-5 and rel(state, ref_state) <= 1e-6
 
 
-@pytest.mark.parametrize("compile_blocks", [False, True])
-def test_graph_decode_triton_fused_matches_model_forward(compile_blocks):
+@pytest.mark.parametrize("compile_decode", [False, True])
+def test_graph_decode_triton_fused_matches_model_forward(compile_decode):
     """matvec="triton-fused": residual adds, norms (weights folded), SiLU, gates and the Lightning step in hyla's
     kernels, eager and compiled, under the CUDA graph, against the float32 model's forward; batch 2 refused."""
     # norm weights away from 1: they are folded into the maps, and the fold is checked
     model, tokens, full = _matvec_test_model(["lightning", "attention", "lightning", "attention_rope"],
                                              spread_norms=True)
-    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=compile_blocks,
-                             fuse_projections=True, matvec="triton-fused")
+    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_decode=compile_decode,
+                             decode_step="triton-fused")
     pieces = [engine.prefill(tokens[:, :250])]
     engine.capture_graph()
     for t in range(250, 300):
         pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
     with pytest.raises(ValueError, match="batch_size=1"):
-        InferenceEngine(model, batch_size=2, max_length=8, fuse_projections=True, matvec="triton-fused")
+        InferenceEngine(model, batch_size=2, max_length=8, decode_step="triton-fused")
 
 
 @needs_pdl
@@ -247,8 +268,8 @@ def test_triton_fused_decode_with_programmatic_launch_equals_plain_launch():
                                           spread_norms=True)
     runs = []
     for launch_pdl in (False, True):
-        engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_blocks=True,
-                                 fuse_projections=True, matvec="triton-fused", launch_pdl=launch_pdl)
+        engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, compile_decode=True,
+                                 decode_step="triton-fused", launch_pdl=launch_pdl)
         assert engine.launch_pdl is launch_pdl
         pieces = [engine.prefill(tokens[:, :240])]
         engine.capture_graph()

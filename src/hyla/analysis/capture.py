@@ -3,7 +3,7 @@
 A forward pre-hook on every mixer module recomputes, from the module's own input, exactly the q and k its kernel
 receives, and hands them to a callback before the next layer runs: only one layer's q/k is alive at a time, so the
 memory stays that of a plain forward pass.
-- HypeNet mixers: the hook calls the layer's own `_project(hidden_states, context)` (norms, RoPE, logit scaling and
+- HypeNet mixers: the hook calls the layer's own `project(hidden_states, context)` (norms, RoPE, logit scaling and
   padding mask exactly as in `forward`).
 - Hugging Face decoders (Llama, Mistral, Qwen2, Qwen3): the hook re-runs the projection math of their attention
   `forward` from its `hidden_states` and `position_embeddings` (q_proj/k_proj, q_norm/k_norm when present, and the
@@ -42,12 +42,12 @@ def _hypenet_mixer_inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Any]
 
 
 def capture_lightning(module: LightningAttention, args: tuple, kwargs: dict) -> HeadInputs:
-    q, k, _ = module._project(*_hypenet_mixer_inputs(args, kwargs))
+    q, k, _ = module.project(*_hypenet_mixer_inputs(args, kwargs))
     return HeadInputs("decay", q, k, scale=module.head_dim**-0.5, log_decay=module.log_decay(q.device))
 
 
 def capture_attention(module: Attention, args: tuple, kwargs: dict) -> HeadInputs:
-    q, k, _ = module._project(*_hypenet_mixer_inputs(args, kwargs))
+    q, k, _ = module.project(*_hypenet_mixer_inputs(args, kwargs))
     return HeadInputs("softmax", q, k, scale=module.head_dim**-0.5)
 
 

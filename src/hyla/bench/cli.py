@@ -11,10 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-# hyla.inference.engine.COMPILE_MODES and MATVEC_KERNELS, written out so that `hyla --help` does not import torch (a
-# test keeps them equal)
+# hyla.inference.settings.COMPILE_MODES, DECODE_STEPS and MATVEC_KERNELS, written out so that `hyla --help` does not
+# import torch (a test keeps them equal)
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
-MATVEC_KERNELS = ("cublas", "triton", "triton-fused")
+DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
+MATVEC_KERNELS = ("cublas", "triton")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -41,7 +42,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--hf-max-prefill", type=_count, default=2**17)
     model.add_argument("--hf-graph-contexts", type=_lengths, default=None, help="default 32K,128K,512K")
     model.add_argument("--large-batch", type=int, default=32)
-    model.add_argument("--large-batch-contexts", type=_lengths, default=None, help="default 8K,32K")
+    model.add_argument("--large-batch-contexts", type=_lengths, default=None,
+                       help="default 8K,32K; an empty string: no large-batch decode")
     model.add_argument("--decode-steps", type=int, default=20, help="graph replays per timed decode measurement")
     model.add_argument("--repeats", type=int, default=3, help="timed repetitions of each measurement")
     model.add_argument("--long-prefill-repeats", type=_positive, default=1,
@@ -76,8 +78,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "--toy: align:2x64,distill:2x128,finetune:1x256)")
     train.add_argument("--paths", default="eager,fast", help="comma list of eager, fast (default both)")
     train.add_argument("--attention-layers", default=None,
-                       help="comma list of the hybrid's attention layers (default: SmolLM2's HALO choice for a 30-layer "
-                            "teacher, else every fourth layer)")
+                       help="comma list of the hybrid's attention layers (default: SmolLM2's HALO choice for a "
+                            "30-layer teacher, else every fourth layer)")
     train.add_argument("--steps", type=_positive, default=8, help="timed steps per case (median reported)")
     train.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
     train.add_argument("--no-profile", action="store_true", help="skip the profiled step of each fast case")
@@ -85,36 +87,119 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--toy", action="store_true", help="tiny sizes (a 4-layer teacher of width 64): for CPU")
     _common(train)
     train.set_defaults(handler=run_train)
+    _register_generate(verbs)
+    _register_sweep(verbs)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
 
 
+def _register_sweep(verbs) -> None:
+    sweep = verbs.add_parser("sweep", help="kernel launch-setting sweeps that write an engine settings file")
+    sweep.add_argument("kernel", choices=("matvec", "fused", "decode-attention"),
+                       help="matvec: batch-1 products vs cuBLAS; fused: the triton-fused step's kernels; "
+                            "decode-attention: the split-K decode attention kernel")
+    sweep.add_argument("--out", required=True, help="folder for the sweep's JSON and markdown and settings.json")
+    sweep.add_argument("--base-settings", metavar="JSON",
+                       help="settings the sweep's choices are written over (default: the tuned settings of this GPU)")
+    sweep.add_argument("--smoke", action="store_true",
+                       help="CPU through Triton's interpreter (run with TRITON_INTERPRET=1): toy shapes, plumbing")
+    sweep.add_argument("--pdl", action="store_true", help="fused: launch with programmatic dependent launch")
+    sweep.add_argument("--step-only", action="store_true", help="fused: the Lightning step kernel only")
+    sweep.set_defaults(handler=run_sweep)
+
+
+def run_sweep(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if args.kernel != "fused" and (args.pdl or args.step_only):
+        raise ValueError("--pdl and --step-only belong to `hyla bench sweep fused`")
+    common = dict(smoke=args.smoke, base_settings=args.base_settings, log=lambda line: print(line, flush=True))
+    if args.kernel == "matvec":
+        from hyla.bench.sweep.matvec import run_matvec_sweep
+
+        run_matvec_sweep(out, **common)
+    elif args.kernel == "fused":
+        from hyla.bench.sweep.fused import run_fused_sweep
+
+        run_fused_sweep(out, pdl=args.pdl, step_only=args.step_only, **common)
+    else:
+        from hyla.bench.sweep.decode_attention import run_decode_attention_sweep
+
+        run_decode_attention_sweep(out, **common)
+    print(f"wrote {out / 'settings.json'} (engine settings: --engine-settings {out / 'settings.json'})")
+    return 0
+
+
+def _register_generate(verbs) -> None:
+    generate = verbs.add_parser("generate", help="NIAH evaluation through hyla's engine and transformers' generate, "
+                                                 "side by side, on a converted-shape HypeNet (random weights)")
+    generate.add_argument("--lengths", type=_lengths, default=None, help="comma list (default 4K,16K,64K)")
+    generate.add_argument("--num-prompts", type=_lengths, default=None,
+                          help="prompts per length, comma list (default 16 up to 16K, 8 above)")
+    generate.add_argument("--batch-sizes", type=_lengths, default=None,
+                          help="batch size per length, comma list (default 4 up to 16K, 1 above)")
+    generate.add_argument("--max-new-tokens", type=_positive, default=64)
+    generate.add_argument("--paths", default="engine,hf", help="comma list of engine, hf")
+    generate.add_argument("--engine-settings", metavar="JSON", help="the engine's settings file (default: tuned)")
+    generate.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    generate.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    _common(generate)
+    generate.set_defaults(handler=run_generate)
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    from hyla.bench.generate import GenerateBenchSettings, generate_markdown, run_generate_bench
+
+    defaults = GenerateBenchSettings()
+    settings = GenerateBenchSettings(
+        lengths=args.lengths or defaults.lengths, num_prompts=args.num_prompts, batch_sizes=args.batch_sizes,
+        max_new_tokens=args.max_new_tokens, paths=tuple(args.paths.split(",")), engine_settings=args.engine_settings,
+        toy=args.toy, device=args.device, dtype=args.dtype)
+    settings.plan()  # a bad plan fails before any model is built
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+
+    def save(results: dict) -> None:
+        _write_json(out / "generate.json", {"environment": env, **results})
+
+    results = run_generate_bench(settings, save=save)
+    save(results)
+    (out / "generate.md").write_text(generate_markdown(results, env["command"]))
+    print(generate_markdown(results, env["command"]))
+    return 0
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
-    """The engine settings `model` and `profile` share (fields of ModelSettings and ProfileSettings)."""
-    parser.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
-    parser.add_argument("--compile-mode", default="default", choices=COMPILE_MODES_CLI,
-                        help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times its "
-                             "matrix-product kernels against cuBLAS per shape while compiling)")
-    parser.add_argument("--fuse-projections", action="store_true",
-                        help="decode through each block's concatenated input maps (q/k/v/gate, MLP gate/up); in "
-                             "`model` for every engine system (the system hypenet-fused does this for the HypeNet "
-                             "shape alone, beside hypenet)")
-    parser.add_argument("--compile-prefill", action="store_true",
+    """The engine settings `model` and `profile` share (fields of ModelSettings and ProfileSettings): the tuned
+    settings shipped for this GPU unless a settings file or an expert option says otherwise."""
+    parser.add_argument("--engine-settings", metavar="JSON",
+                        help="the engine's settings file (default: the tuned settings shipped for this GPU, "
+                             "hyla/inference/tuned/; `hyla bench sweep` writes one)")
+    expert = parser.add_argument_group("expert options (experiments against the engine's settings)")
+    expert.add_argument("--decode-step", choices=DECODE_STEPS,
+                        help="eager: the model's modules; fused-projections: each block's input maps concatenated "
+                             "(4 products a block instead of 8); triton-fused: hyla's fused kernels (batch 1)")
+    expert.add_argument("--matvec", choices=MATVEC_KERNELS,
+                        help="the products of --decode-step fused-projections: cuBLAS or hyla's Triton kernel")
+    expert.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
+    expert.add_argument("--compile-mode", choices=COMPILE_MODES_CLI,
+                        help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times "
+                             "its matrix-product kernels against cuBLAS per shape while compiling)")
+    expert.add_argument("--compile-prefill", action=argparse.BooleanOptionalAction, default=None,
                         help="torch.compile the engine's prefill around its mixing kernels (norms, projections, "
                              "RoPE, gates, MLP)")
-    parser.add_argument("--matvec", default="cublas", choices=MATVEC_KERNELS,
-                        help="batch-1 decode products: cuBLAS (F.linear) or hyla's Triton kernel (with "
-                             "--fuse-projections; bench/matvec_sweep.py compares the two per shape); triton-fused: "
-                             "also the norms, residual adds, SiLU, gates and each Lightning step in hyla's kernels")
-    parser.add_argument("--matvec-table", metavar="JSON",
-                        help="with --matvec triton(-fused): the kernel's settings per shape, and cuBLAS where it was "
-                             "faster, from bench/matvec_sweep.py's or bench/fused_sweep.py's JSON")
-    parser.add_argument("--no-pdl", action="store_true",
-                        help="with --matvec triton-fused: launch the kernels without programmatic dependent launch "
-                             "(on by default on GPUs of compute capability 9.0 or later)")
+    expert.add_argument("--no-pdl", action="store_true",
+                        help="launch the triton-fused kernels without programmatic dependent launch")
     parser.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+
+
+def engine_overrides(args: argparse.Namespace) -> dict:
+    """ModelSettings / ProfileSettings fields of `_engine_options` (None: the settings file's value)."""
+    return {"engine_settings": args.engine_settings, "decode_step": args.decode_step, "matvec": args.matvec,
+            "compile_decode": False if args.no_compile else None, "compile_mode": args.compile_mode,
+            "compile_prefill": args.compile_prefill, "launch_pdl": False if args.no_pdl else None}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -193,27 +278,24 @@ def run_kernels(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_matvec(args: argparse.Namespace) -> None:
-    """--matvec triton(-fused) runs the fused decode products on CUDA: refuse it up front otherwise."""
-    if args.matvec != "cublas" and not args.fuse_projections:
-        raise ValueError(f"--matvec {args.matvec} needs --fuse-projections (the kernel runs the fused decode "
-                         f"products)")
-    if args.matvec != "cublas" and not args.device.startswith("cuda"):
-        raise ValueError(f"--matvec {args.matvec} needs a CUDA device, not {args.device}")
-    if args.matvec_table is not None:
-        if args.matvec == "cublas":
-            raise ValueError("--matvec-table sets the Triton kernel per shape: it needs --matvec triton or "
-                             "triton-fused")
-        from hyla.inference.matvec import load_table
+def _check_engine_options(args: argparse.Namespace) -> None:
+    """Refuse up front what the engine would refuse after building the model: a bad settings file, hyla's Triton
+    kernels off CUDA."""
+    from hyla.inference.settings import load_settings
 
-        load_table(args.matvec_table)  # a bad file fails here, before any model is built
+    if args.engine_settings is not None:
+        load_settings(args.engine_settings)
+    if args.matvec == "triton" and args.decode_step != "fused-projections":
+        raise ValueError("--matvec triton sets the products of --decode-step fused-projections")
+    if (args.decode_step == "triton-fused" or args.matvec == "triton") and not args.device.startswith("cuda"):
+        raise ValueError(f"hyla's Triton decode kernels need a CUDA device, not {args.device}")
 
 
 def run_model(args: argparse.Namespace) -> int:
     from hyla.bench.model import ModelSettings, run_model_bench
     from hyla.bench.report import model_markdown, plot_model
 
-    _check_matvec(args)
+    _check_engine_options(args)
 
     defaults = ModelSettings()
     settings = ModelSettings(
@@ -222,12 +304,10 @@ def run_model(args: argparse.Namespace) -> int:
         qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hypenet_max_prefill=args.hypenet_max_prefill,
         attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
-        large_batch_contexts=args.large_batch_contexts or defaults.large_batch_contexts,
+        large_batch_contexts=(defaults.large_batch_contexts if args.large_batch_contexts is None
+                              else args.large_batch_contexts),
         decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
-        prefill_chunk=args.prefill_chunk,
-        compile_blocks=not args.no_compile, fuse_projections=args.fuse_projections,
-        compile_prefill=args.compile_prefill, compile_mode=args.compile_mode, matvec=args.matvec,
-        matvec_table=args.matvec_table, launch_pdl=False if args.no_pdl else None, toy=args.toy,
+        prefill_chunk=args.prefill_chunk, **engine_overrides(args), toy=args.toy,
         device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
@@ -248,23 +328,19 @@ def run_model(args: argparse.Namespace) -> int:
 def run_profile(args: argparse.Namespace) -> int:
     from hyla.bench.profile import ProfileSettings, profile_decode, profile_markdown, profile_prefill
 
-    _check_matvec(args)
+    _check_engine_options(args)
 
     prefill = args.phase == "prefill"
     steps = args.steps if args.steps is not None else (2 if prefill else 10)
     settings = ProfileSettings(system=args.system, phase=args.phase, context=args.context, chunk=args.chunk,
-                               batch=args.batch, steps=steps, compile_blocks=not args.no_compile,
-                               fuse_projections=args.fuse_projections, compile_prefill=args.compile_prefill,
-                               compile_mode=args.compile_mode, matvec=args.matvec,
-                               matvec_table=args.matvec_table, launch_pdl=False if args.no_pdl else None,
-                               toy=args.toy,
-                               device=args.device, dtype=args.dtype,
-                               top=args.top)
+                               batch=args.batch, steps=steps, **engine_overrides(args), toy=args.toy,
+                               device=args.device, dtype=args.dtype, top=args.top)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     result = profile_prefill(settings) if prefill else profile_decode(settings)
-    system = settings.system + ("-fused" if settings.fuse_projections and not prefill else "")
-    system += "-compiled" if settings.compile_prefill and prefill else ""
+    decode_step = result["engine"]["decode_step"]
+    system = settings.system + ("" if prefill or decode_step == "eager" else f"-{decode_step}")
+    system += "-compiled" if result["engine"]["compile_prefill"] and prefill else ""
     what = f"prefill{settings.chunk}-" if prefill else ""
     stem = f"profile-{system}-{what}{settings.context}-b{settings.batch}"
     _write_json(out / f"{stem}.json", {"environment": environment(), **result})

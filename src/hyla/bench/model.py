@@ -18,11 +18,12 @@ from hyla.bench import hf_baseline, shapes
 from hyla.bench.floors import ModelShape
 from hyla.bench.timing import CheckFailed, allocated_gib, peak_memory_gib, relative_error, reset_peak_memory, time_ms
 from hyla.inference import InferenceEngine
+from hyla.inference.settings import OVERRIDABLE, fit_to_model, resolve_settings
 from hyla.ops.dispatch import use_backend
 
 SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
-# Also runnable on request: the HypeNet shape on the engine with fused decode projections (`fuse_projections`),
-# beside "hypenet" in the same run for an A/B of that one change.
+# Also runnable on request: the HypeNet shape on the engine with the fused-projections decode step (cuBLAS products),
+# beside "hypenet" (the tuned settings) in the same run for an A/B of the decode step.
 EXTRA_SYSTEMS = ("hypenet-fused",)
 # bf16 weights and activations; the engine and the reference round at different points (chunked attention merged in
 # fp32, fp32 recurrent state vs fla's chunk kernel, split-K decode): ~1e-2 relative on logits, as the model's own
@@ -47,26 +48,33 @@ class ModelSettings:
     repeats: int = 3  # timed repetitions of each measurement (fewer when one takes seconds)
     long_prefill_repeats: int = 1  # timed prefills at >= 128K (median reported, every time kept)
     prefill_chunk: int = 2**16
-    compile_blocks: bool = True
-    fuse_projections: bool = False  # engine decode through concatenated q/k/v(/gate) and gate/up maps
-    compile_prefill: bool = False  # torch.compile the engine's prefill around the mixing kernels
-    compile_mode: str = "default"  # torch.compile mode of the decode blocks (hyla.inference.engine.COMPILE_MODES)
-    matvec: str = "cublas"  # batch-1 decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
-    matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
-    launch_pdl: bool | None = None  # with matvec="triton-fused": programmatic dependent launch (None: where supported)
+    # The engine's settings: a settings file (None: the tuned settings shipped for this GPU, hyla.inference.settings)
+    # and expert overrides of its fields (None: the file's value).
+    engine_settings: str | None = None
+    decode_step: str | None = None
+    matvec: str | None = None
+    compile_decode: bool | None = None
+    compile_prefill: bool | None = None
+    compile_mode: str | None = None
+    launch_pdl: bool | None = None
     check_length: int = 2000
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
 
 
-def load_matvec_table(settings):
-    """The per-shape matvec settings of `settings.matvec_table` (a sweep result), or None."""
-    if settings.matvec_table is None:
-        return None
-    from hyla.inference.matvec import load_table
+def engine_settings(settings, model, batch_size: int):
+    """(EngineSettings, notes) of a benchmark's `settings` (ModelSettings or ProfileSettings) for `model` at
+    `batch_size`: its settings file or the tuned settings, its overrides, fitted to the model and batch
+    (`hyla.inference.settings.fit_to_model`: above batch 1, the file's batched settings)."""
+    overrides = {name: getattr(settings, name, None) for name in OVERRIDABLE}
+    resolved = resolve_settings(model.device, path=settings.engine_settings, **overrides)
+    return fit_to_model(resolved, model, batch_size)
 
-    return load_table(settings.matvec_table)
+
+def build_engine(model, settings, *, batch_size: int, max_length: int, **overrides) -> InferenceEngine:
+    resolved, _ = engine_settings(settings, model, batch_size)
+    return InferenceEngine(model, batch_size=batch_size, max_length=max_length, settings=resolved, **overrides)
 
 
 def _free():
@@ -105,11 +113,7 @@ def check_engine(model, reference, settings: ModelSettings) -> dict:
     del exact
     _free()
     own = reference(ids, use_cache=False).logits[:, length - 1 :].float()
-    engine = InferenceEngine(model, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3),
-                             compile_blocks=settings.compile_blocks, attention_backend=settings.attention_backend,
-                             fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
-                             compile_mode=settings.compile_mode, matvec=settings.matvec,
-                             matvec_table=load_matvec_table(settings), launch_pdl=settings.launch_pdl)
+    engine = build_engine(model, settings, batch_size=1, max_length=length + steps, prefill_chunk=-(-length // 3))
     logits = [engine.prefill(ids[:, :length]).float()]
     if model.device.type == "cuda":
         engine.capture_graph()
@@ -190,13 +194,8 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
     """Prefill (largest first: later lengths reuse the attention plans it builds) then graph decode. The longest
     prefilled context is decoded right after its real prefill; the others over a synthetic cache."""
     device = model.device
-    engine = InferenceEngine(model, batch_size=batch, max_length=max(contexts) + MARGIN,
-                             prefill_chunk=settings.prefill_chunk, compile_blocks=settings.compile_blocks,
-                             fuse_projections=settings.fuse_projections, compile_prefill=settings.compile_prefill,
-                             compile_mode=settings.compile_mode, attention_backend=settings.attention_backend,
-                             matvec=settings.matvec if batch == 1 else "cublas",
-                             matvec_table=load_matvec_table(settings) if batch == 1 else None,
-                             launch_pdl=settings.launch_pdl if batch == 1 else False)
+    engine = build_engine(model, settings, batch_size=batch, max_length=max(contexts) + MARGIN)
+    log(f"  engine B={batch}: {engine.settings.summary()}")
     prefill, decode = [], []
     for context in sorted(prefill_contexts, reverse=True):
         prefill.append(time_engine_prefill(engine, shape, context, log, settings.repeats,
@@ -236,14 +235,12 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
             raise
         # cuDNN attention and torch.compile are optimisations with fallbacks (flash; plain graph); the check decides.
         log(f"  fast path failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}); trying flash, uncompiled")
-        settings = replace(settings, compile_blocks=False, compile_prefill=False,
+        settings = replace(settings, compile_decode=False, compile_prefill=False,
                            attention_backend="flash" if model.device.type == "cuda" else "torch")
         check = check_engine(model, reference, settings)
-    result = {"system": name, "shape": asdict(shape), "check": check, "compiled_decode": settings.compile_blocks,
-              "compile_mode": settings.compile_mode, "matvec": settings.matvec,
-              "matvec_table": settings.matvec_table,
-              "fused_projections": settings.fuse_projections, "compiled_prefill": settings.compile_prefill,
-              "prefill_attention": settings.attention_backend,
+    result = {"system": name, "shape": asdict(shape), "check": check,
+              "engine": engine_settings(settings, model, 1)[0].summary(),
+              "engine_batched": engine_settings(settings, model, settings.large_batch)[0].summary(),
               "prefill": [], "decode": [], "skipped": []}
     log(f"  check: {result['check']['relative_errors']}")
     _free()
@@ -264,9 +261,10 @@ def bench_engine_system(name, model, reference, settings, log) -> dict:
                      lambda c=context: bench_engine(name, model, shape, settings, batch=1, contexts=[c],
                                                     prefill_contexts=[], log=log)[1], log)
     large = list(settings.large_batch_contexts)
-    _run_guarded(result["decode"], result["skipped"], {"batch": settings.large_batch},
-                 lambda: bench_engine(name, model, shape, settings, batch=settings.large_batch, contexts=large,
-                                      prefill_contexts=[], log=log)[1], log)
+    if large:  # an empty list: no large-batch decode
+        _run_guarded(result["decode"], result["skipped"], {"batch": settings.large_batch},
+                     lambda: bench_engine(name, model, shape, settings, batch=settings.large_batch, contexts=large,
+                                          prefill_contexts=[], log=log)[1], log)
     return result
 
 
@@ -373,7 +371,8 @@ def run_model_bench(settings: ModelSettings, *, log=print, save=None) -> dict:
     if hypenet_systems:
         model = build_hypenet(shapes.hypenet_config(toy=settings.toy), device=device, dtype=dtype)
         for name in hypenet_systems:
-            own = replace(settings, fuse_projections=settings.fuse_projections or name == "hypenet-fused")
+            own = replace(settings, decode_step="fused-projections", matvec="cublas") if name == "hypenet-fused" \
+                else settings
             results["systems"][name] = bench_engine_system(name, model, model, own, log)
             save and save(results)
         del model

@@ -20,8 +20,7 @@ import torch
 
 from hyla.bench import shapes
 from hyla.bench.floors import MATMUL_RATE, ModelShape
-from hyla.bench.model import MARGIN, _random_ids, build_hypenet, decode_at, load_matvec_table
-from hyla.inference import InferenceEngine
+from hyla.bench.model import MARGIN, _random_ids, build_engine, build_hypenet, decode_at
 
 PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
 PHASES = ("decode", "prefill")
@@ -43,13 +42,15 @@ class ProfileSettings:
     chunk: int = 2**16  # prefill phase: tokens in the profiled chunk
     batch: int = 1
     steps: int = 10
-    compile_blocks: bool = True
-    fuse_projections: bool = False
-    compile_prefill: bool = False
-    compile_mode: str = "default"
-    matvec: str = "cublas"  # decode products: cuBLAS or hyla's Triton kernel (needs fuse_projections)
-    matvec_table: str | None = None  # with matvec="triton": per-shape settings, bench/matvec_sweep.py's JSON
-    launch_pdl: bool | None = None  # with matvec="triton-fused": programmatic dependent launch (None: where supported)
+    # The engine's settings file (None: the tuned settings of this GPU) and overrides (None: the file's), as in
+    # hyla.bench.model.ModelSettings.
+    engine_settings: str | None = None
+    decode_step: str | None = None
+    matvec: str | None = None
+    compile_decode: bool | None = None
+    compile_prefill: bool | None = None
+    compile_mode: str | None = None
+    launch_pdl: bool | None = None
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -139,10 +140,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
     cuda = device.type == "cuda"
     model = _build(settings, device, dtype)
     shape = ModelShape.of(model)
-    engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + MARGIN,
-                             compile_blocks=settings.compile_blocks, fuse_projections=settings.fuse_projections,
-                             compile_mode=settings.compile_mode, matvec=settings.matvec,
-                             matvec_table=load_matvec_table(settings), launch_pdl=settings.launch_pdl)
+    engine = build_engine(model, settings, batch_size=settings.batch, max_length=settings.context + MARGIN)
     engine.fill_synthetic(settings.context)
     if cuda:
         engine.capture_graph()
@@ -150,7 +148,7 @@ def profile_decode(settings: ProfileSettings) -> dict:
     decode_at(engine, settings.context, 3)  # warm-up
     profiled = profile_steps(lambda: decode_at(engine, settings.context, 1), settings.steps, device)
     floor_ms = shape.decode_floor_ms(settings.context, settings.batch) if cuda else None
-    return _result(settings, shape, profiled, floor_ms=floor_ms)
+    return _result(settings, shape, profiled, floor_ms=floor_ms, engine=engine)
 
 
 def kernel_kinds(rows: list[dict]) -> dict[str, float]:
@@ -168,15 +166,15 @@ def profile_prefill(settings: ProfileSettings) -> dict:
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     model = _build(settings, device, dtype)
     shape = ModelShape.of(model)
-    engine = InferenceEngine(model, batch_size=settings.batch, max_length=settings.context + settings.chunk,
-                             prefill_chunk=settings.chunk, compile_prefill=settings.compile_prefill)
+    # prefill_chunk counts tokens over all rows: one chunk of `chunk` tokens a row
+    engine = build_engine(model, settings, batch_size=settings.batch, max_length=settings.context + settings.chunk,
+                          prefill_chunk=settings.chunk * settings.batch)
     engine.fill_synthetic(settings.context)
     states = {index: state.clone() for index, state in engine.cache.states.items()}
     ids = _random_ids(model, settings.batch, settings.chunk, seed=settings.context)
 
     def chunk() -> None:  # the same work every time: the cache back at `context`, the states as filled
         engine.num_cached = settings.context
-        engine.cache.length.fill_(settings.context)
         for index, state in states.items():
             engine.cache.states[index].copy_(state)
         engine.prefill(ids)
@@ -186,13 +184,15 @@ def profile_prefill(settings: ProfileSettings) -> dict:
     cuda = device.type == "cuda"
     flops = settings.batch * (shape.prefill_flops(settings.context + settings.chunk)
                               - shape.prefill_flops(settings.context))
-    return _result(settings, shape, profiled, floor_ms=flops / MATMUL_RATE * 1e3 if cuda else None, flops=flops)
+    return _result(settings, shape, profiled, floor_ms=flops / MATMUL_RATE * 1e3 if cuda else None, flops=flops,
+                   engine=engine)
 
 
-def _result(settings: ProfileSettings, shape: ModelShape, profiled: dict, *, floor_ms, flops=None) -> dict:
+def _result(settings: ProfileSettings, shape: ModelShape, profiled: dict, *, floor_ms, engine, flops=None) -> dict:
     rows, wall_ms, kernels_ms = profiled["rows"], profiled["wall_ms_per_step"], profiled["kernel_ms_per_step"]
     return {
         "settings": asdict(settings),
+        "engine": engine.settings.summary(),
         "shape": {"num_params": shape.num_params, "num_attention_layers": shape.num_attention_layers},
         "wall_ms_per_step": wall_ms,
         "kernel_ms_per_step": kernels_ms,
@@ -208,16 +208,15 @@ def _result(settings: ProfileSettings, shape: ModelShape, profiled: dict, *, flo
 
 
 def profile_markdown(result: dict) -> str:
-    s = result["settings"]
+    s, engine = result["settings"], result.get("engine", {})
     if s.get("phase", "decode") == "prefill":
         title = (f"# Prefill chunk profile: {s['system']}, {s['chunk']} tokens after {s['context']} cached, batch "
-                 f"{s['batch']}, {s['dtype']} on {s['device']}, compiled prefill {s['compile_prefill']}")
+                 f"{s['batch']}, {s['dtype']} on {s['device']}, compiled prefill {engine.get('compile_prefill')}")
         floor = "FLOP floor of the chunk"
     else:
         title = (f"# Decode step profile: {s['system']}, context {s['context']}, batch {s['batch']}, "
-                 f"{s['dtype']} on {s['device']}, compiled blocks {s['compile_blocks']}"
-                 + (f" ({s['compile_mode']})" if s["compile_blocks"] and s.get("compile_mode", "default") != "default"
-                    else ""))
+                 f"{s['dtype']} on {s['device']}, decode step {engine.get('decode_step')}, compiled "
+                 f"{engine.get('compile_decode')}" + (f" ({s['compile_mode']})" if s.get("compile_mode") else ""))
         floor = "bytes-per-token floor"
     lines = [title, ""]
     lines.append(f"- wall time per step: {result['wall_ms_per_step']:.3f} ms")

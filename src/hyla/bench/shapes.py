@@ -18,6 +18,16 @@ TOY = dict(
     rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, max_position_embeddings=4096,
 )
 TOY_ATTENTION_LAYERS = (1,)
+# SmolLM2-135M's sizes (the teacher hyla converts in docs/results/smollm2-135m.md), with 7 of its 30 layers kept
+# attention, as a converted student of it has.
+SMOLLM2_135M = dict(
+    vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+    num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, max_position_embeddings=8192,
+)
+SMOLLM2_135M_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 22, 26)
+# The toy of the converted shape: head dimension 32, so that hyla's fused Lightning kernel takes it too.
+TOY_CONVERTED = dict(TOY, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
 def hypenet_config(*, toy: bool = False) -> HypeNetConfig:
@@ -45,3 +55,15 @@ def qwen3_hf_config(*, toy: bool = False):
 
     sizes = dict(TOY if toy else QWEN3_1P7B)
     return Qwen3Config(**sizes, attn_implementation="sdpa")
+
+
+def converted_135m_config(*, toy: bool = False) -> HypeNetConfig:
+    """A HypeNet of the shape hyla converts SmolLM2-135M to: its sizes, Lightning layers with HypeNet's options,
+    7 NoPE attention layers (output gates, logit scaling a = 500, no q/k norms: SmolLM2 has none)."""
+    sizes = TOY_CONVERTED if toy else SMOLLM2_135M
+    attention = TOY_ATTENTION_LAYERS if toy else SMOLLM2_135M_ATTENTION_LAYERS
+    layer_types = ["attention" if i in attention else "lightning" for i in range(sizes["num_hidden_layers"])]
+    return HypeNetConfig(
+        **sizes, layer_types=layer_types, attention_rope=False, attention_qk_norm=False,
+        attention_output_gate=True, attn_logits_scaling_a=500.0,
+    )

@@ -1,7 +1,10 @@
 """Teacher-generated text: batched sampling from varied built-in prompts (a distillation corpus needing no data).
 
 Each document is a prompt followed by the teacher's continuation. Batch `b` samples under seed `(seed, b)`, so the
-same settings give the same documents on the same hardware and software.
+same settings give the same documents on the same hardware and software. The teacher samples as its
+teacher-equivalent HypeNet (`hyla.convert.transfer.to_hypenet(..., attention_rope=True)`: the teacher's weights, RoPE
+attention in every layer, the teacher's logits), which generates on hyla's inference engine (`hyla.generate`); a
+teacher that does not convert samples through transformers' generate.
 """
 
 from __future__ import annotations
@@ -72,11 +75,27 @@ def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_prog
     from hyla.convert.teacher import load_teacher
 
     teacher = load_teacher(teacher_spec, dtype=settings.dtype, device=settings.device)
+    model = generating_model(teacher.model)
     prompts = _prompt_order(settings)
     batches = range(0, settings.num_documents, settings.batch_size)
     for start in tqdm(batches, desc="teacher text", unit="batch", disable=not show_progress, leave=False):
         batch_prompts = prompts[start:start + settings.batch_size]
-        yield from sample_batch(teacher.model, teacher.tokenizer, batch_prompts, settings, start)
+        yield from sample_batch(model, teacher.tokenizer, batch_prompts, settings, start)
+
+
+def generating_model(teacher_model):
+    """The teacher-equivalent HypeNet of `teacher_model` (same logits, generates on the engine), or the teacher
+    itself when it does not convert (an architecture `to_hypenet` does not take)."""
+    import torch
+
+    from hyla.convert.transfer import to_hypenet
+
+    try:
+        # building the HypeNet draws its (overwritten) initial weights: not from the caller's generator
+        with torch.random.fork_rng(devices=[]):
+            return to_hypenet(teacher_model, attention_rope=True).eval()
+    except (ValueError, KeyError, AttributeError, NotImplementedError):
+        return teacher_model
 
 
 def sample_batch(model, tokenizer, prompts: list[str], settings: GenerationSettings, batch_seed: int) -> list[str]:
@@ -85,11 +104,14 @@ def sample_batch(model, tokenizer, prompts: list[str], settings: GenerationSetti
 
     input_ids, attention_mask = _left_padded(tokenizer, prompts, model.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    # fork_rng keeps the caller's global RNG untouched while generate() draws from it.
+    import hyla
+
+    # fork_rng keeps the caller's global RNG untouched while generation draws from it.
     with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []), torch.no_grad():
         torch.manual_seed(settings.seed * 1_000_003 + batch_seed)
-        output = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, do_sample=True, temperature=settings.temperature,
+        # top_k=50: what transformers' generate applied to these requests by default (its global default)
+        output = hyla.generate(
+            model, input_ids, attention_mask, do_sample=True, temperature=settings.temperature, top_k=50,
             top_p=settings.top_p, max_new_tokens=settings.max_new_tokens, pad_token_id=pad_id,
             eos_token_id=tokenizer.eos_token_id,
         )

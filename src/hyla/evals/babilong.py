@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from hyla.evals.generation import generate_greedy
+from hyla.evals.generation import Generation, as_generation, generate_greedy
 from hyla.evals.haystack import count_tokens, essay_word_prefix, fit_num_units, load_essay_words, split_sentences
 
 BABILONG_MAX_NEW_TOKENS = 16
@@ -206,19 +206,23 @@ def evaluate_babilong(
     *,
     max_new_tokens: int = BABILONG_MAX_NEW_TOKENS,
     seed: int = 42,
+    generation: str | Generation | None = None,
 ) -> dict[str, Any]:
-    """Accuracy per task and length; returns `{"summary", "tasks", "records"}`."""
+    """Accuracy per task and length; returns `{"summary", "tasks", "records", "generation"}` (`generation`: the
+    path ("auto", "engine", "hf") or a Generation; the result's: the path taken and its time)."""
     records = []
+    generation = as_generation(model, generation)
     for task, length in tqdm([(t, n) for t in tasks for n in lengths], desc="babilong", unit="task×length"):
         samples = build_babilong_samples(tokenizer, task, length, num_samples, seed)
         predictions = generate_greedy(
-            model, tokenizer, [s.input for s in samples], max_new_tokens=max_new_tokens, batch_size=batch_size
+            model, tokenizer, [s.input for s in samples], max_new_tokens=max_new_tokens, batch_size=batch_size,
+            generation=generation,
         )
         for sample, prediction in zip(samples, predictions):
             score = score_babilong(prediction, sample.answer, sample.question, TASK_LABELS[task])
             records.append({"task": task, "length": length, "index": sample.index, "question": sample.question,
                             "answer": sample.answer, "pred": prediction, "score": score})
-    return {**_aggregate(records), "records": records}
+    return {**_aggregate(records), "records": records, "generation": generation.describe()}
 
 
 def _aggregate(records: list[dict[str, Any]]) -> dict[str, Any]:

@@ -47,7 +47,8 @@ def _str_list(text: str) -> list[str]:
 def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
     parser.add_argument("--model", required=required, help="HF folder, .gguf file, or teacher alias (smollm2-135m)")
     parser.add_argument("--out", type=Path, default=None, help="result folder (default runs/eval/<kind>-<model>)")
-    parser.add_argument("--dtype", default="float32", help="parameter dtype: float32, bfloat16, float16")
+    parser.add_argument("--dtype", default="auto",
+                        help="parameter dtype: float32, bfloat16, float16; auto: bfloat16 on CUDA, float32 on CPU")
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
@@ -61,6 +62,20 @@ def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True
     overrides.add_argument("--logit-scaling-train-length", type=int, default=None, help="L0 of c(L)")
     overrides.add_argument("--eme-window", type=int, default=None, help="EME: SWLA / sliding window W")
     overrides.add_argument("--eme-stride", type=int, default=None, help="EME: SWLA stride S (default W // 4)")
+
+
+def _add_generation_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--generation", choices=["auto", "engine", "hf"], default="auto",
+                        help="how to generate: auto = hyla's inference engine for the HypeNet models it runs, "
+                             "transformers' generate otherwise; engine; hf (transformers' generate)")
+    parser.add_argument("--engine-settings", metavar="JSON", default=None,
+                        help="the engine's settings file (default: the tuned settings shipped for this GPU)")
+
+
+def _resolved_dtype(args: argparse.Namespace) -> str:
+    if args.dtype != "auto":
+        return args.dtype
+    return "bfloat16" if str(args.device).startswith("cuda") else "float32"
 
 
 def register(subparsers: Any) -> None:
@@ -91,6 +106,7 @@ def _register_niah(verbs: Any) -> None:
     niah_parser.add_argument("--from-jsonl", type=Path, default=None, help="score a RULER data or prediction file")
     niah_parser.add_argument("--task-name", default=None, help="task of --from-jsonl (default: from the file name)")
     niah_parser.add_argument("--save-predictions", action="store_true", help="also write predictions.jsonl (RULER)")
+    _add_generation_options(niah_parser)
     niah_parser.set_defaults(handler=_handle_niah)
 
 
@@ -120,6 +136,7 @@ def _register_babilong(verbs: Any) -> None:
     babilong.add_argument("--lengths", type=_int_list, default=[0, 1024, 4096], help="0 = facts only")
     babilong.add_argument("--num-samples", type=int, default=20)
     babilong.add_argument("--max-new-tokens", type=int, default=16)
+    _add_generation_options(babilong)
     babilong.set_defaults(handler=_handle_babilong)
 
 
@@ -151,6 +168,7 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     from hyla.evals.runner import load_for_eval, print_settings
 
     common = ["model", "dtype", "device", "batch_size", "seed"]
+    args.dtype = _resolved_dtype(args)
     settings = _settings(args, common + list(_OVERRIDE_OPTIONS) + names)
     out_dir = _out_dir(args, kind)
     print_settings(kind, {**settings, "out": out_dir})
@@ -159,9 +177,22 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     return model, tokenizer, {**settings, "applied_overrides": applied}, out_dir
 
 
+def _generation(args: argparse.Namespace, model: Any):
+    """The Generation of a generating evaluation (--generation, --engine-settings), its path printed first."""
+    from hyla.evals.generation import Generation
+    from hyla.inference.settings import load_settings
+
+    settings = load_settings(args.engine_settings) if args.engine_settings else None
+    generation = Generation(model, args.generation, settings=settings)
+    print(f"generation: {generation.path} ({generation.reason})", flush=True)
+    return generation
+
+
 def _finish(kind: str, args: argparse.Namespace, settings: dict, result: dict, out_dir: Path) -> None:
     from hyla.evals.runner import model_label, print_summary, save_run
 
+    if "generation" in result:
+        result = {"generation_path": result["generation"]["path"], **result}
     path = save_run(out_dir, kind, model_label(args.model or str(args.from_jsonl)), settings, result)
     print_summary(result["summary"], path)
 
@@ -172,7 +203,7 @@ def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals.runner import print_settings, save_jsonl
 
     names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate"]
-    names += ["from_jsonl", "task_name"]
+    names += ["from_jsonl", "task_name", "generation", "engine_settings"]
     if args.from_jsonl is None:
         # Fail on missing data before spending time loading the model.
         for task in args.tasks or list(niah.TASKS):
@@ -187,6 +218,8 @@ def _handle_niah(args: argparse.Namespace) -> int:
     else:
         model, tokenizer, settings, out_dir = _start(args, "niah", names)
     common = {"batch_size": args.batch_size, "max_new_tokens": args.max_new_tokens}
+    if model is not None:
+        common["generation"] = _generation(args, model)
     if args.from_jsonl is not None:
         result = niah.evaluate_ruler_jsonl(args.from_jsonl, model, tokenizer, task=args.task_name, **common)
     else:
@@ -241,7 +274,7 @@ def _handle_babilong(args: argparse.Namespace) -> int:
     from hyla.evals import babilong
     from hyla.evals.haystack import load_essay_text
 
-    names = ["tasks", "lengths", "num_samples", "max_new_tokens"]
+    names = ["tasks", "lengths", "num_samples", "max_new_tokens", "generation", "engine_settings"]
     unknown = [task for task in args.tasks if task not in babilong.TASK_LABELS]
     if unknown:
         known = ", ".join(babilong.TASK_LABELS)
@@ -250,7 +283,7 @@ def _handle_babilong(args: argparse.Namespace) -> int:
     model, tokenizer, settings, out_dir = _start(args, "babilong", names)
     result = babilong.evaluate_babilong(
         model, tokenizer, args.tasks, args.lengths, args.num_samples, args.batch_size,
-        max_new_tokens=args.max_new_tokens, seed=args.seed,
+        max_new_tokens=args.max_new_tokens, seed=args.seed, generation=_generation(args, model),
     )
     babilong.plot_babilong(result["tasks"], out_dir / "babilong.png")
     _finish("babilong", args, settings, result, out_dir)

@@ -1,7 +1,12 @@
-"""Batched greedy generation with left padding, for any Hugging Face causal LM."""
+"""Batched greedy generation with left padding, for any Hugging Face causal LM: on hyla's inference engine for the
+HypeNet models it runs (`hyla.generate`), through transformers' `generate` for every other model.
+
+An evaluation makes one `Generation` for its model: the path is chosen once (`--generation auto|engine|hf`), the
+engine is kept across the evaluation's batches, and `describe()` is what its result file records."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -46,6 +51,62 @@ def model_device(model: Any) -> torch.device:
     return torch.device("cpu")
 
 
+class Generation:
+    """How one evaluation generates for `model`: path "auto" (the engine where it runs the model, else
+    transformers'), "engine" or "hf"; settings: the engine's (None: the tuned settings of the model's device)."""
+
+    def __init__(self, model: Any, path: str = "auto", *, settings=None):
+        from hyla.inference.generate import generation_path
+
+        self.model = model
+        self.path, self.reason = generation_path(model, path)
+        self.session = None
+        if self.path == "engine":
+            from hyla.inference.generate import GenerationSession
+
+            self.session = GenerationSession(model, settings=settings)
+        self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
+                       "seconds": 0.0}
+
+    # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
+    # ones, which inference tensors allow only inside inference mode.
+    @torch.no_grad()
+    def batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+              pad_token_id: int) -> torch.Tensor:
+        """Greedy output ids [B, T + new] of one left-padded batch, stopping at the model's end-of-sequence token as
+        transformers' generate does."""
+        started = time.perf_counter()
+        if self.session is not None:
+            eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+            output = self.session.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                           eos_token_id=eos, pad_token_id=pad_token_id)
+            stats = self.session.stats
+            for name in ("prompt_tokens", "new_tokens", "prefill_s", "decode_s"):
+                self.totals[name] += getattr(stats, name)
+        else:
+            # hf_generate: transformers' own, which HypeNetForCausalLM.generate hands to the engine on CUDA
+            generate = getattr(self.model, "hf_generate", self.model.generate)
+            output = generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
+                              do_sample=False, num_beams=1, pad_token_id=pad_token_id)
+            self.totals["prompt_tokens"] += int(attention_mask.sum())
+            self.totals["new_tokens"] += (output.shape[1] - input_ids.shape[1]) * output.shape[0]
+        self.totals["calls"] += 1
+        self.totals["seconds"] += time.perf_counter() - started
+        return output
+
+    def describe(self) -> dict[str, Any]:
+        """The generation path, why, the engine's settings, and the tokens and seconds spent (for results.json)."""
+        engine = None
+        if self.session is not None and self.session.engine is not None:
+            engine = {**self.session.engine.settings.summary(), "notes": self.session.engine.notes}
+        return {"path": self.path, "reason": self.reason, "engine": engine, **self.totals}
+
+
+def as_generation(model: Any, generation: str | Generation | None) -> Generation:
+    """`generation` itself, or a new Generation for the path it names (None: "auto")."""
+    return generation if isinstance(generation, Generation) else Generation(model, generation or "auto")
+
+
 def generate_greedy(
     model: Any,
     tokenizer: Any,
@@ -55,35 +116,31 @@ def generate_greedy(
     batch_size: int = 1,
     description: str = "generate",
     show_progress: bool = True,
+    generation: str | Generation | None = None,
 ) -> list[str]:
-    """Greedy continuations of `prompts` (the new text only, special tokens dropped), in the order given."""
+    """Greedy continuations of `prompts` (the new text only, special tokens dropped), in the order given.
+    generation: a Generation shared across calls, or a path ("auto", "engine", "hf")."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    generation = as_generation(model, generation)
     device = model_device(model)
     # Batching prompts of similar length wastes the least compute on padding.
     order = sorted(range(len(prompts)), key=lambda index: len(prompts[index]))
     completions: list[str] = [""] * len(prompts)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     for batch in tqdm(batches, desc=description, disable=not show_progress, leave=False):
-        texts = _generate_batch(model, tokenizer, [prompts[index] for index in batch], max_new_tokens, device)
+        texts = _generate_batch(generation, tokenizer, [prompts[index] for index in batch], max_new_tokens, device)
         for index, text in zip(batch, texts):
             completions[index] = text
     return completions
 
 
-@torch.inference_mode()
 def _generate_batch(
-    model: Any, tokenizer: Any, prompts: list[str], max_new_tokens: int, device: torch.device
+    generation: Generation, tokenizer: Any, prompts: list[str], max_new_tokens: int, device: torch.device
 ) -> list[str]:
     # Special tokens as the model's tokenizer adds them by default (a BOS for Llama-style tokenizers), as RULER does.
     input_ids, attention_mask = (tensor.to(device) for tensor in left_padded_batch(tokenizer, prompts))
-    output_ids = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        num_beams=1,
-        pad_token_id=pad_token_id(tokenizer),
-    )
+    output_ids = generation.batch(input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                  pad_token_id=pad_token_id(tokenizer))
     new_tokens = output_ids[:, input_ids.shape[1] :]
     return tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)

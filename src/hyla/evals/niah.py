@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from hyla.evals.generation import generate_greedy
+from hyla.evals.generation import Generation, as_generation, generate_greedy
 from hyla.evals.niah_samples import (
     RULER_TOKENS_TO_GENERATE,
     TASK_BY_RULER_NAME,
@@ -145,10 +145,13 @@ def evaluate_samples(
     batch_size: int = 1,
     max_new_tokens: int = NIAH_MAX_NEW_TOKENS,
     keep_inputs: bool = False,
+    generation: str | Generation | None = None,
 ) -> list[dict[str, Any]]:
-    """Generate greedily for each sample and score it; returns one record per sample (with its prompt if asked)."""
+    """Generate greedily for each sample and score it; returns one record per sample (with its prompt if asked).
+    generation: the path ("auto": hyla's engine for the HypeNet models it runs, "engine", "hf") or a Generation."""
     predictions = generate_greedy(
-        model, tokenizer, [sample.input for sample in samples], max_new_tokens=max_new_tokens, batch_size=batch_size
+        model, tokenizer, [sample.input for sample in samples], max_new_tokens=max_new_tokens, batch_size=batch_size,
+        generation=generation,
     )
     return _score_samples(samples, predictions, keep_inputs)
 
@@ -166,23 +169,27 @@ def evaluate_niah(
     num_depths: int = 11,
     seed: int = 42,
     keep_inputs: bool = False,
+    generation: str | Generation | None = None,
 ) -> dict[str, Any]:
-    """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records"}`.
+    """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records", "generation"}`
+    (`generation`: the path it took and its time, `Generation.describe`).
 
     Prompts are sized so that prompt + `tokens_to_generate` (RULER: 128) fits `length`; the model then generates up
     to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`). With `keep_inputs`, each record also holds its
     prompt (`input`) and RULER's `length_tokens`, so the records form a RULER prediction file.
     """
     records: list[dict[str, Any]] = []
+    generation = as_generation(model, generation)
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
     for task, length in tqdm(groups, desc="niah", unit="task×length"):
         samples = build_samples(
             tokenizer, task, length, num_samples, seed, num_depths=num_depths, tokens_to_generate=tokens_to_generate
         )
         records += evaluate_samples(
-            model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens, keep_inputs=keep_inputs
+            model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens, keep_inputs=keep_inputs,
+            generation=generation,
         )
-    return {**aggregate_scores(records), "records": records}
+    return {**aggregate_scores(records), "records": records, "generation": generation.describe()}
 
 
 def read_ruler_jsonl(path: str | Path) -> list[dict[str, Any]]:
@@ -227,17 +234,22 @@ def evaluate_ruler_jsonl(
     task: str | None = None,
     batch_size: int = 1,
     max_new_tokens: int = NIAH_MAX_NEW_TOKENS,
+    generation: str | Generation | None = None,
 ) -> dict[str, Any]:
     """Score a file in RULER's format: its `pred` fields if every row has one, else the model's greedy outputs."""
     rows = read_ruler_jsonl(path)
     task_from_path = task_name_from_path(path)
+    described = {"path": "predictions in the file"}
     if all("pred" in row for row in rows):
         predictions = [row["pred"] for row in rows]
     elif model is None or tokenizer is None:
         raise ValueError(f"{path} has no 'pred' fields: pass a model to generate them")
     else:
         prompts = [row["input"] for row in rows]
-        predictions = generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size)
+        generation = as_generation(model, generation)
+        predictions = generate_greedy(model, tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                                      generation=generation)
+        described = generation.describe()
     records = [
         {
             "task": task or (row.get("others") or {}).get("task") or task_from_path,
@@ -250,7 +262,7 @@ def evaluate_ruler_jsonl(
         }
         for number, (row, prediction) in enumerate(zip(rows, predictions))
     ]
-    return {**aggregate_scores(records), "records": records}
+    return {**aggregate_scores(records), "records": records, "generation": described}
 
 
 def plot_heatmap(by_length_depth: dict, title: str, path: Path) -> None:

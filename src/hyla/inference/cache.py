@@ -1,5 +1,9 @@
 """A preallocated hybrid cache for fast inference: static KV buffers for attention layers, fp32 recurrent states for
-Lightning layers, and the number of cached positions as a device tensor (read inside captured CUDA graphs)."""
+Lightning layers, and each row's number of cached positions as a device tensor (read inside captured CUDA graphs).
+
+Rows may hold prompts of different lengths: row b's tokens sit at positions 0 .. length[b] - 1 of its buffers, with
+no padding anywhere (a left-padded batch is stripped of its padding when prefilled), so a Lightning state never sees
+a padding token and attention never needs a padding mask, only each row's length."""
 
 from __future__ import annotations
 
@@ -11,8 +15,7 @@ import torch
 @dataclass
 class StaticHybridCache:
     """keys/values: layer index -> [B, Hkv, max_length, D]; states: layer index -> [B, H, D, D] float32 (float64 for a
-    float64 model);
-    length: int64 scalar on the device, positions cached (the same for every row)."""
+    float64 model); length: int64 [B] on the device, the positions cached in each row."""
 
     keys: dict[int, torch.Tensor]
     values: dict[int, torch.Tensor]
@@ -35,7 +38,7 @@ class StaticHybridCache:
                 values[index] = torch.zeros(kv_shape, device=device, dtype=dtype)
             else:
                 states[index] = torch.zeros(state_shape, device=device, dtype=state_dtype)
-        length = torch.zeros((), dtype=torch.int64, device=device)
+        length = torch.zeros(batch_size, dtype=torch.int64, device=device)
         return cls(keys, values, states, length, max_length, batch_size)
 
     def reset(self) -> None:

@@ -76,11 +76,13 @@ class Attention(nn.Module):
             else None
         )
 
-    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
+    def project(self, hidden_states: torch.Tensor, context: MixerContext):
+        """The mixer's input side: q, k, v [B, T, heads, D] of hidden_states [B, T, hidden] (the linear maps, then
+        `prepare_qkv`)."""
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        return self._finish_projection(q, k, v, context)
+        return self.prepare_qkv(q, k, v, context)
 
-    def _finish_projection(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+    def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps to [B, T, heads, D], with q/k norms, RoPE and logit scaling as the layer has
         them; shared with the inference engine's fused projections."""
         batch, length = q.shape[:2]
@@ -111,7 +113,7 @@ class Attention(nn.Module):
         return mask
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v = self._project(hidden_states, context)
+        q, k, v = self.project(hidden_states, context)
         if context.cache is not None:
             k, v = context.cache.update_kv(self.layer_idx, k, v)
         mask, window = self._mask(context, q.shape[1]), self.window()
@@ -121,9 +123,9 @@ class Attention(nn.Module):
             k, v = k[:, -keep:], v[:, -keep:]
             mask = mask[..., -keep:] if mask is not None else None
         output = softmax_attention(q, k, v, scale=self.head_dim**-0.5, attention_mask=mask, window=window)
-        return self._output(output, hidden_states)
+        return self.project_output(output, hidden_states)
 
-    def _output(
+    def project_output(
         self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
     ) -> torch.Tensor:
         """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
@@ -137,5 +139,5 @@ class Attention(nn.Module):
         return self.o_proj(output)
 
     def gate_projection(self) -> nn.Linear | None:
-        """The linear map whose output `_output` takes as `gate` (None without an output gate)."""
+        """The linear map whose output `project_output` takes as `gate` (None without an output gate)."""
         return self.g_proj

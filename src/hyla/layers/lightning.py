@@ -46,11 +46,13 @@ class LightningAttention(nn.Module):
             self._log_decay_by_device[device] = self._log_decay.to(device)
         return self._log_decay_by_device[device]
 
-    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
+    def project(self, hidden_states: torch.Tensor, context: MixerContext):
+        """The mixer's input side: q, k, v [B, T, heads, D] of hidden_states [B, T, hidden] (the linear maps, then
+        `prepare_qkv`)."""
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
-        return self._finish_projection(q, k, v, context)
+        return self.prepare_qkv(q, k, v, context)
 
-    def _finish_projection(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+    def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D], with q/k norms and RoPE; shared with
         the inference engine's fused projections."""
         shape = q.shape[:2] + (self.num_heads, self.head_dim)
@@ -65,15 +67,15 @@ class LightningAttention(nn.Module):
         return q, k, v
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v = self._project(hidden_states, context)
+        q, k, v = self.project(hidden_states, context)
         # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
         output = run_linear_op(
             lightning_attention, self.config, self.layer_idx, q, k, v, context,
             log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5, chunk_safe=self._chunk_safe,
         )
-        return self._output(output, hidden_states)
+        return self.project_output(output, hidden_states)
 
-    def _output(
+    def project_output(
         self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
     ) -> torch.Tensor:
         """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
@@ -87,5 +89,5 @@ class LightningAttention(nn.Module):
         return self.o_proj(output)
 
     def gate_projection(self) -> nn.Linear | None:
-        """The linear map whose output `_output` takes as `gate` (None without an output gate)."""
+        """The linear map whose output `project_output` takes as `gate` (None without an output gate)."""
         return self.z_proj

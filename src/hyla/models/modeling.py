@@ -166,6 +166,22 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
         # The model builds its own HybridCache on the first forward.
         return False
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' `generate`; on CUDA, the requests the inference engine serves alike (greedy or sampling
+        with temperature / top-k / top-p, one beam, EOS and padding; `hyla.inference.generate.hf_request_to_engine`)
+        run on it: static cache, chunked prefill, graph-captured decode. `hyla.generate` is the same engine
+        generation on any device; `hf_generate` is transformers' alone."""
+        from hyla.inference.generate import GenerationSession, hf_request_to_engine
+
+        request = hf_request_to_engine(self, inputs, generation_config, kwargs)
+        if request is None:
+            return self.hf_generate(inputs, generation_config, **kwargs)
+        return GenerationSession(self).generate(request.pop("input_ids"), request.pop("attention_mask"), **request)
+
+    def hf_generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' own `generate` (HybridCache, eager forward), whatever the device."""
+        return GenerationMixin.generate(self, inputs, generation_config, **kwargs)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,

@@ -1,35 +1,23 @@
-"""Causal attention of a chunk of queries over a static KV cache that already holds every earlier position.
+"""Causal attention of a chunk of queries over a static KV cache that already holds every earlier position (the
+inference engine's prefill).
 
 Chunk queries see all cached keys before the chunk (a dense rectangle, no mask) and the chunk's own keys causally (a
 square, top-left causal = bottom-right causal). Each part runs through a fused kernel that also returns its
-log-sum-exp, and the two are merged exactly. That keeps both parts on kernels that need no mask: cuDNN's, measured at
-508-618 TFLOP/s on the reference GPU against ~317 for flash (docs/method.md, "Reference GPU"); SDPA's public entry
-offers a bottom-right causal mask only through flash.
+log-sum-exp (`gpu.py`), and the two are merged exactly. That keeps both parts on kernels that need no mask: cuDNN's,
+measured at 508-618 TFLOP/s on the reference GPU against ~317 for flash (docs/method.md, "Reference GPU"); SDPA's
+public entry offers a bottom-right causal mask only through flash. `reference.py` is the pure-torch form.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hyla.ops.chunk_attention.reference import attention_with_lse_reference, merge_attention
+
 ATTENTION_BACKENDS = ("cudnn", "flash", "torch")
 # Keep every tensor a kernel sees under 2^30 elements: 32-bit offsets inside fused kernels (1M tokens x 16 heads x
 # 128 dims is exactly 2^31).
 _MAX_ELEMENTS = 2**30
-
-
-def attention_with_lse_reference(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, scale: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """q: [B, H, Tq, D], k/v: [B, H, Tk, D] (same heads); causal means top-left aligned (Tq == Tk here).
-    Returns (output [B, H, Tq, D] in q's dtype, natural-log log-sum-exp [B, H, Tq] in float32, float64 for float64)."""
-    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
-    scores = torch.einsum("bhid,bhjd->bhij", q.to(acc), k.to(acc)) * scale
-    if causal:
-        allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
-        scores = scores.masked_fill(~allowed, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
-    output = torch.einsum("bhij,bhjd->bhid", torch.exp(scores - lse[..., None]), v.to(acc))
-    return output.to(q.dtype), lse
 
 
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype) -> str:
@@ -46,17 +34,6 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
         raise ValueError(f"attention_backend {requested!r} needs a CUDA model in float16 or bfloat16, not "
                          f"{dtype} on {device.type}; use auto or torch")
     return requested
-
-
-def _fused_with_lse(q, k, v, *, causal: bool, scale: float, backend: str):
-    if backend == "cudnn":
-        result = torch.ops.aten._scaled_dot_product_cudnn_attention(
-            q, k, v, None, True, 0.0, causal, False, scale=scale
-        )
-    else:
-        result = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal, False, scale=scale)
-    output, lse = result[0], result[1]
-    return output, lse.reshape(q.shape[:3]).float()
 
 
 def attention_with_lse(
@@ -82,21 +59,13 @@ def attention_with_lse(
         if backend == "torch":
             out, lse = attention_with_lse_reference(q_part, k_part, v_part, causal=causal, scale=scale)
         else:
-            out, lse = _fused_with_lse(q_part.contiguous(), k_part.contiguous(), v_part.contiguous(),
-                                       causal=causal, scale=scale, backend=backend)
+            from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
+
+            out, lse = fused_attention_with_lse(q_part.contiguous(), k_part.contiguous(), v_part.contiguous(),
+                                                causal=causal, scale=scale, backend=backend)
         outputs.append(out)
         lses.append(lse)
     return torch.cat(outputs, dim=1), torch.cat(lses, dim=1)
-
-
-def merge_attention(
-    first: torch.Tensor, first_lse: torch.Tensor, second: torch.Tensor, second_lse: torch.Tensor
-) -> torch.Tensor:
-    """Exact softmax over the union of two disjoint key sets, from each part's output and log-sum-exp."""
-    total = torch.logaddexp(first_lse, second_lse)
-    weight_first = torch.exp(first_lse - total)[..., None]
-    weight_second = torch.exp(second_lse - total)[..., None]
-    return (first.to(total.dtype) * weight_first + second.to(total.dtype) * weight_second).to(first.dtype)
 
 
 def chunk_attention(
@@ -115,3 +84,7 @@ def chunk_attention(
         )
         output = merge_attention(output, lse, prefix, prefix_lse)
     return output.transpose(1, 2)
+
+
+__all__ = ["ATTENTION_BACKENDS", "attention_with_lse", "attention_with_lse_reference", "chunk_attention",
+           "merge_attention", "pick_attention_backend"]

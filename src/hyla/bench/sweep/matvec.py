@@ -1,5 +1,5 @@
-"""The decode step's matrix-vector products at batch 1: `F.linear` (cuBLAS, what the engine runs) against hyla's
-Triton kernel (`hyla.inference.matvec_triton`) in several launch settings, on the shapes one decode step of
+"""`hyla bench sweep matvec`: the decode step's matrix-vector products at batch 1, `F.linear` (cuBLAS) against hyla's
+Triton kernel (`hyla.ops.matvec.gpu`) in several launch settings, on the shapes one decode step of
 HypeNet-2B and of the Qwen3-1.7B shape reads with fused projections, beside the floor of reading the weights once.
 
 Every Triton setting is first checked against a float64 product; a setting that fails is reported and not timed.
@@ -9,17 +9,18 @@ is timed, as the engine runs its decode step: launched one by one from Python, a
 launch's (~25 us for a Triton kernel), not the kernel's. The per-step line adds, for each model, every product
 of one step at its best setting against cuBLAS: what the kernel could save a decode step before any fusion.
 
-    python bench/matvec_sweep.py --out DIR        # on a CUDA machine with triton; ~2 minutes
-    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/matvec_sweep.py --out DIR --smoke
-                                                 # CPU, Triton's interpreter: toy shapes, two settings (plumbing)
+    hyla bench sweep matvec --out DIR                       # on a CUDA machine with triton; ~2 minutes
+    TRITON_INTERPRET=1 hyla bench sweep matvec --out DIR --smoke   # CPU, Triton's interpreter: toy shapes (plumbing)
 
-Writes DIR/matvec-sweep.json and .md.
+Writes DIR/matvec-sweep.json and .md, and DIR/settings.json: the engine settings (--base-settings, default the tuned
+settings of this GPU) with this sweep's per-shape choice (the fastest checked setting where it beat cuBLAS) as the
+matrix-vector table, for the fused-projections step's Triton products (--decode-step fused-projections --matvec
+triton).
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -28,8 +29,8 @@ import torch.nn.functional as F
 
 from hyla.bench.floors import COPY_BANDWIDTH
 from hyla.bench.shapes import hypenet_config, qwen3_engine_config
+from hyla.bench.sweep.common import check_then_time, device_name, graph_time_us, sweep_device, write_settings
 from hyla.outputs import write_atomic, write_json
-from kernel_sweep import check_then_time, graph_time_us, sweep_arguments
 
 CALLS = 64  # products per timed graph, each on its own copy of the weights (cycling through the copies)
 
@@ -37,7 +38,7 @@ CALLS = 64  # products per timed graph, each on its own copy of the weights (cyc
 def step_products(config) -> Counter:
     """(N, K, has bias) -> calls in one batch-1 decode step with fused projections, read off the model built on the
     meta device (no memory): each block's fused mixer and MLP maps, o_proj, down_proj, and the LM head."""
-    from hyla.inference.engine import fuse_block_projections
+    from hyla.inference.decode_step import fuse_block_projections
     from hyla.models import HypeNetForCausalLM
 
     with torch.device("meta"):
@@ -54,7 +55,7 @@ def step_products(config) -> Counter:
 
 
 def configs(smoke: bool):
-    from hyla.inference.matvec import MatvecConfig
+    from hyla.ops.matvec import MatvecConfig
 
     if smoke:
         yield from (MatvecConfig(block_n=4, block_k=32), MatvecConfig(block_n=8, block_k=64, num_warps=2))
@@ -67,7 +68,7 @@ def configs(smoke: bool):
 
 
 def sweep(n: int, k: int, has_bias: bool, device: str, smoke: bool, l2_bytes: int, log) -> dict:
-    from hyla.inference.matvec_triton import matvec_triton
+    from hyla.ops.matvec.gpu import matvec_triton
 
     dtype = torch.float32 if smoke else torch.bfloat16  # the interpreter has no bfloat16
     gen = torch.Generator(device=device).manual_seed(n * 7 + k)
@@ -138,32 +139,27 @@ def markdown(results: list[dict], steps: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    args = sweep_arguments(__doc__, "matvec_sweep.py")
-    if args is None:
-        return 2
-    device = "cpu" if args.smoke else "cuda"
-    l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
-    models = {"hypenet": hypenet_config(toy=args.smoke), "qwen3-engine": qwen3_engine_config(toy=args.smoke)}
+def run_matvec_sweep(out: Path, *, smoke: bool = False, base_settings: str | None = None, log=print) -> dict:
+    """Every product shape of both models' decode steps, each in every setting; writes out/matvec-sweep.json, .md
+    and out/settings.json. Returns the results."""
+    from hyla.inference.settings import matvec_table_from_sweep
+
+    device = sweep_device(smoke)
+    l2_bytes = 0 if smoke else torch.cuda.get_device_properties(0).L2_cache_size
+    models = {"hypenet": hypenet_config(toy=smoke), "qwen3-engine": qwen3_engine_config(toy=smoke)}
     products = {name: step_products(config) for name, config in models.items()}
     shapes = sorted(set().union(*products.values()))
-    out = Path(args.out)
     results = []
     for n, k, has_bias in shapes:
-        results.append(sweep(n, k, has_bias, device, args.smoke, l2_bytes, lambda line: print(line, flush=True)))
-        write_json(out / "matvec-sweep.json", {"device": "cpu (Triton interpreter)" if args.smoke else
-                                               torch.cuda.get_device_name(), "results": results})
+        results.append(sweep(n, k, has_bias, device.type, smoke, l2_bytes, log))
+        write_json(out / "matvec-sweep.json", {"device": device_name(smoke), "results": results})
     steps = {name: per_step(results, counts) for name, counts in products.items()}
-    write_json(out / "matvec-sweep.json", {"device": "cpu (Triton interpreter)" if args.smoke else
-                                           torch.cuda.get_device_name(), "results": results, "per_step": steps,
-                                           "products": {name: {f"{n}x{k}{'+bias' if b else ''}": c
-                                                               for (n, k, b), c in counts.items()}
-                                                        for name, counts in products.items()}})
+    payload = {"device": device_name(smoke), "results": results, "per_step": steps,
+               "products": {name: {f"{n}x{k}{'+bias' if b else ''}": c for (n, k, b), c in counts.items()}
+                            for name, counts in products.items()}}
+    write_json(out / "matvec-sweep.json", payload)
     text = markdown(results, steps)
     write_atomic(out / "matvec-sweep.md", text.encode())
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    write_settings(out, base_settings, smoke, "matvec", matvec_shapes=matvec_table_from_sweep(out / "matvec-sweep.json"))
+    log(text)
+    return payload

@@ -1,29 +1,30 @@
-"""Launch settings of the split-K decode attention kernel (`hyla.inference.decode_triton.DecodeKernelConfig`),
+"""`hyla bench sweep decode-attention`: launch settings of the split-K decode attention kernel
+(`hyla.ops.decode_attention.DecodeKernelConfig`),
 timed on a GPU at HypeNet-2B's attention shape (16 query heads, 8 KV heads, head dim 128, bf16), beside the bytes
 floor of reading the keys and values. Every setting is first checked against the pure-torch reference; a setting
 that fails the check is reported as failed and not timed.
 
-    python bench/decode_attention_sweep.py --out DIR        # on a CUDA machine with triton; ~3 minutes
-    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/decode_attention_sweep.py --out DIR --smoke
-                                          # CPU, Triton's interpreter: tiny shapes, three settings (plumbing only)
+    hyla bench sweep decode-attention --out DIR        # on a CUDA machine with triton; ~3 minutes
+    TRITON_INTERPRET=1 hyla bench sweep decode-attention --out DIR --smoke   # CPU, Triton's interpreter (plumbing)
 
 Writes DIR/decode-attention-sweep.json and .md: per shape, every setting's microseconds per call and GB/s, the
-default setting's rank, and the fastest.
+default setting's rank, and the fastest; and DIR/settings.json: the engine settings (--base-settings, default the
+tuned settings of this GPU) with the setting of least summed time over the shapes as the kernel's launch (the shipped
+default, which picks programs per multiprocessor by occupancy, stays where it is at least as fast).
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import torch
 
 from hyla.bench.floors import COPY_BANDWIDTH
+from hyla.bench.sweep.common import check_then_time, device_name, sweep_device, write_settings
 from hyla.bench.timing import time_ms
-from hyla.inference.decode_attention import decode_attention_reference
+from hyla.ops.decode_attention import decode_attention_reference
 from hyla.outputs import write_atomic, write_json
-from kernel_sweep import check_then_time, sweep_arguments
 
 HEADS, KV_HEADS, HEAD_DIM = 16, 8, 128
 SHAPES = [(1, 2**15), (1, 2**17), (1, 2**19), (32, 2**15)]  # (batch, context)
@@ -31,7 +32,7 @@ CALLS = 20  # kernel calls per timed measurement
 
 
 def configs(smoke: bool = False):
-    from hyla.inference.decode_triton import DecodeKernelConfig
+    from hyla.ops.decode_attention import DecodeKernelConfig
 
     if smoke:
         yield from (DecodeKernelConfig(), DecodeKernelConfig(block_n=32, programs_per_sm=1),
@@ -42,8 +43,8 @@ def configs(smoke: bool = False):
 
 
 def sweep(batch: int, context: int, log, device: str = "cuda", smoke: bool = False) -> dict:
-    from hyla.inference import decode_triton
-    from hyla.inference.decode_triton import DEFAULT_CONFIG, decode_attention_triton
+    from hyla.ops.decode_attention import gpu as decode_triton
+    from hyla.ops.decode_attention.gpu import DEFAULT_CONFIG, decode_attention_triton
 
     dtype = torch.float32 if smoke else torch.bfloat16  # the interpreter has no bfloat16
     gen = torch.Generator(device=device).manual_seed(context)
@@ -99,21 +100,38 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
-    args = sweep_arguments(__doc__, "decode_attention_sweep.py")
-    if args is None:
-        return 2
-    out = Path(args.out)
+def fastest_overall(results: list[dict]):
+    """The DecodeKernelConfig of least summed time over every shape where all shapes timed it, or None when the
+    default setting (programs per multiprocessor by occupancy) is at least as fast summed over the shapes."""
+    from hyla.ops.decode_attention import DecodeKernelConfig
+
+    keys = ("block_n", "num_warps", "num_stages", "programs_per_sm")
+    totals: dict[tuple, float] = {}
+    for result in results:
+        for row in result["rows"]:
+            if "us" in row:
+                totals[tuple(row[k] for k in keys)] = totals.get(tuple(row[k] for k in keys), 0.0) + row["us"]
+    complete = {setting: us for setting, us in totals.items()
+                if sum(any(tuple(r[k] for k in keys) == setting and "us" in r for r in res["rows"])
+                       for res in results) == len(results)}
+    default_us = sum(r["default"]["us"] for r in results if r["default"]) if all(r["default"] for r in results) \
+        else float("inf")
+    if not complete or min(complete.values()) >= default_us:
+        return None
+    return DecodeKernelConfig(**dict(zip(keys, min(complete, key=complete.get), strict=True)))
+
+
+def run_decode_attention_sweep(out: Path, *, smoke: bool = False, base_settings: str | None = None,
+                               log=print) -> dict:
+    """Every shape in every setting; writes out/decode-attention-sweep.json, .md and out/settings.json."""
+    device = sweep_device(smoke)
     results = []
-    for batch, context in [(1, 300), (2, 200)] if args.smoke else SHAPES:
-        results.append(sweep(batch, context, lambda line: print(line, flush=True), "cpu" if args.smoke else "cuda",
-                             args.smoke))
-        device_name = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
-        write_json(out / "decode-attention-sweep.json", {"device": device_name, "results": results})
+    for batch, context in [(1, 300), (2, 200)] if smoke else SHAPES:
+        results.append(sweep(batch, context, log, device.type, smoke))
+        write_json(out / "decode-attention-sweep.json", {"device": device_name(smoke), "results": results})
     write_atomic(out / "decode-attention-sweep.md", markdown(results).encode())
-    print(markdown(results))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    best = fastest_overall(results)
+    write_settings(out, base_settings, smoke, "decode-attention",
+                   **({"decode_attention_config": best} if best is not None else {}))
+    log(markdown(results))
+    return {"device": device_name(smoke), "results": results}

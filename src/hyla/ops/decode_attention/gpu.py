@@ -1,42 +1,23 @@
-"""Split-K flash decoding for GQA over a static cache, the valid length read from device memory.
+"""Split-K flash decoding for GQA over a static cache, each row's valid length read from device memory.
 
 Stage 1: one program per (row, KV head, split of the positions); it serves all query heads of its KV head group, so
-each key/value byte is read once. The programs divide the valid length (read from device memory) evenly among
-themselves, so the work follows the length while the launch shape (and a captured CUDA graph) stays fixed. Stage 2
-merges the splits by log-sum-exp.
-Imported only on CUDA: `import hyla` never imports triton.
+each key/value byte is read once. The programs of a row divide its valid length (read from device memory) evenly
+among themselves, so the work follows the length while the launch shape (and a captured CUDA graph) stays fixed.
+Stage 2 merges the splits by log-sum-exp. The reference is `hyla.ops.decode_attention.reference`.
+Imported only on CUDA (or under Triton's interpreter): `import hyla` never imports triton.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from hyla.ops.decode_attention import DecodeKernelConfig
+
 MAX_SPLITS = 128
-
-
-@dataclass(frozen=True)
-class DecodeKernelConfig:
-    """Launch settings of the split kernel: positions per loop step (block_n), warps and software-pipeline stages
-    per program, and programs per multiprocessor (which sets the number of splits). `programs_per_sm=None` picks by
-    occupancy: 2 when the batch has fewer (sequence, KV head) pairs than the GPU has multiprocessors, else 4. Those
-    were the fastest of {2, 4, 8} on the H200 (`python bench/decode_attention_sweep.py`, 2026-11-30): at batch 1,
-    2 beat 4 by 10% at 128K and 12% at 512K (4.4 TB/s); at batch 32, 32K, 4 beat 2 by 14%."""
-
-    block_n: int = 64
-    num_warps: int = 4
-    num_stages: int = 3
-    programs_per_sm: int | None = None
-
-    def programs_for(self, pairs: int, num_sms: int) -> int:
-        """Programs per multiprocessor for `pairs` (sequence, KV head) pairs on `num_sms` multiprocessors."""
-        if self.programs_per_sm is not None:
-            return self.programs_per_sm
-        return 2 if pairs < num_sms else 4
 
 
 DEFAULT_CONFIG = DecodeKernelConfig()
@@ -45,7 +26,7 @@ DEFAULT_CONFIG = DecodeKernelConfig()
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, length_ptr, part_out_ptr, part_lse_ptr, scale,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_length,
     num_kv_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
 ):
@@ -53,7 +34,7 @@ def _split_kernel(
     split = tl.program_id(1)
     row = row_head // num_kv_heads
     kv_head = row_head % num_kv_heads
-    length = tl.load(length_ptr).to(tl.int32)
+    length = tl.load(length_ptr + row * stride_length).to(tl.int32)
     tokens_per_split = tl.cdiv(tl.cdiv(length, num_splits), BLOCK_N) * BLOCK_N
     start = split * tokens_per_split
     end = tl.minimum(start + tokens_per_split, length)
@@ -123,8 +104,8 @@ def decode_attention_triton(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, length: torch.Tensor, *, scale: float,
     config: DecodeKernelConfig = DEFAULT_CONFIG,
 ) -> torch.Tensor:
-    """Same contract as `hyla.inference.decode_attention.decode_attention_reference`; length: int tensor on q's
-    device (scalar or one element); `config`: the split kernel's launch settings."""
+    """Same contract as `hyla.ops.decode_attention.reference.decode_attention_reference`; length: int tensor on q's
+    device, one element (every row) or one per row; `config`: the split kernel's launch settings."""
     batch, num_heads, head_dim = q.shape
     num_kv_heads, max_length = keys.shape[1], keys.shape[2]
     group = num_heads // num_kv_heads
@@ -136,10 +117,12 @@ def decode_attention_triton(
                                 block_n=config.block_n)
     part_out = torch.empty(batch, num_heads, num_splits, head_dim, device=q.device, dtype=torch.float32)
     part_lse = torch.empty(batch, num_heads, num_splits, device=q.device, dtype=torch.float32)
+    if length.numel() not in (1, batch):
+        raise ValueError(f"decode attention takes one length or one per row ({batch}), got {length.numel()}")
     _split_kernel[(batch * num_kv_heads, num_splits)](
         q, keys, values, length, part_out, part_lse, scale,
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), keys.stride(2),
-        values.stride(0), values.stride(1), values.stride(2),
+        values.stride(0), values.stride(1), values.stride(2), 0 if length.numel() == 1 else length.stride(-1),
         num_kv_heads, num_splits,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n, HEAD_DIM=head_dim,
         num_warps=config.num_warps, num_stages=config.num_stages,

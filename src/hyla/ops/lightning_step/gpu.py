@@ -1,4 +1,4 @@
-"""`lightning_step_reference` (hyla.inference.lightning_step) as one Triton kernel: one program per head and block
+"""`lightning_step_reference` (hyla.ops.lightning_step.reference) as one Triton kernel: one program per head and block
 of `block_v` value columns; each reads its head's q and k (norms and RoPE computed on the way), its [D, block_v]
 slice of the float32 state, updates and writes it back, and reads out its part of o. Batch 1. Imported only on CUDA
 (or under Triton's interpreter)."""
@@ -9,13 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
-# Value columns a program (8 programs a head at D = 128) and warps: the fastest of 12 settings on an H200, 3.66 us a
-# step at HypeNet-2B's shape (docs/results/speed/2026-11-30-matvec-and-fused-kernels/fused-settings,
-# bench/fused_sweep.py). Launched as the engine launches it on Hopper (programmatic dependent launch, state read
-# before the wait), 32 columns were faster in a later sweep (2.17 against 2.50 us,
-# docs/results/speed/2026-11-30-pdl/headline); not adopted, not measured in the engine.
-BLOCK_V = 16
-NUM_WARPS = 1
+from hyla.ops.lightning_step import BLOCK_V as DEFAULT_BLOCK_V
+from hyla.ops.lightning_step import NUM_WARPS as DEFAULT_NUM_WARPS
 
 
 @triton.jit
@@ -106,10 +101,10 @@ def check_inputs(y, state, decay, has_gate: bool, block_v: int) -> None:
 
 
 def lightning_step_triton(y, cos, sin, q_norm_weight, k_norm_weight, state, decay, *, scale: float, eps: float,
-                          has_gate: bool, block_v: int = BLOCK_V, num_warps: int = NUM_WARPS, pdl: bool = False,
-                          state_ready: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as `hyla.inference.lightning_step.lightning_step_reference` (u, partials; state in place), u
-    in y's dtype. pdl: programmatic dependent launch (`hyla.inference.matvec_triton.pdl_supported`): the kernel
+                          has_gate: bool, block_v: int = DEFAULT_BLOCK_V, num_warps: int = DEFAULT_NUM_WARPS,
+                          pdl: bool = False, state_ready: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as `hyla.ops.lightning_step.reference.lightning_step_reference` (u, partials; state in place),
+    u in y's dtype. pdl: programmatic dependent launch (`hyla.ops.matvec.gpu.pdl_supported`): the kernel
     may start before the previous one ends and waits for it before reading y. state_ready (with pdl): the state
     was last written before the stream's last launch without programmatic dependent launch (which waits for all
     earlier work; in the engine, each decode step's embedding), so it is read before that wait too."""

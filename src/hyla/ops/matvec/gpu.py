@@ -11,7 +11,7 @@ Each saves a kernel launch and a round trip through memory without reading a sec
 - prologue NORM: y = rsqrt(mean(x^2) + eps) W (x [* norm_weight]): an RMSNorm's scalar factors out of the product;
   its weight is folded into W (the engine's `FoldedWeights`) or read beside x (`norm_weight`, the LM head);
 - prologue SCALED: y = rsqrt(sum(partials) / K + eps) W x, the RMSNorm whose sum of squares the previous kernel
-  left in `partials` (hyla.inference.lightning_step_triton);
+  left in `partials` (hyla.ops.lightning_step.gpu);
 - prologue SIGMOID_GATE: x = a * sigmoid(b) (an attention output gate, `x2` = b);
 - epilogue GLU: W's rows interleaved as (gate_0, up_0, gate_1, up_1, ...) and y = silu(gate) * up, N / 2 wide;
 - epilogue residual: y = residual + (product), the residual stream's add.
@@ -21,9 +21,10 @@ its programs have started, reads its first step of weights, and only then waits 
 (`gdc_wait`) before reading anything that kernel may have written: the weights stream while that kernel finishes.
 
 Outputs are rounded to the weight's dtype where the model rounds (each product, then the add or the gating). The
-float64 reference is `hyla.inference.matvec.fused_matvec_reference`. `python bench/matvec_sweep.py` measures the
-plain product against `F.linear` on a decode step's shapes; `InferenceEngine(..., matvec="triton")` and
-"triton-fused" decode through the custom ops here, which torch.compile keeps as Triton kernels in its graph.
+float64 reference is `hyla.ops.matvec.reference.fused_matvec_reference`. `hyla bench sweep matvec` measures the
+plain product against `F.linear` on a decode step's shapes; the engine's "fused-projections" decode step (with
+matvec "triton") and its "triton-fused" step decode through the custom ops here, which torch.compile keeps as
+Triton kernels in its graph.
 Imported only on CUDA (or under Triton's interpreter): `import hyla` never imports triton.
 """
 
@@ -37,7 +38,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from hyla.inference.matvec import (
+from hyla.ops.matvec import (
     DEFAULT_CONFIG,
     PLAIN,
     PROLOGUES,
@@ -45,6 +46,7 @@ from hyla.inference.matvec import (
     SIGMOID_GATE,
     MatvecConfig,
     MatvecTable,
+    supports,
 )
 
 
@@ -114,13 +116,6 @@ def _matvec_kernel(
         tl.store(y_ptr + rows, out.to(y_ptr.dtype.element_ty), mask=row_mask)
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the kernel applies to `F.linear(x, weight)`: one row in x, contiguous last dimensions (any input
-    width: the last step is masked)."""
-    return (x.numel() == x.shape[-1] and x.stride(-1) == 1 and weight.dim() == 2 and weight.stride(-1) == 1
-            and weight.shape[1] == x.shape[-1])
-
-
 def _launch(launcher, x, weight, bias, *, prologue: int = PLAIN, x2=None, norm_weight=None, partials=None,
             eps: float = 0.0, residual=None, glu: bool = False, block_n: int, block_k: int, num_warps: int,
             num_stages: int, pdl: bool = False) -> torch.Tensor:
@@ -156,7 +151,7 @@ def fused_matvec_triton(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
                         eps: float = 0.0, residual: torch.Tensor | None = None, glu: bool = False,
                         config: MatvecConfig = DEFAULT_CONFIG, pdl: bool = False) -> torch.Tensor:
     """The product with its prologue and epilogue (module docstring). Same contract as
-    `hyla.inference.matvec.fused_matvec_reference`. pdl: programmatic dependent launch (`pdl_supported`)."""
+    `hyla.ops.matvec.reference.fused_matvec_reference`. pdl: programmatic dependent launch (`pdl_supported`)."""
     if prologue not in PROLOGUES:
         raise ValueError(f"prologue must be one of {PROLOGUES}, got {prologue}")
     if not supports(x, weight):
@@ -209,18 +204,20 @@ def fused_matvec(x: torch.Tensor, x2: Optional[torch.Tensor], weight: torch.Tens
 
 class MatvecKernels:
     """The decode step's products through the ops above, each in the settings `table` gives for its weight's shape
-    (cuBLAS where it says None, for the plain product; DEFAULT_CONFIG for shapes it lacks). pdl: the fused products
+    (cuBLAS where it says None, for the plain product; `default` for shapes it lacks). pdl: the fused products
     launched with programmatic dependent launch unless a call says otherwise (`pdl_supported`)."""
 
-    def __init__(self, table: MatvecTable | None = None, *, pdl: bool = False):
+    def __init__(self, table: MatvecTable | None = None, *, default: MatvecConfig = DEFAULT_CONFIG,
+                 pdl: bool = False):
         self.table = dict(table or {})
+        self.default = default
         self.pdl = pdl
 
     def config(self, weight: torch.Tensor) -> MatvecConfig | None:
-        return self.table.get(tuple(weight.shape), DEFAULT_CONFIG)
+        return self.table.get(tuple(weight.shape), self.default)
 
     def _settings(self, weight: torch.Tensor) -> tuple[int, int, int, int]:
-        config = self.config(weight) or DEFAULT_CONFIG  # the fused products have no cuBLAS counterpart
+        config = self.config(weight) or self.default  # the fused products have no cuBLAS counterpart
         return config.block_n, config.block_k, config.num_warps, config.num_stages
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,11 +1,11 @@
 """One Lightning decode step for one sequence, from the fused q/k/v(/z) projection to the output gate, as one
-operation (the reference of `hyla.inference.lightning_step_triton`, which runs it as one Triton kernel):
+operation (the reference of `hyla.ops.lightning_step.gpu`, which runs it as one Triton kernel):
 
     q, k = RMSNorm_q(q), RMSNorm_k(k) (per head, if the layer has them); RoPE on both (if it has it)
     S = gamma S + k^T v;  o = scale q S            (state S [H, D, D] in float32, updated in place)
     u = o * sigmoid(z) (z: the output gate, if the layer has one);  partials = sums of o^2 by head and block of D
 
-The layer's output RMSNorm over all heads is left to the next product (`hyla.inference.matvec`, SCALED prologue):
+The layer's output RMSNorm over all heads is left to the next product (`hyla.ops.matvec`, SCALED prologue):
 its scalar factor rsqrt(mean(o^2) + eps) comes from `partials`, its weight is folded into o_proj. Importing this
 module does not import triton.
 """

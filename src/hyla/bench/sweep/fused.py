@@ -1,36 +1,38 @@
-"""The fused decode step's kernels (InferenceEngine(matvec="triton-fused")) in several launch settings: each
+"""`hyla bench sweep fused`: the triton-fused decode step's kernels in several launch settings: each
 matrix-vector product in the prologue/epilogue combination the engine runs it with, on HypeNet-2B's and the Qwen3-1.7B
 shape's decode-step shapes, and the Lightning step kernel; beside cuBLAS's plain product of the same shape.
 
 Every setting is first checked against the float64 reference (`fused_matvec_reference`, `lightning_step_reference`);
 one that fails is reported and not timed. Timing as in bench/matvec_sweep.py: calls on distinct copies of the
 weights (over 4x the L2 cache), captured in one CUDA graph. Its results/fastest entries (one per weight shape, the
-combination with the most calls a step) are a table for `--matvec-table`. With --pdl every call is launched with
+combination with the most calls a step) become the matrix-vector table of the engine settings it writes, the fastest
+Lightning step setting its step launch. With --pdl every call is launched with
 programmatic dependent launch, as the engine launches them on Hopper: each call then reads its first weights while
 the one before it finishes, which favours settings that read more of their weights before waiting.
 
-    python bench/fused_sweep.py --out DIR [--pdl] [--step-only]   # on a CUDA machine with triton; ~2 minutes
-    TRITON_INTERPRET=1 PYTHONPATH=/tmp/tri:src python bench/fused_sweep.py --out DIR --smoke   # CPU plumbing
+    hyla bench sweep fused --out DIR [--pdl] [--step-only]   # on a CUDA machine with triton; ~2 minutes
+    TRITON_INTERPRET=1 hyla bench sweep fused --out DIR --smoke   # CPU, Triton's interpreter (plumbing)
 
-Writes DIR/fused-sweep.json and .md.
+Writes DIR/fused-sweep.json and .md, and DIR/settings.json: the engine settings (--base-settings, default the tuned
+settings of this GPU) with this sweep's choices (`--engine-settings DIR/settings.json` runs them; copied into
+hyla/inference/tuned/ they become a GPU's shipped settings).
 """
 
 from __future__ import annotations
 
 import itertools
-import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from hyla.bench.floors import COPY_BANDWIDTH
+from hyla.bench.sweep.common import check_then_time, device_name, graph_time_us, sweep_device, write_settings
 from hyla.outputs import write_atomic, write_json
-from kernel_sweep import check_then_time, graph_time_us, sweep_arguments
 
 CALLS = 64
 # (name, N, K, bias, prologue, epilogue, calls a HypeNet-2B step, calls a Qwen3-shape step); prologues as in
-# hyla.inference.matvec: 0 plain, 1 norm, 2 scaled, 4 sigmoid gate.
+# hyla.ops.matvec: 0 plain, 1 norm, 2 scaled, 4 sigmoid gate.
 VARIANTS = [
     ("lightning mixer", 8192, 2048, False, 1, "none", 21, 0),
     ("attention mixer (gated)", 6144, 2048, True, 1, "none", 7, 0),
@@ -46,7 +48,7 @@ TOY = {8192: 48, 6144: 40, 4096: 32, 12288: 64, 2048: 24, 6144 + 1: 0, 151936: 1
 
 
 def configs(smoke: bool, glu: bool, k: int):
-    from hyla.inference.matvec import MatvecConfig
+    from hyla.ops.matvec import MatvecConfig
 
     if smoke:
         yield from (MatvecConfig(block_n=2, block_k=32), MatvecConfig(block_n=4, block_k=64, num_warps=2))
@@ -59,8 +61,8 @@ def configs(smoke: bool, glu: bool, k: int):
 
 
 def sweep_variant(variant, device, smoke, l2_bytes, log, pdl=False):
-    from hyla.inference.matvec import fused_matvec_reference
-    from hyla.inference.matvec_triton import fused_matvec_triton
+    from hyla.ops.matvec import fused_matvec_reference
+    from hyla.ops.matvec.gpu import fused_matvec_triton
 
     name, n, k, has_bias, prologue, epilogue, *_ = variant
     if smoke:
@@ -106,8 +108,8 @@ def sweep_variant(variant, device, smoke, l2_bytes, log, pdl=False):
 
 
 def sweep_lightning_step(device, smoke, log, pdl=False):
-    from hyla.inference.lightning_step import lightning_step_reference
-    from hyla.inference.lightning_step_triton import lightning_step_triton
+    from hyla.ops.lightning_step import lightning_step_reference
+    from hyla.ops.lightning_step.gpu import lightning_step_triton
 
     heads, dim = (2, 64) if smoke else (16, 128)
     dtype = torch.float32 if smoke else torch.bfloat16
@@ -153,18 +155,16 @@ def sweep_lightning_step(device, smoke, log, pdl=False):
     return {"heads": heads, "dim": dim, "rows": rows, "fastest": best}
 
 
-def main() -> int:
-    args = sweep_arguments(__doc__, "fused_sweep.py", pdl=True,
-                           flags={"--step-only": "the Lightning step kernel only (no products, no table)"})
-    if args is None:
-        return 2
-    device = torch.device("cpu" if args.smoke else "cuda")
-    l2_bytes = 0 if args.smoke else torch.cuda.get_device_properties(0).L2_cache_size
-    out = Path(args.out)
-    log = lambda line: print(line, flush=True)  # noqa: E731
-    variants = [] if args.step_only else [sweep_variant(v, device, args.smoke, l2_bytes, log, args.pdl)
-                                          for v in VARIANTS]
-    step = sweep_lightning_step(device, args.smoke, log, args.pdl)
+def run_fused_sweep(out: Path, *, smoke: bool = False, pdl: bool = False, step_only: bool = False,
+                    base_settings: str | None = None, log=print) -> dict:
+    """Every fused combination (unless step_only) and the Lightning step; writes out/fused-sweep.json, .md and
+    out/settings.json. Returns the results."""
+    from hyla.inference.settings import matvec_table_from_sweep
+
+    device = sweep_device(smoke, pdl)
+    l2_bytes = 0 if smoke else torch.cuda.get_device_properties(0).L2_cache_size
+    variants = [] if step_only else [sweep_variant(v, device, smoke, l2_bytes, log, pdl) for v in VARIANTS]
+    step = sweep_lightning_step(device, smoke, log, pdl)
     # The table: per weight shape, the combination with the most calls in a HypeNet step (then a Qwen3 step).
     table = {}
     for r in sorted(variants, key=lambda r: (r["calls_hypenet"], r["calls_qwen3"])):
@@ -175,11 +175,11 @@ def main() -> int:
                       "cublas_plain_us": sum(r[f"calls_{model}"] * r["cublas_us"] for r in variants)}
               for model in ("hypenet", "qwen3")}
     totals["hypenet"]["lightning_step_us"] = 21 * step["fastest"]["us"] if step["fastest"] else None
-    device_name = "cpu (Triton interpreter)" if args.smoke else torch.cuda.get_device_name()
-    write_json(out / "fused-sweep.json", {"device": device_name, "pdl": args.pdl, "results": results,
-                                          "variants": variants, "lightning_step": step, "per_step": totals})
+    payload = {"device": device_name(smoke), "pdl": pdl, "results": results, "variants": variants,
+               "lightning_step": step, "per_step": totals}
+    write_json(out / "fused-sweep.json", payload)
     lines = ["# Fused decode kernels: best setting per combination"
-             + (" (programmatic dependent launch)" if args.pdl else ""), "",
+             + (" (programmatic dependent launch)" if pdl else ""), "",
              "| combination | N | K | calls HypeNet / Qwen3 | cuBLAS plain us | fused best us (TB/s) | setting |",
              "|---|---|---|---|---|---|---|"]
     for r in variants:
@@ -191,9 +191,11 @@ def main() -> int:
     lines += ["", f"Lightning step: {step['fastest']}", "", f"Per step: {totals}"]
     text = "\n".join(lines) + "\n"
     write_atomic(out / "fused-sweep.md", text.encode())
-    print(text)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    fields = {}
+    if variants:
+        fields["matvec_shapes"] = matvec_table_from_sweep(out / "fused-sweep.json")
+    if step["fastest"]:
+        fields["lightning_step"] = (step["fastest"]["block_v"], step["fastest"]["num_warps"])
+    write_settings(out, base_settings, smoke, "fused", **fields)
+    log(text)
+    return payload

@@ -1,0 +1,129 @@
+"""Generation on the inference engine on CUDA, against transformers' generate on the same model: greedy tokens at 4K
+to 64K on the converted SmolLM2-135M shape (30 layers, 7 NoPE attention; random weights), a ragged batch with
+per-row EOS, sampling, and `model.generate` routed to the engine.
+
+Float32 models and the pure-torch Lightning op on both paths (`use_backend("torch")`): the engine runs its tuned
+settings of this GPU (the triton-fused step at batch 1, fused projections above, compiled, graph-captured, Triton
+decode attention) but nothing rounds to bf16 or TF32, so the two paths' logits differ by ~1e-6 against gaps of ~0.1
+between a random model's top two logits, and greedy tokens must be identical. (In bf16, random-weight logits have
+near ties that rounding flips: `hyla bench generate` reports how often bf16 predictions agree.)
+"""
+
+import pytest
+import torch
+
+import hyla
+from hyla import HypeNetForCausalLM
+from hyla.bench.shapes import converted_135m_config
+from hyla.inference.generate import GenerationSession
+from hyla.ops.dispatch import use_backend
+
+pytestmark = pytest.mark.gpu
+# The engine uncompiled where a test is about generation logic (torch.compile's start-up is the cost of a GPU test
+# run); the 64K case and the bf16 test run the tuned settings as they are, compiled.
+UNCOMPILED = dict(compile_decode=False, compile_prefill=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = converted_135m_config()
+    with torch.device("cuda"):
+        model = HypeNetForCausalLM(config)
+    return model.float().eval()
+
+
+def prompt(length, seed, batch=1):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(3, 49152, (batch, length), device="cuda", generator=generator)
+
+
+def first_difference(a, b):
+    different = (a != b).nonzero()
+    return None if different.numel() == 0 else different[0].tolist()
+
+
+@pytest.mark.parametrize("length,compiled", [(4096, False), (16384, False), (65536, True)])
+def test_greedy_tokens_equal_transformers_generate_at_long_context(model, length, compiled):
+    ids = prompt(length, seed=length)
+    with use_backend("torch"):
+        ours = hyla.generate(model, ids, max_new_tokens=16, **({} if compiled else UNCOMPILED))
+        theirs = model.hf_generate(ids, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    assert ours.shape == theirs.shape == (1, length + 16)
+    assert torch.equal(ours, theirs), f"first difference at {first_difference(ours, theirs)}"
+
+
+def left_pad(rows):
+    width = max(row.shape[0] for row in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long, device="cuda")
+    mask = torch.zeros(len(rows), width, dtype=torch.long, device="cuda")
+    for index, row in enumerate(rows):
+        ids[index, width - row.shape[0]:] = row
+        mask[index, width - row.shape[0]:] = 1
+    return ids, mask
+
+
+def test_ragged_batch_with_end_of_sequence_equals_transformers_and_each_prompt_alone(model):
+    """Prompts of 1,000 to 6,000 tokens, left-padded (two of equal length): the batch's greedy tokens equal
+    transformers' generate on the same padded batch and each prompt generated alone; rows end at an EOS token at
+    different steps."""
+    rows = [prompt(n, seed=n)[0] for n in (1000, 6000, 2500, 2500)]
+    ids, mask = left_pad(rows)
+    with use_backend("torch"):
+        free = hyla.generate(model, ids, mask, max_new_tokens=12, pad_token_id=0, **UNCOMPILED)[:, ids.shape[1]:]
+        eos = int(free[0, 2])  # row 0 ends at its third new token
+        ours = hyla.generate(model, ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0, **UNCOMPILED)
+        theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                                   pad_token_id=0)
+        assert torch.equal(ours, theirs), f"first difference at {first_difference(ours, theirs)}"
+        for index, row in enumerate(rows):
+            alone = hyla.generate(model, row[None], max_new_tokens=12, eos_token_id=eos, pad_token_id=0,
+                                  **UNCOMPILED)
+            new = alone[0, row.shape[0]:]
+            assert torch.equal(ours[index, ids.shape[1]:ids.shape[1] + new.shape[0]], new), f"row {index}"
+    assert (ours[0, ids.shape[1] + 3:] == 0).all()
+
+
+def test_sampling_is_seeded_and_batched(model):
+    ids, mask = left_pad([prompt(n, seed=n)[0] for n in (300, 700)])
+    kwargs = dict(max_new_tokens=20, do_sample=True, temperature=0.8, top_k=40, top_p=0.95, pad_token_id=0,
+                  **UNCOMPILED)
+    torch.manual_seed(1)
+    first = hyla.generate(model, ids, mask, **kwargs)
+    torch.manual_seed(1)
+    second = hyla.generate(model, ids, mask, **kwargs)
+    assert first.shape == (2, ids.shape[1] + 20) and torch.equal(first, second)
+
+
+def test_model_generate_runs_on_the_engine_on_cuda(model, monkeypatch):
+    calls = []
+    original = GenerationSession.generate
+
+    def spy(self, *args, **kwargs):
+        calls.append(self.model)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationSession, "generate", spy)
+    ids = prompt(512, seed=3)
+    with use_backend("torch"):
+        routed = model.generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert calls == [model]
+        assert torch.equal(routed, model.hf_generate(ids, max_new_tokens=8, do_sample=False, pad_token_id=0))
+        model.generate(ids, max_new_tokens=4, num_beams=2, pad_token_id=0)  # beams: transformers' own
+    assert len(calls) == 1
+
+
+def test_tuned_settings_of_this_gpu_run_the_converted_shape():
+    """bf16, the production path: the engine picks this GPU's shipped settings (the triton-fused step at batch 1 on
+    an H200) and generates; its prefill logits are within the bf16 bar of a float32 run."""
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        bf16 = HypeNetForCausalLM(converted_135m_config()).bfloat16().eval()
+    ids = prompt(8192, seed=5)
+    session = GenerationSession(bf16)
+    out = session.generate(ids, max_new_tokens=32)
+    assert out.shape == (1, 8192 + 32)
+    settings = session.engine.settings
+    if "H200" in torch.cuda.get_device_name():
+        assert settings.name == "nvidia-h200" and settings.decode_step == "triton-fused" and session.engine.launch_pdl
+    assert session.stats.new_tokens == 32 and session.stats.decode_tokens_per_s() > 0
