@@ -126,21 +126,22 @@ WINDOW = 16  # shorter than the test sequences, so that the window changes the l
 
 def teachers_with_their_own_layer_types():
     full = ["full_attention"] * 3
-    yield "llama", LlamaForCausalLM(LlamaConfig(**COMMON, layer_types=full)), ["attention"] * 3
-    yield "mistral-sliding", MistralForCausalLM(MistralConfig(**COMMON, sliding_window=WINDOW)), ["swa"] * 3
-    yield "qwen2-sliding", Qwen2ForCausalLM(Qwen2Config(
+    yield pytest.param(LlamaForCausalLM(LlamaConfig(**COMMON, layer_types=full)), ["attention"] * 3, id="llama")
+    yield pytest.param(MistralForCausalLM(MistralConfig(**COMMON, sliding_window=WINDOW)), ["swa"] * 3,
+                       id="mistral-sliding")
+    yield pytest.param(Qwen2ForCausalLM(Qwen2Config(
         **COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-    )), ["attention", "swa", "swa"]
-    yield "qwen3-sliding", Qwen3ForCausalLM(Qwen3Config(
+    )), ["attention", "swa", "swa"], id="qwen2-sliding")
+    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(
         **COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    )), ["swa", "attention", "swa"]
-    yield "qwen3", Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, layer_types=full)), ["attention"] * 3
+    )), ["swa", "attention", "swa"], id="qwen3-sliding")
+    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, layer_types=full)), ["attention"] * 3,
+                       id="qwen3")
 
 
-@pytest.mark.parametrize("name,teacher,expected_types", list(teachers_with_their_own_layer_types()),
-                         ids=lambda x: x if isinstance(x, str) else "")
-def test_teacher_configs_with_their_own_layer_types_convert(name, teacher, expected_types, tmp_path):
+@pytest.mark.parametrize("teacher,expected_types", list(teachers_with_their_own_layer_types()))
+def test_teacher_configs_with_their_own_layer_types_convert(teacher, expected_types, tmp_path):
     """transformers' own layer types ("full_attention", "sliding_attention") become hyla's ("attention", "swa" with
     the teacher's window); the converted model keeps the teacher's logits and greedy continuation through
     save/load, on every transformers version CI tests."""
@@ -177,7 +178,7 @@ def test_sliding_window_teacher_layers_never_become_full_attention():
 def test_teacher_layer_types_hyla_cannot_convert_are_one_clear_error():
     no_window = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, sliding_window=None,
                                              layer_types=["full_attention", "sliding_attention", "full_attention"]))
-    with pytest.raises(ValueError, match="teacher layer 1 is 'sliding_attention' but its config sets no sliding_window"):
+    with pytest.raises(ValueError, match="layer 1 is 'sliding_attention' but its config sets no sliding_window"):
         to_hypenet(no_window)
     with pytest.raises(ValueError, match="layer 0 is 'gla'; to_hypenet builds attention, attention_rope, swa, "
                                          "lightning layers"):

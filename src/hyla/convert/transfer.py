@@ -1,8 +1,9 @@
 """Weight transfer from a Llama-family teacher into HypeNet (SPEC §1).
 
-Attention layers are copied as they are; a teacher's sliding-window layers become "swa" layers with its window. A Lightning layer is built from the attention weights of the same layer:
-q and o projections and q/k norms copied, k and v projections expanded from grouped (GQA) to one head per query
-head (query head j takes teacher KV head j // g). MLPs, norms, embeddings and the LM head are copied.
+Attention layers are copied as they are (a teacher's sliding-window layers become "swa" layers with its window). A
+Lightning layer is built from the attention weights of the same layer: q and o projections and q/k norms copied, k
+and v projections expanded from grouped (GQA) to one head per query head (query head j takes teacher KV head
+j // g). MLPs, norms, embeddings and the LM head are copied.
 """
 
 from __future__ import annotations
