@@ -34,18 +34,22 @@ def teacher_tokenizer():
                                eos_token="<eos>", pad_token="<pad>")
 
 
-def save_tiny_teacher(folder: Path, *, seed: int = 0, hidden_size: int = 32) -> Path:
-    """A 4-layer random Llama (GQA 4/2, tied head) with `teacher_tokenizer`, saved as an HF folder."""
+def save_tiny_teacher(folder: Path, *, seed: int = 0, hidden_size: int = 32, family: str = "llama",
+                      **config_fields) -> Path:
+    """A 4-layer random decoder of `family` (llama, mistral, qwen2, qwen3; GQA 4/2, tied head) with
+    `teacher_tokenizer`, saved as an HF folder; `config_fields` are passed to its config."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     tokenizer = teacher_tokenizer()
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64,
-                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, tie_word_embeddings=True,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
-                         bos_token_id=None)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    fields = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                  tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                  bos_token_id=None)
+    if family == "mistral":
+        fields["sliding_window"] = None  # MistralConfig's default is a 4096-token window
+    config = AutoConfig.for_model(family, **{**fields, **config_fields})
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder

@@ -78,6 +78,39 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     assert capsys.readouterr().out.count("(skipped)") == 7
 
 
+@pytest.fixture(scope="module")
+def tiny_corpus(tiny_teacher, tmp_path_factory) -> Path:
+    """The smoke plan's corpus, tokenized once: the tiny teachers of every family share one tokenizer."""
+    out = tmp_path_factory.mktemp("corpus")
+    assert main(convert_args(tiny_teacher, out, "--until-stage", "data")) == 0
+    return next(out.glob("*-data")) / "corpus"
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "qwen3"])
+def test_smoke_conversion_of_each_family_exports_a_model_that_generates(family, tiny_corpus, tmp_path):
+    """The Llama teacher goes through every stage above; the other supported families' teachers do too."""
+    from transformers import AutoModelForCausalLM
+
+    teacher = save_tiny_teacher(tmp_path / "teacher", family=family)
+    out = tmp_path / "run"
+    # Two steps per training stage: this checks that every stage runs for the family, not what it learns.
+    shorter = ["--set", "align.tokens=512", "--set", "distill.tokens=512", "--set", "finetune.tokens=512"]
+    assert main(convert_args(teacher, out, "--data", str(tiny_corpus), *shorter)) == 0
+    model = AutoModelForCausalLM.from_pretrained(out / "06-export").eval()
+    assert model.config.layer_types.count("attention") == 1
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    assert model.generate(prompt, max_new_tokens=5, do_sample=False).shape == (1, 9)
+
+
+def test_sliding_window_teacher_is_refused_with_one_clear_line(tmp_path, capsys):
+    teacher = save_tiny_teacher(tmp_path / "teacher", family="mistral", sliding_window=64)
+    capsys.readouterr()
+    assert main(convert_args(teacher, tmp_path / "run")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sliding-window attention (window 64) in layers [0, 1, 2, 3]" in err[0], err
+    assert "HALO conversion needs full attention in every layer" in err[0]
+
+
 @pytest.mark.slow
 def test_sigkill_during_distillation_then_rerun_gives_the_same_weights(tiny_teacher, tmp_path):
     stop = ["--until-stage", "distill", "--set", "distill.checkpoint_every=1"]

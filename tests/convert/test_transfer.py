@@ -119,3 +119,67 @@ def test_smollm2_from_gguf_reproduces_teacher_logits(smollm2_teacher):
         expected = teacher(tokens.input_ids).logits
         actual = student(tokens.input_ids, use_cache=False).logits
     assert (actual - expected).abs().max().item() <= ATOL
+
+
+WINDOW = 16  # shorter than the test sequences, so that the window changes the logits
+
+
+def teachers_with_their_own_layer_types():
+    full = ["full_attention"] * 3
+    yield pytest.param(LlamaForCausalLM(LlamaConfig(**COMMON, layer_types=full)), ["attention"] * 3, id="llama")
+    yield pytest.param(MistralForCausalLM(MistralConfig(**COMMON, sliding_window=WINDOW)), ["swa"] * 3,
+                       id="mistral-sliding")
+    yield pytest.param(Qwen2ForCausalLM(Qwen2Config(
+        **COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
+    )), ["attention", "swa", "swa"], id="qwen2-sliding")
+    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(
+        **COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    )), ["swa", "attention", "swa"], id="qwen3-sliding")
+    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, layer_types=full)), ["attention"] * 3,
+                       id="qwen3")
+
+
+@pytest.mark.parametrize("teacher,expected_types", list(teachers_with_their_own_layer_types()))
+def test_teacher_configs_with_their_own_layer_types_convert(teacher, expected_types, tmp_path):
+    """transformers' own layer types ("full_attention", "sliding_attention") become hyla's ("attention", "swa" with
+    the teacher's window); the converted model keeps the teacher's logits and greedy continuation through
+    save/load, on every transformers version CI tests."""
+    from hyla.models import HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    teacher = teacher.eval()
+    randomize_norms(teacher)
+    student = to_hypenet(teacher, attention_rope=True)
+    assert student.config.layer_types == expected_types
+    if "swa" in expected_types:
+        assert student.config.sliding_window == WINDOW
+    student.save_pretrained(tmp_path)
+    loaded = HypeNetForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.layer_types == expected_types
+    tokens = torch.randint(0, 120, (2, 97))
+    prompt = tokens[:1, :20]
+    with torch.no_grad():
+        expected = teacher(tokens).logits
+        assert (loaded(tokens, use_cache=False).logits - expected).abs().max().item() <= ATOL
+        continuation = teacher.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0)
+        assert torch.equal(loaded.generate(prompt, max_new_tokens=12, do_sample=False, pad_token_id=0), continuation)
+
+
+def test_sliding_window_teacher_layers_never_become_full_attention():
+    teacher = Qwen2ForCausalLM(Qwen2Config(**COMMON, use_sliding_window=True, sliding_window=WINDOW,
+                                           max_window_layers=1))
+    with pytest.raises(ValueError, match=r"teacher layer 1 is sliding-window attention \(window 16\); give it 'swa'"):
+        to_hypenet(teacher, ["attention", "attention", "lightning"])
+    student = to_hypenet(teacher, ["attention", "lightning", "swa"])
+    assert student.config.layer_types == ["attention", "lightning", "swa"] and student.config.sliding_window == WINDOW
+
+
+def test_teacher_layer_types_hyla_cannot_convert_are_one_clear_error():
+    no_window = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, sliding_window=None,
+                                             layer_types=["full_attention", "sliding_attention", "full_attention"]))
+    with pytest.raises(ValueError, match="layer 1 is 'sliding_attention' but its config sets no sliding_window"):
+        to_hypenet(no_window)
+    with pytest.raises(ValueError, match="layer 0 is 'gla'; to_hypenet builds attention, attention_rope, swa, "
+                                         "lightning layers"):
+        to_hypenet(LlamaForCausalLM(LlamaConfig(**COMMON)), ["gla", "attention", "attention"])

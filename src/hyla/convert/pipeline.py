@@ -93,7 +93,7 @@ def print_plan(run: Run, num_params: int) -> None:
 
 def convert(request: ConvertRequest) -> dict:
     """Run (or resume) a conversion; returns the results of every stage."""
-    from hyla.convert.teacher import load_teacher, teacher_fingerprint
+    from hyla.convert.teacher import check_full_attention, load_teacher, load_teacher_config, teacher_fingerprint
 
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
@@ -102,7 +102,9 @@ def convert(request: ConvertRequest) -> dict:
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
     env = init_distributed(request.device)
-    hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device)
+    teacher_config = load_teacher_config(request.teacher)
+    check_full_attention(teacher_config, request.teacher)
+    hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
     plan = apply_overrides(make_plan(request.preset, num_params), request.overrides)
     plan.seed = request.seed

@@ -5,7 +5,8 @@
 `teacher_fingerprint(model)` summarizes a teacher so that later stages can tell whether a folder was made from it.
 
 Supported families are those whose HF `model_type` is in `SUPPORTED_FAMILIES`: Llama-style decoders with GQA,
-optional q/k norms, RoPE (any theta and scaling) and a tied or untied LM head.
+optional q/k norms, RoPE (any theta and scaling), a tied or untied LM head, and full or sliding-window attention
+per layer (`teacher_layer_windows`).
 """
 
 from __future__ import annotations
@@ -102,8 +103,12 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
     return copy.deepcopy(_load_tokenizer_cached(resolve_teacher(spec, tokenizer_only=True)))
 
 
-def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu") -> Teacher:
-    """Load a supported teacher model (eval mode) and its tokenizer. GGUF weights are de-quantized to `dtype`."""
+def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+                 config: PretrainedConfig | None = None) -> Teacher:
+    """Load a supported teacher model (eval mode) and its tokenizer. GGUF weights are de-quantized to `dtype`.
+
+    config: the teacher's config if already read with `load_teacher_config` (a GGUF header takes seconds to parse).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -111,7 +116,7 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
     source = resolve_teacher(spec)
-    config = load_teacher_config(spec)
+    config = config if config is not None else load_teacher_config(spec)
     with _one_line_errors(source):
         # Passing the config already read saves parsing a GGUF's metadata twice (seconds on CPU).
         model = AutoModelForCausalLM.from_pretrained(source.location, config=config, dtype=torch_dtype,
@@ -136,6 +141,43 @@ def check_supported(family: str | None, spec: str = "teacher") -> None:
     """Raise one clear `ValueError` unless `family` (a HF `model_type`) is one hyla can convert."""
     if family not in SUPPORTED_FAMILIES:
         raise ValueError(f"unsupported teacher family {family!r} ({spec}); supported: {', '.join(SUPPORTED_FAMILIES)}")
+
+
+def teacher_layer_windows(config: PretrainedConfig) -> list[int | None]:
+    """The key window of each teacher layer as the family's transformers code applies it: None for full causal
+    attention, W for sliding-window attention (a query sees itself and the W - 1 keys before it).
+
+    Llama ignores `layer_types` (full attention everywhere); Mistral applies `sliding_window`, when set, in every
+    layer; Qwen2 and Qwen3 apply it in the layers their `layer_types` name "sliding_attention".
+    """
+    check_supported(config.model_type)
+    num_layers = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "llama":
+        return [None] * num_layers
+    if config.model_type == "mistral":
+        return [window] * num_layers
+    windows = []
+    for index, kind in enumerate(getattr(config, "layer_types", None) or ["full_attention"] * num_layers):
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"teacher layer {index} is {kind!r}; hyla converts 'full_attention' and "
+                             "'sliding_attention' layers")
+        if kind == "sliding_attention" and window is None:
+            raise ValueError(f"teacher layer {index} is 'sliding_attention' but its config sets no sliding_window "
+                             "(use_sliding_window is off)")
+        windows.append(window if kind == "sliding_attention" else None)
+    return windows
+
+
+def check_full_attention(config: PretrainedConfig, spec: str = "teacher") -> None:
+    """Raise one clear `ValueError` unless every teacher layer has full attention (what HALO conversion needs)."""
+    windows = teacher_layer_windows(config)
+    windowed = [index for index, window in enumerate(windows) if window is not None]
+    if windowed:
+        raise ValueError(
+            f"teacher {spec} has sliding-window attention (window {windows[windowed[0]]}) in layers {windowed}; "
+            "HALO conversion needs full attention in every layer (to_hypenet keeps such layers as 'swa')"
+        )
 
 
 def teacher_fingerprint(model_or_config: PreTrainedModel | PretrainedConfig) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Weight transfer from a Llama-family teacher into HypeNet (docs/method.md, "Weight transfer").
 
-Attention layers are copied as they are. A Lightning layer is built from the attention weights of the same layer:
-q and o projections and q/k norms copied, k and v projections expanded from grouped (GQA) to one head per query
-head (query head j takes teacher KV head j // g). MLPs, norms, embeddings and the LM head are copied.
+Attention layers are copied as they are (a teacher's sliding-window layers become "swa" layers with its window). A
+Lightning layer is built from the attention weights of the same layer: q and o projections and q/k norms copied, k
+and v projections expanded from grouped (GQA) to one head per query head (query head j takes teacher KV head
+j // g). MLPs, norms, embeddings and the LM head are copied.
 """
 
 from __future__ import annotations
@@ -10,9 +11,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hyla.convert.teacher import SUPPORTED_FAMILIES
+from hyla.convert.teacher import SUPPORTED_FAMILIES, teacher_layer_windows
 from hyla.layers.lightning import LightningAttention
 from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+# Student layer types whose weights come from the teacher's attention: copied, or a Lightning twin built from it.
+COPIED_LAYER_TYPES = ("attention", "attention_rope", "swa")
+TRANSFER_LAYER_TYPES = (*COPIED_LAYER_TYPES, "lightning")
 
 
 def _check_family(config) -> None:
@@ -20,19 +25,29 @@ def _check_family(config) -> None:
         raise ValueError(
             f"teacher model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_FAMILIES)}"
         )
-    window = getattr(config, "sliding_window", None)
-    if window is not None and getattr(config, "use_sliding_window", True) and config.model_type == "mistral":
-        raise ValueError(
-            f"teacher uses sliding-window attention (window {window}); hyla converts full-attention teachers only"
-        )
+
+
+def student_layer_types(windows: list[int | None], layer_types: list[str] | None) -> list[str]:
+    """The student's layer types: by default the teacher's own ("swa" where it has a window, else "attention");
+    a given list may replace any layer by Lightning but never turns a sliding-window layer into full attention."""
+    if layer_types is None:
+        return ["swa" if window is not None else "attention" for window in windows]
+    for index, (kind, window) in enumerate(zip(layer_types, windows)):
+        if window is not None and kind in ("attention", "attention_rope"):
+            raise ValueError(f"teacher layer {index} is sliding-window attention (window {window}); give it 'swa' "
+                             f"(the same window) or 'lightning', not {kind!r}")
+    return list(layer_types)
 
 
 def hypenet_config_from_teacher(
     teacher: nn.Module, layer_types: list[str] | None = None, *, attention_rope: bool = False, **overrides
 ) -> HypeNetConfig:
-    """A HypeNet config with the teacher's sizes, norms, biases, RoPE and head tying."""
+    """A HypeNet config with the teacher's sizes, norms, biases, RoPE, head tying and attention windows."""
     config = teacher.config
     _check_family(config)
+    windows = teacher_layer_windows(config)
+    # The supported families have one window for all their sliding-window layers.
+    teacher_window = next((window for window in windows if window is not None), None)
     attn = teacher.model.layers[0].self_attn
     mlp = teacher.model.layers[0].mlp
     num_layers = config.num_hidden_layers
@@ -53,12 +68,14 @@ def hypenet_config_from_teacher(
         attention_out_bias=attn.o_proj.bias is not None,
         mlp_bias=mlp.gate_proj.bias is not None,
         attention_qk_norm=getattr(attn, "q_norm", None) is not None,
-        layer_types=list(layer_types) if layer_types is not None else ["attention"] * num_layers,
+        layer_types=student_layer_types(windows, layer_types),
         attention_rope=attention_rope,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
+    if teacher_window is not None:
+        kwargs["sliding_window"] = teacher_window
     kwargs.update(overrides)
     return HypeNetConfig(**kwargs)
 
@@ -112,10 +129,17 @@ def to_hypenet(
 ) -> HypeNetForCausalLM:
     """Build a HypeNet from a Llama/Mistral/Qwen2/Qwen3 teacher (`*ForCausalLM`).
 
-    layer_types: one of "attention"/"lightning" per layer; None keeps every layer attention.
+    layer_types: one of TRANSFER_LAYER_TYPES per layer ("attention", "attention_rope" and "swa" copy the teacher's
+        attention, "lightning" builds its twin); None keeps the teacher's attention in every layer, "swa" where the
+        teacher has sliding-window attention. A sliding-window teacher layer may not become full attention.
     attention_rope: keep RoPE in attention layers (the teacher-equivalent configuration); HypeNet drops it.
     """
     config = hypenet_config_from_teacher(teacher, layer_types, attention_rope=attention_rope, **config_overrides)
+    other = [(index, kind) for index, kind in enumerate(config.layer_types) if kind not in TRANSFER_LAYER_TYPES]
+    if other:
+        index, kind = other[0]
+        raise ValueError(f"layer {index} is {kind!r}; to_hypenet builds {', '.join(TRANSFER_LAYER_TYPES)} layers "
+                         "from a teacher")
     reference = teacher.model.embed_tokens.weight
     student = HypeNetForCausalLM(config).to(device=reference.device, dtype=reference.dtype).eval()
     student.model.embed_tokens.load_state_dict(teacher.model.embed_tokens.state_dict())
@@ -126,7 +150,7 @@ def to_hypenet(
         block.input_layernorm.weight.copy_(source.input_layernorm.weight)
         block.post_attention_layernorm.weight.copy_(source.post_attention_layernorm.weight)
         block.mlp.load_state_dict(source.mlp.state_dict())
-        if block.layer_type == "attention":
+        if block.layer_type in COPIED_LAYER_TYPES:
             _copy_attention(block.mixer, source.self_attn)
         else:
             block.mixer = lightning_from_attention(source.self_attn, config, idx)

@@ -65,7 +65,8 @@ class HypeNetConfig(PreTrainedConfig):
     """
 
     model_type = "hypenet"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    # Trainer drops these output fields at evaluation: the cache, under its old and its new (5.24) name.
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]
 
     vocab_size: int = 32000
     hidden_size: int = 1024
@@ -114,7 +115,11 @@ class HypeNetConfig(PreTrainedConfig):
             self.layer_types = default_layer_types(self.num_hidden_layers)
         if self.rope_parameters is None:
             self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+        layer_types = list(self.layer_types)
         super().__post_init__(**kwargs)
+        # transformers >= 5.18 renames its legacy layer type "attention" to "full_attention" in every config;
+        # hyla's layer types are its own names (LAYER_TYPES), so they are put back.
+        self.layer_types = layer_types
 
     def validate_layer_type(self):
         # transformers' check only knows its own layer names; ours are validated in validate_architecture.

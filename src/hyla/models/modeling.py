@@ -22,6 +22,10 @@ from hyla.layers.swa import RopeAttention, SlidingWindowAttention
 from hyla.models.cache import HybridCache
 from hyla.models.configuration import HEADWISE_LAYER_TYPES, HypeNetConfig
 
+# transformers 5.24 renamed the cache argument of forward and the cache field of model outputs from
+# `past_key_values` to `cache` (its generate passes `cache=`); hyla accepts both and fills the field this version has.
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 MIXERS = {
     "lightning": LightningAttention,
     "attention": Attention,
@@ -73,6 +77,12 @@ class HypeNetPreTrainedModel(PreTrainedModel):
             module.weight.normal_(0.0, std)
         elif isinstance(module, RMSNorm):
             module.weight.fill_(1.0)
+
+
+def _one_cache(past_key_values: HybridCache | None, cache: HybridCache | None) -> HybridCache | None:
+    if past_key_values is not None and cache is not None:
+        raise ValueError("pass the cache as past_key_values or as cache, not both")
+    return past_key_values if past_key_values is not None else cache
 
 
 def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
@@ -132,8 +142,11 @@ class HypeNetModel(HypeNetPreTrainedModel):
         inputs_embeds: torch.FloatTensor | None = None,
         use_cache: bool | None = None,
         cu_seqlens: torch.LongTensor | None = None,
+        cache: HybridCache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        """past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD)."""
+        past_key_values = _one_cache(past_key_values, cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -149,7 +162,7 @@ class HypeNetModel(HypeNetPreTrainedModel):
                 hidden_states = block(hidden_states, context)
         if cache is not None:
             cache.advance(hidden_states.shape[1])
-        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), past_key_values=cache)
+        return BaseModelOutputWithPast(last_hidden_state=self.norm(hidden_states), **{CACHE_FIELD: cache})
 
 
 class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
@@ -193,15 +206,17 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
         use_cache: bool | None = None,
         cu_seqlens: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
+        cache: HybridCache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """labels: [B, T] next-token targets already aligned with input_ids (HF convention: shifted inside),
-        -100 ignored. logits_to_keep: compute logits for the last N positions only (0 = all)."""
+        -100 ignored. logits_to_keep: compute logits for the last N positions only (0 = all).
+        past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD)."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            past_key_values=_one_cache(past_key_values, cache),
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             cu_seqlens=cu_seqlens,
@@ -215,4 +230,4 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
             loss = F.cross_entropy(
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=outputs.past_key_values)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
