@@ -1,4 +1,6 @@
-"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report)."""
+"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report) that
+loads with `import hyla`, or with `trust_remote_code=True` (`hyla.models.hf`); the stage's own bookkeeping sits beside
+it (`Stage.state_path`), so the folder holds only what a published model needs."""
 
 from __future__ import annotations
 
@@ -56,7 +58,7 @@ def run_export(run: Run, stage: Stage) -> dict:
         report = conversion_report(run)
         write_json(stage.path / "conversion.json", report)
         write_atomic(stage.path / "README.md", model_card(report).encode())
-    return {"model": str(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
+    return {"model": stage.relative(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
             "layer_types": student.config.layer_types}
 
 

@@ -7,7 +7,6 @@ takes its slice of rows, so a run gives the same batches at every step whatever 
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,16 +14,14 @@ from typing import Callable
 
 import torch
 
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hyla.train.checkpoint import resume_checkpoint, save_checkpoint
 from hyla.train.distributed import Distributed, all_reduce_mean
+from hyla.train.divergence import DivergenceMonitor, TrainingDiverged
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.progress import StepLog, read_metrics
 
 LossFn = Callable[[torch.nn.Module, dict], tuple[torch.Tensor, dict]]
-
-
-class TrainingDiverged(ValueError):
-    """The loss became NaN or infinite: the run stops, keeping its last good checkpoint."""
+__all__ = ["LoopSettings", "TrainResult", "TrainingDiverged", "run_training"]
 
 
 @dataclass
@@ -34,6 +31,8 @@ class LoopSettings:
     keep_last: int = 2
     log_every: int = 1
     description: str = "train"
+    vocab_size: int | None = None  # the loss is a cross-entropy over this many classes (divergence.py); else None
+    divergence_patience: int = 3  # steps a collapse signature (zero gradient, loss at ln V) lasts before the stop
 
 
 @dataclass
@@ -59,18 +58,29 @@ def training_autocast(device: torch.device) -> torch.autocast:
     return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
 
 
-def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed):
+def _host_values(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+    """The step's mean loss over processes and its gradient norm, fetched to the host in one transfer."""
+    if hasattr(grad_norm, "full_tensor"):  # a DTensor under FSDP2
+        grad_norm = grad_norm.full_tensor()
+    loss_value, grad_norm_value = torch.stack([loss.float(), grad_norm.float().to(loss.device)]).tolist()
+    return loss_value, grad_norm_value
+
+
+def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed,
+          monitor: DivergenceMonitor, step: int):
     with training_autocast(env.device):
         loss, metrics = loss_fn(model, batch)
-    if not torch.isfinite(loss.detach()).all():
-        return loss, metrics, None
     loss.backward()
     params = [p for p in model.parameters() if p.requires_grad]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
+    # After backward and clipping: loss and gradient norm to the host once, checked before the update, so that a
+    # non-finite gradient is never applied (the monitor raises instead).
+    loss_value, grad_norm_value = _host_values(all_reduce_mean(loss.detach().float(), env), grad_norm)
+    monitor.check(step, loss_value, grad_norm_value)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss, metrics, grad_norm
+    return loss_value, metrics, grad_norm_value
 
 
 def run_training(
@@ -83,16 +93,19 @@ def run_training(
     env: Distributed = Distributed(),
     meta: dict | None = None,
 ) -> TrainResult:
-    """Train for `loop.steps` optimizer steps, resuming from the newest checkpoint in `out_dir/checkpoints`."""
+    """Train for `loop.steps` optimizer steps, resuming from the newest usable checkpoint in `out_dir/checkpoints`
+    (which must have been written with the same `meta["settings"]`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / "checkpoints"
     optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps)
     start = 0
-    found = latest_checkpoint(checkpoints)
+    found = resume_checkpoint(checkpoints, model=model, optimizer=optimizer, scheduler=scheduler, env=env,
+                              settings=(meta or {}).get("settings"))
     if found is not None:
-        loader.load_state_dict(load_checkpoint(found, model=model, optimizer=optimizer, scheduler=scheduler, env=env))
+        loader.load_state_dict(found.meta["loader_state"])
         start = found.step
+    monitor = DivergenceMonitor(loop.vocab_size, loop.divergence_patience, description=loop.description, lr=optim.lr)
     log = StepLog(out_dir / "metrics.jsonl", total_steps=loop.steps, start_step=start,
                   description=loop.description, enabled=env.is_main)
     model.train()
@@ -100,13 +113,8 @@ def run_training(
         for step in range(start, loop.steps):
             started = time.perf_counter()
             batch = next(loader)
-            loss, metrics, grad_norm = _step(model, loss_fn, _local_rows(batch, env), optimizer, scheduler, optim, env)
-            loss = all_reduce_mean(loss.detach().float(), env).item()
-            if not math.isfinite(loss):
-                raise TrainingDiverged(
-                    f"{loop.description}: loss is {loss} at step {step + 1}; finished stages are kept, the last "
-                    f"good checkpoint is {latest_checkpoint(checkpoints).path if latest_checkpoint(checkpoints) else 'none'}"
-                )
+            loss, metrics, grad_norm = _step(model, loss_fn, _local_rows(batch, env), optimizer, scheduler, optim, env,
+                                             monitor, step + 1)
             elapsed = time.perf_counter() - started
             record = {"step": step + 1, "loss": loss, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(grad_norm), "tok_per_s": batch["input_ids"].numel() / elapsed,
