@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import json
 import math
+import sys
 import types
 import typing
 from collections.abc import Callable, Iterable
@@ -21,9 +22,9 @@ NONE_WORDS = ("none", "off", "null")
 
 
 def did_you_mean(name: str, known: Iterable[str]) -> str:
-    """" (did you mean 'x'?)" for the known names closest to `name`, or ""."""
-    close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.6)
-    return f" (did you mean {' or '.join(repr(c) for c in close)}?)" if close else ""
+    """" (did you mean 'x'?)" for the known name closest to `name`, or "" when none is close."""
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def at_least(low: float) -> Rule:
@@ -120,7 +121,10 @@ def parse_text(text: str, annotation: Any) -> Any:
     if origin is typing.Union:
         inner = [a for a in args if a is not type(None)]
         if len(inner) == 1:
-            return parse_text(text, inner[0])
+            try:
+                return parse_text(text, inner[0])
+            except ValueError:
+                raise ValueError(f"expected {describe(annotation)}, got {text!r}") from None
     if origin is list:
         item_type = args[0] if args else str
         return [parse_text(item.strip(), item_type) for item in text.split(",") if item.strip()]
@@ -143,8 +147,19 @@ def _scalar(text: str, annotation: Any) -> Any:
 
 
 def field_types(cls: type) -> dict[str, Any]:
-    """Each dataclass field's annotation, resolved (modules use `from __future__ import annotations`)."""
-    hints = typing.get_type_hints(cls)
+    """Each dataclass field's annotation, resolved (modules use `from __future__ import annotations`); Any for one
+    that does not resolve (a name its module imports only for type checking)."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:
+        hints = {}
+        for klass in reversed(cls.__mro__):
+            namespace = vars(sys.modules.get(klass.__module__, None) or object())
+            for name, annotation in vars(klass).get("__annotations__", {}).items():
+                try:
+                    hints[name] = eval(annotation, dict(namespace)) if isinstance(annotation, str) else annotation
+                except Exception:  # noqa: BLE001  an unresolvable annotation is left unchecked
+                    hints[name] = Any
     return {f.name: hints.get(f.name, Any) for f in dataclasses.fields(cls)}
 
 

@@ -63,6 +63,11 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     # Complete training stages keep their output, not their resume checkpoints.
     for stage in ("01-align", "03-distill", "04-finetune"):
         assert (out / stage / "manifest.json").exists() and not (out / stage / "checkpoints").exists(), stage
+    # The model folder holds the model: hyla's stage bookkeeping sits beside it.
+    assert not (model_dir / "manifest.json").exists() and not (model_dir / "identity.json").exists()
+    assert json.loads((out / "06-export.stage" / "manifest.json").read_text())["status"] == "complete"
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "sliding_window" not in config and "AutoModelForCausalLM" in config["auto_map"]
     report = json.loads((model_dir / "conversion.json").read_text())
     assert report["total_training_tokens"] == 2048 + 2048 + 1024
     assert "HypeNet converted" in (model_dir / "README.md").read_text()

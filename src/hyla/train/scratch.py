@@ -7,6 +7,7 @@ import functools
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from hyla.train.divergence import TrainingDiverged
 from hyla.train.loop import LoopSettings, run_training
 from hyla.train.losses import LOSSES, ce_loss, longce_loss
 from hyla.train.optim import SCHEDULES, OptimSettings
-from hyla.validation import Rule, at_least, check_fields, did_you_mean, greater_than, one_of
+from hyla.validation import Rule, at_least, check_fields, coerce, did_you_mean, field_types, greater_than, one_of
 
 
 @dataclass
@@ -87,6 +88,12 @@ def load_config(path: Path, vocab_size: int) -> HypeNetConfig:
         raise ValueError(f"config vocab_size {values['vocab_size']} is smaller than the corpus's {vocab_size}")
     for key in ("model_type", "auto_map", "architectures", "transformers_version", "_name_or_path"):
         values.pop(key, None)
+    types = field_types(HypeNetConfig)
+    for key, value in values.items():
+        try:
+            values[key] = coerce(value, types.get(key, Any))
+        except ValueError as err:
+            raise ValueError(f"config {path}: {key}: {err}") from None
     config = HypeNetConfig(**values)
     for name, rule in CONFIG_RULES.items():
         value = getattr(config, name)
