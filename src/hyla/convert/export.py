@@ -33,7 +33,8 @@ def model_card(report: dict) -> str:
         "---", "library_name: transformers", "tags: [hyla, hypenet, hybrid-linear-attention]", "---", "",
         f"# HypeNet converted from `{report['teacher']}`", "",
         "Converted with hyla's HALO pipeline (`hyla convert`). Load with `import hyla` then "
-        "`AutoModelForCausalLM.from_pretrained(folder)`.", "",
+        "`AutoModelForCausalLM.from_pretrained(folder)`, or without the import with "
+        "`from_pretrained(folder, trust_remote_code=True)` (hyla must be installed).", "",
         f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
         f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
