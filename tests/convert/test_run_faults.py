@@ -112,7 +112,8 @@ def test_a_damaged_stage_manifest_is_named_with_how_to_redo_it(tiny_teacher, tmp
     capsys.readouterr()
     assert main(convert_args(tiny_teacher, out, "--until-stage", "align")) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the plan table
-    assert err.startswith("hyla convert: error: ") and f"damaged stage file {out / '01-align' / 'manifest.json'} (" in err
+    assert err.startswith("hyla convert: error: ")
+    assert f"damaged stage file {out / '01-align' / 'manifest.json'} (" in err
     assert "--from-stage align" in err
 
 
@@ -164,3 +165,13 @@ def test_a_student_whose_every_scaling_loss_is_uniform_is_not_exported():
         _best_scaling([None, 20.0, 500.0], collapsed, 49152)
     with pytest.raises(TrainingDiverged, match="--from-stage distill"):
         _best_scaling([None], {"None": math.nan}, 49152)
+
+
+def test_a_stage_made_with_other_settings_says_what_differs(tiny_teacher, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(convert_args(tiny_teacher, out, "--until-stage", "align")) == 0
+    capsys.readouterr()
+    assert main(convert_args(tiny_teacher, out, "--until-stage", "align", "--set", "align.lr=2e-3")) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"{out / '01-align'} was made with other settings (budget.lr 0.001 then, 0.002 now)" in err
+    assert "--from-stage align" in err

@@ -120,7 +120,8 @@ def test_metrics_hold_json_null_where_a_metric_is_not_finite(tmp_path):
     assert "NaN" not in (tmp_path / "metrics.jsonl").read_text()
 
 
-def test_hyla_train_stops_on_divergence_and_a_resume_with_other_settings_is_refused(corpus, tmp_path, capsys):  # noqa: F811
+def test_hyla_train_stops_on_divergence_and_a_resume_with_other_settings_is_refused(
+        corpus, tmp_path, capsys):  # noqa: F811
     out = tmp_path / "run"
     assert main(train_args(corpus, out, "--lr", "1e6")) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]

@@ -28,6 +28,26 @@ def settings_hash(settings: Any) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+def settings_differences(stored: dict | None, current: dict) -> str:
+    """What differs between the settings a stage folder was made with and this run's, as "budget.lr 0.0001 then,
+    1000000.0 now; ..." ("" when the folder does not record them: made before identity.json held them)."""
+    if not isinstance(stored, dict):
+        return ""
+    current = json.loads(json.dumps(current, default=str))
+    found = []
+
+    def walk(old: Any, new: Any, key: str) -> None:
+        if isinstance(old, dict) and isinstance(new, dict):
+            for name in sorted(set(old) | set(new)):
+                walk(old.get(name), new.get(name), f"{key}.{name}" if key else name)
+        elif old != new:
+            found.append("an earlier stage changed" if key == "upstream" else f"{key} {old!r} then, {new!r} now")
+
+    walk(stored, current, "")
+    # A change upstream shows in every later stage: name the stage's own differences first.
+    return "; ".join(sorted(found, key=lambda text: text == "an earlier stage changed"))
+
+
 @dataclass
 class Stage:
     root: Path
@@ -100,9 +120,10 @@ class Stage:
                 f"use a new --out folder"
             )
         if manifest.get("settings_hash") != settings_hash(self.settings):
+            differ = settings_differences(manifest.get("settings"), self.settings)
             raise ValueError(
-                f"{self.path} was made with other settings; rerun with --from-stage {self.name} to redo it "
-                f"(and the stages after it), or use a new --out folder"
+                f"{self.path} was made with other settings{f' ({differ})' if differ else ''}; rerun with --from-stage "
+                f"{self.name} to redo it (and the stages after it), or use a new --out folder"
             )
 
     def _partial_identity(self) -> dict | None:
@@ -114,7 +135,8 @@ class Stage:
         write_json(self.state_path / IDENTITY, self._identity())
 
     def _identity(self) -> dict:
-        return {"stage": self.name, "teacher": self.fingerprint, "settings_hash": settings_hash(self.settings)}
+        return {"stage": self.name, "teacher": self.fingerprint, "settings_hash": settings_hash(self.settings),
+                "settings": self.settings}
 
     @property
     def complete(self) -> bool:

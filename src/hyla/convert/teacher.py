@@ -112,8 +112,8 @@ def _hub_source(spec: str) -> TeacherSource:
     snapshot = _cached_snapshot(spec)
     if snapshot is not None:
         return TeacherSource(snapshot)
-    raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file; as a hub id it is not in "
-                            f"the HF cache, and the hub cannot be reached (offline){did_you_mean(spec, ALIASES)}; "
+    raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file; as a hub id it is not "
+                            f"in the HF cache, and the hub cannot be reached (offline){did_you_mean(spec, ALIASES)}; "
                             f"{ACCEPTED}")
 
 

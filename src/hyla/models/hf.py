@@ -22,8 +22,8 @@ SLIDING_WINDOW_LAYER_TYPES = ("swa", "hh_swa")
 # transformers copies this file out of the folder and imports it. Its import of hyla sits in a try block, which
 # transformers' check for missing packages skips, so that the error below is the one a user sees. The classes are
 # subclasses, so that transformers' registration of remote classes leaves hyla's own classes as they are.
-REMOTE_CODE = '''"""HypeNet (hyla) model classes for `trust_remote_code=True`: they are hyla's own. Without the flag, run `import hyla`
-before `from_pretrained`."""
+REMOTE_CODE = '''"""HypeNet (hyla) model classes for `trust_remote_code=True`: they are hyla's own. Without the flag,
+run `import hyla` before `from_pretrained`."""
 
 try:
     import hyla.models as _hyla_models
