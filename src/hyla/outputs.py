@@ -67,7 +67,9 @@ def exclusive_folder(folder: Path) -> Iterator[None]:
     handle = _acquire(folder / LOCK_FILE)
     try:
         handle.truncate(0)
-        handle.write(f"pid {os.getpid()}: {' '.join(sys.argv)}\n")
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        started = datetime.datetime.now().isoformat(timespec="seconds")
+        handle.write(f"pid {os.getpid()} since {started}: {command[:80] + ' ...' if len(command) > 80 else command}\n")
         handle.flush()
         yield
     finally:

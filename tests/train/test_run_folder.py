@@ -35,7 +35,7 @@ def test_a_second_writer_is_refused_at_once_and_a_killed_one_leaves_no_lock(corp
         assert main(train_args(corpus, out)) == 2
         assert time.perf_counter() - started < 5
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"hyla train: error: {out} is in use by another hyla run (pid {process.pid}: ")
+        assert err.startswith(f"hyla train: error: {out} is in use by another hyla run (pid {process.pid} since ")
         assert "\n" not in err
     finally:
         kill_when(process, out / "checkpoints" / "step-2")
