@@ -24,7 +24,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
-from hyla.train.distributed import Distributed, barrier
+from hyla.train.distributed import Distributed, barrier, from_main
+from hyla.train.divergence import TrainingDiverged
 
 STEP_PREFIX = "step-"
 
@@ -86,10 +87,13 @@ def save_checkpoint(folder: Path, step: int, *, model, optimizer, scheduler, loa
                     env: Distributed, keep_last: int) -> Path:
     model_state, optim_state = get_state_dict(model, optimizer, options=_options())
     target = folder / f"{STEP_PREFIX}{step}"
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    weights = {k: v.contiguous() for k, v in model_state.items() if _strip(k) in trainable or k in trainable}
+    # The full weights are on the main process only: it decides, and every process stops together.
+    problem = from_main(_non_finite(weights, target), env)
+    if problem:
+        raise TrainingDiverged(problem)
     if env.is_main:
-        trainable = {name for name, p in model.named_parameters() if p.requires_grad}
-        weights = {k: v.contiguous() for k, v in model_state.items() if _strip(k) in trainable or k in trainable}
-        _check_finite(weights, target)
         # Staging folders of killed runs (the run folder's lock makes this process the only writer).
         for stale in folder.glob(f".tmp-{STEP_PREFIX}*"):
             shutil.rmtree(stale, ignore_errors=True)
@@ -111,13 +115,12 @@ def save_checkpoint(folder: Path, step: int, *, model, optimizer, scheduler, loa
     return target
 
 
-def _check_finite(weights: dict[str, torch.Tensor], target: Path) -> None:
-    from hyla.train.divergence import TrainingDiverged
-
+def _non_finite(weights: dict[str, torch.Tensor], target: Path) -> str | None:
     bad = [name for name, tensor in weights.items() if tensor.is_floating_point() and not torch.isfinite(tensor).all()]
-    if bad:
-        raise TrainingDiverged(f"{target.name} not written: {len(bad)} of {len(weights)} weight tensors hold NaN or "
-                               f"inf (first: {bad[0]}); the training diverged, lower the learning rate")
+    if not bad:
+        return None
+    return (f"{target.name} not written: {len(bad)} of {len(weights)} weight tensors hold NaN or inf (first: "
+            f"{bad[0]}); the training diverged, lower the learning rate")
 
 
 def _strip(name: str) -> str:

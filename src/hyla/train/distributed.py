@@ -79,10 +79,16 @@ def exclusive_run_folder(folder: Path, env: Distributed) -> Iterator[None]:
                 stack.enter_context(exclusive_folder(folder))
             except ValueError as err:  # FolderInUse, or --out names a file
                 error = str(err)
-        if env.enabled:
-            shared = [error]
-            dist.broadcast_object_list(shared, src=0)
-            error = shared[0]
+        error = from_main(error, env)
         if error:
             raise FolderInUse(error)
         yield
+
+
+def from_main(value, env: Distributed):
+    """The main process's `value` (a picklable object), on every process."""
+    if not env.enabled:
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]
