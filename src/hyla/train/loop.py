@@ -67,7 +67,7 @@ def _host_values(loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, fl
 
 
 def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, env: Distributed,
-          monitor: DivergenceMonitor, step: int):
+          monitor: DivergenceMonitor | None = None, step: int = 0):
     with training_autocast(env.device):
         loss, metrics = loss_fn(model, batch)
     loss.backward()
@@ -76,11 +76,13 @@ def _step(model, loss_fn, batch, optimizer, scheduler, settings: OptimSettings, 
     # After backward and clipping: loss and gradient norm to the host once, checked before the update, so that a
     # non-finite gradient is never applied (the monitor raises instead).
     loss_value, grad_norm_value = _host_values(all_reduce_mean(loss.detach().float(), env), grad_norm)
-    monitor.check(step, loss_value, grad_norm_value)
+    if monitor is not None:
+        monitor.check(step, loss_value, grad_norm_value)
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
-    return loss_value, metrics, grad_norm_value
+    # The values already fetched, as CPU tensors (bench/smollm2/probe.py calls `.item()`): no second sync.
+    return torch.tensor(loss_value), metrics, torch.tensor(grad_norm_value)
 
 
 def run_training(
@@ -116,7 +118,7 @@ def run_training(
             loss, metrics, grad_norm = _step(model, loss_fn, _local_rows(batch, env), optimizer, scheduler, optim, env,
                                              monitor, step + 1)
             elapsed = time.perf_counter() - started
-            record = {"step": step + 1, "loss": loss, "lr": scheduler.get_last_lr()[0],
+            record = {"step": step + 1, "loss": loss.item(), "lr": scheduler.get_last_lr()[0],
                       "grad_norm": float(grad_norm), "tok_per_s": batch["input_ids"].numel() / elapsed,
                       **{k: float(v) for k, v in metrics.items()}}
             log.log(record)
