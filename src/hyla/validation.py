@@ -72,8 +72,8 @@ def describe(annotation: Any) -> str:
 
 
 def coerce(value: Any, annotation: Any) -> Any:
-    """`value` as the annotation's type (an int where a float is wanted, a whole float where an int is wanted);
-    ValueError naming the expected type otherwise. Annotations this does not know (dicts, paths) pass through."""
+    """`value` checked against the annotation (an int passes where a float is wanted; a whole float becomes an int
+    where an int is wanted); ValueError naming the expected type otherwise. Annotations this does not know (dicts, paths) pass through."""
     origin, args = _parts(annotation)
     if origin is typing.Union:
         if value is None and type(None) in args:
@@ -100,7 +100,8 @@ def coerce(value: Any, annotation: Any) -> Any:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             if not math.isfinite(value):
                 raise ValueError(f"expected a finite number, got {value!r}")
-            return float(value)
+            # An int stays an int: a stage's settings hash has always held `--set distill.lr=1` as 1.
+            return value
     elif annotation is str:
         if isinstance(value, str):
             return value
@@ -164,8 +165,8 @@ def field_types(cls: type) -> dict[str, Any]:
 
 
 def check_fields(settings: Any, rules: dict[str, Rule], prefix: str = "") -> None:
-    """Type-check every field of the dataclass instance `settings` (in place: ints become floats where a float is
-    wanted) and apply the rule for `prefix.field` or, failing that, for `field`. ValueError names the setting."""
+    """Type-check every field of the dataclass instance `settings` (in place: whole floats become ints where an int
+    is wanted) and apply the rule for `prefix.field` or, failing that, for `field`. ValueError names the setting."""
     for name, annotation in field_types(type(settings)).items():
         label = f"{prefix}.{name}" if prefix else name
         value = getattr(settings, name)

@@ -28,8 +28,8 @@ def test_set_values_are_parsed_as_their_fields_type():
         "selection.k=none", "selection.method=3,7", "scaling.data=off", "model.attention_rope=true", "seed=3",
     ])
     assert plan.align.tokens == 1_000_000 and isinstance(plan.align.tokens, int)
-    assert plan.distill.lr == 1.0 and isinstance(plan.distill.lr, float)
-    assert plan.selection.niah_lengths == [2048, 4096] and plan.scaling.candidates == [None, 20.0]
+    assert plan.distill.lr == 1  # kept as written: the settings hash of earlier runs stays
+    assert plan.selection.niah_lengths == [2048, 4096] and plan.scaling.candidates == [None, 20]
     assert plan.selection.k is None and plan.selection.method == "3,7" and plan.scaling.data is None
     assert plan.model.attention_rope is True and plan.seed == 3
 
@@ -39,11 +39,11 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("distill.lr=NaN", "distill.lr: expected a finite number, got nan"),
     ("distill.compile=yes", "distill.compile: expected true or false, got 'yes'"),
     ("align.tokens=0.5", "align.tokens: expected an integer, got 0.5"),
-    ("distill.min_lr=-1", "distill.min_lr must be >= 0, got -1.0"),
+    ("distill.min_lr=-1", "distill.min_lr must be >= 0, got -1"),
     ("selection.method=hallo", "(did you mean 'halo'?)"),
     ("selection.niah_tasks=SK1,XX", "selection.niah_tasks: item 'XX' is not a NIAH task"),
     ("selection.csr_tasks=arc_easi", "(did you mean 'arc_easy'?)"),
-    ("scaling.candidates=none,1", "scaling.candidates: item 1.0 must be > 1"),
+    ("scaling.candidates=none,1", "scaling.candidates: item 1 must be > 1"),
     ("scaling.candidates=", "scaling.candidates: must not be empty"),
     ("modle.attention_rope=true", "unknown setting 'modle.attention_rope' (did you mean 'model.attention_rope'?)"),
     ("preset=paper", "unknown setting 'preset'"),

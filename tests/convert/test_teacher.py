@@ -228,26 +228,10 @@ def test_smollm2_alias_loads_offline_from_its_gguf(request):
     assert "Berlin" in tokenizer.decode(output[0, prompt["input_ids"].shape[1]:])
 
 
-def _write_gguf(path, tensors: dict) -> None:
-    import gguf
-    import numpy as np
-
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(1)
-    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
-    for name, shape in tensors.items():
-        writer.add_tensor(name, np.ones(shape, dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
-
-@pytest.mark.parametrize("keep", [0, 10, 200, -64], ids=["empty", "magic-only", "inside-header", "short-data"])
+@pytest.mark.parametrize("keep", [0, 10, 200, -20], ids=["empty", "magic-only", "inside-header", "short-data"])
 def test_a_truncated_gguf_is_named_as_damaged(tmp_path, keep):
     pytest.importorskip("gguf")
-    whole = tmp_path / "whole.gguf"
-    _write_gguf(whole, {"token_embd.weight": (3, 8), "output_norm.weight": (8,)})
+    whole = _write_gguf(tmp_path / "whole.gguf")
     teacher_module.check_gguf(whole)
     cut = tmp_path / "cut.gguf"
     data = whole.read_bytes()
