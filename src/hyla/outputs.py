@@ -6,7 +6,10 @@ leaves a half-written file and every file says how it was made.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
+import fcntl
 import importlib.metadata
 import json
 import os
@@ -14,6 +17,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,64 @@ def write_atomic(path: Path, data: bytes) -> None:
 def write_json(path: Path, payload: dict[str, Any]) -> None:
     write_atomic(path, (json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n").encode())
 
+
+
+LOCK_FILE = "hyla.lock"
+
+
+class FolderInUse(ValueError):
+    """Another process holds the run folder's lock."""
+
+
+@contextlib.contextmanager
+def exclusive_folder(folder: Path) -> Iterator[None]:
+    """Hold `folder/hyla.lock` (an flock, which the kernel drops when the process ends, however it ends) while the
+    block runs; `FolderInUse` at once when another process holds it. A folder this call created is removed again
+    when nothing but the lock was written into it (an input check failed), so no stray folder is left."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{folder} is a file, not a folder")
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    handle = _acquire(folder / LOCK_FILE)
+    try:
+        handle.truncate(0)
+        command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
+        started = datetime.datetime.now().isoformat(timespec="seconds")
+        handle.write(f"pid {os.getpid()} since {started}: {command[:80] + ' ...' if len(command) > 80 else command}\n")
+        handle.flush()
+        yield
+    finally:
+        if created and os.listdir(folder) == [LOCK_FILE]:
+            (folder / LOCK_FILE).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        handle.close()
+
+
+def _acquire(path: Path):
+    # The file may be unlinked by its holder between our open and our flock (see exclusive_folder): retry until the
+    # locked file is the one at `path`.
+    for _ in range(10):
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as err:
+            if err.errno not in (errno.EAGAIN, errno.EACCES):
+                handle.close()
+                raise
+            handle.seek(0)
+            holder = handle.read().strip() or "another process"
+            handle.close()
+            raise FolderInUse(f"{path.parent} is in use by another hyla run ({holder}); wait for it to finish, or "
+                              f"use another --out") from None
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                return handle
+        except FileNotFoundError:
+            pass
+        handle.close()
+    raise FolderInUse(f"could not lock {path}")
 
 
 def git_sha() -> str | None:

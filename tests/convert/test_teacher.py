@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from transformers import (
@@ -125,11 +127,48 @@ def test_folders_and_files_that_are_not_teachers_are_rejected(tmp_path):
         resolve_teacher(str(tmp_path))
 
 
-def test_hub_id_that_cannot_be_fetched_is_one_line(monkeypatch):
-    # The test session is offline (HF_HUB_OFFLINE); a hub id must fail fast with one line, not a traceback.
-    with pytest.raises(ValueError, match="could not load teacher nobody/no-such-model") as error:
+def test_hub_id_that_cannot_be_fetched_fails_fast_with_what_is_accepted(monkeypatch):
+    # The test session is offline (HF_HUB_OFFLINE); a hub id must fail at once with one line, not hub retries.
+    started = time.perf_counter()
+    with pytest.raises(FileNotFoundError, match="'nobody/no-such-model' is not an alias") as error:
         load_tokenizer("nobody/no-such-model")
-    assert "\n" not in str(error.value)
+    assert time.perf_counter() - started < 5
+    assert "\n" not in str(error.value) and "cannot be reached" in str(error.value)
+    assert "alias: smollm2-135m" in str(error.value)
+    with pytest.raises(FileNotFoundError, match="did you mean 'smollm2-135m'"):
+        resolve_teacher("smollm2-135")
+
+
+def test_hub_id_is_looked_up_once_when_online(monkeypatch):
+    """Online, one lookup without retries decides: a missing model is one line; a found one goes to transformers."""
+    import httpx
+    import huggingface_hub
+    from huggingface_hub import constants
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    import hyla.convert.teacher as teacher
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    calls = []
+
+    def model_info(repo_id, timeout):
+        calls.append((repo_id, timeout))
+        if repo_id == "someone/exists":
+            return object()
+        if repo_id == "someone/missing":
+            response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co/api/models/x"))
+            raise RepositoryNotFoundError("404", response=response)
+        raise OSError("no network")
+
+    monkeypatch.setattr(huggingface_hub, "model_info", model_info)
+    teacher._hub_source.cache_clear()
+    assert resolve_teacher("someone/exists").location == "someone/exists"
+    with pytest.raises(FileNotFoundError, match="the hub has no model of that name"):
+        resolve_teacher("someone/missing")
+    with pytest.raises(FileNotFoundError, match="the hub cannot be reached"):
+        resolve_teacher("someone/offline")
+    assert [timeout for _, timeout in calls] == [teacher.HUB_TIMEOUT_S] * 3
+    teacher._hub_source.cache_clear()
 
 
 def test_tokenizer_only_folder_loads_and_each_caller_gets_its_own_copy(tmp_path):
@@ -187,3 +226,17 @@ def test_smollm2_alias_loads_offline_from_its_gguf(request):
     with torch.no_grad():
         output = teacher.model.generate(**prompt, max_new_tokens=3, do_sample=False)
     assert "Berlin" in tokenizer.decode(output[0, prompt["input_ids"].shape[1]:])
+
+
+@pytest.mark.parametrize("keep", [0, 10, 200, -20], ids=["empty", "magic-only", "inside-header", "short-data"])
+def test_a_truncated_gguf_is_named_as_damaged(tmp_path, keep):
+    pytest.importorskip("gguf")
+    whole = _write_gguf(tmp_path / "whole.gguf")
+    teacher_module.check_gguf(whole)
+    cut = tmp_path / "cut.gguf"
+    data = whole.read_bytes()
+    cut.write_bytes(data[:keep])
+    with pytest.raises(ValueError, match=f"^damaged or truncated GGUF: {cut} "):
+        teacher_module.load_teacher_config(str(cut))
+    with pytest.raises(ValueError, match=f"^damaged or truncated GGUF: {cut} "):
+        load_tokenizer(str(cut))

@@ -1,4 +1,6 @@
-"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report)."""
+"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report) that
+loads with `import hyla`, or with `trust_remote_code=True` (`hyla.models.hf`); the stage's own bookkeeping sits beside
+it (`Stage.state_path`), so the folder holds only what a published model needs."""
 
 from __future__ import annotations
 
@@ -31,7 +33,8 @@ def model_card(report: dict) -> str:
         "---", "library_name: transformers", "tags: [hyla, hypenet, hybrid-linear-attention]", "---", "",
         f"# HypeNet converted from `{report['teacher']}`", "",
         "Converted with hyla's HALO pipeline (`hyla convert`). Load with `import hyla` then "
-        "`AutoModelForCausalLM.from_pretrained(folder)`.", "",
+        "`AutoModelForCausalLM.from_pretrained(folder)`, or without the import with "
+        "`from_pretrained(folder, trust_remote_code=True)` (hyla must be installed).", "",
         f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
         f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
@@ -56,7 +59,7 @@ def run_export(run: Run, stage: Stage) -> dict:
         report = conversion_report(run)
         write_json(stage.path / "conversion.json", report)
         write_atomic(stage.path / "README.md", model_card(report).encode())
-    return {"model": str(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
+    return {"model": stage.relative(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
             "layer_types": student.config.layer_types}
 
 

@@ -11,11 +11,12 @@ import torch
 
 from hyla.convert.data import prepared_corpus, scaling_documents
 from hyla.convert.export import run_export
-from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
-from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
+from hyla.convert.presets import ConvertPlan, apply_overrides, check_plan_for_teacher, make_plan
+from hyla.convert.runners import Run, check_stage_inputs, run_align, run_data, run_distill, run_finetune, run_scaling
 from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_hash
-from hyla.train.distributed import barrier, init_distributed
+from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
+from hyla.train.divergence import TrainingDiverged
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -92,8 +93,9 @@ def print_plan(run: Run, num_params: int) -> None:
 
 
 def convert(request: ConvertRequest) -> dict:
-    """Run (or resume) a conversion; returns the results of every stage."""
-    from hyla.convert.teacher import check_full_attention, load_teacher, load_teacher_config, teacher_fingerprint
+    """Run (or resume) a conversion; returns the results of every stage. Every setting is checked before the teacher
+    loads, and the run folder is locked against a second writer."""
+    from hyla.convert.teacher import resolve_teacher
 
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
@@ -101,9 +103,18 @@ def convert(request: ConvertRequest) -> dict:
     early = apply_overrides(make_plan(request.preset, 0), request.overrides)
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
+    resolve_teacher(request.teacher)  # an unknown name fails here, before anything is written
     env = init_distributed(request.device)
+    with exclusive_run_folder(Path(request.out), env):
+        return _convert_locked(request, early, env)
+
+
+def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
+    from hyla.convert.teacher import check_full_attention, load_teacher, load_teacher_config, teacher_fingerprint
+
     teacher_config = load_teacher_config(request.teacher)
     check_full_attention(teacher_config, request.teacher)
+    check_plan_for_teacher(early, teacher_config.num_hidden_layers)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
     plan = apply_overrides(make_plan(request.preset, num_params), request.overrides)
@@ -128,6 +139,8 @@ def convert(request: ConvertRequest) -> dict:
             log(f"[{name}] complete: {stage.path} (skipped)")
             results[name] = stage.read_manifest()["results"]
             continue
+        # What the stage reads from the stages before it, checked before its folder is made.
+        check_stage_inputs(run, name)
         started = time.perf_counter()
         log(f"[{name}] start -> {stage.path}")
         if env.is_main:
@@ -135,17 +148,28 @@ def convert(request: ConvertRequest) -> dict:
         barrier(env)
         # Every stage starts from the same random state, whether the run is fresh or resumed.
         torch.manual_seed(plan.seed * 1000 + index)
-        results[name] = RUNNERS[name](run, stage)
+        try:
+            results[name] = RUNNERS[name](run, stage)
+        except TrainingDiverged as err:
+            raise TrainingDiverged(f"{err}{_diverged_advice(name)}") from None
         if env.is_main:
             stage.finish({**results[name], "seconds": round(time.perf_counter() - started, 1)})
         barrier(env)
         log(f"[{name}] done in {time.perf_counter() - started:.1f} s")
     if env.is_main:
-        print_summary(results)
+        print_summary(results, stages)
     return results
 
 
-def print_summary(results: dict) -> None:
+def _diverged_advice(name: str) -> str:
+    """How to go on after stage `name` diverged: its settings change, so the stage is redone from its start."""
+    budget = {"align": "align", "select": "distill", "distill": "distill", "finetune": "finetune"}.get(name)
+    if budget is None:
+        return ""
+    return (f" (--set {budget}.lr=...), then rerun with --from-stage {name}; the stages before it are kept")
+
+
+def print_summary(results: dict, stages: dict[str, Stage]) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -161,8 +185,8 @@ def print_summary(results: dict) -> None:
         elif name == "scaling":
             text = f"a = {result['chosen_a']}"
         elif name == "export":
-            text = f"model folder {result['model']}"
+            text = f"model folder {stages[name].resolve(result['model'])}"
         else:
-            text = f"{result.get('num_tokens', 0):,} tokens in {result.get('corpus')}"
+            text = f"{result.get('num_tokens', 0):,} tokens in {stages[name].resolve(result['corpus'])}"
         table.add_row(name, text)
     Console(stderr=True).print(table)

@@ -7,11 +7,15 @@ overridden with `--set section.field=value`."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from hyla.validation import (Rule, at_least, check_fields, did_you_mean, each, field_types, greater_than, one_of,
+                             parse_text)
+
 PAPER_TEACHER_PARAMS = 1.7e9
+# hyla.train.optim.SCHEDULES, not imported from there: that imports torch, and `hyla --help` reads this module.
+SCHEDULES = ("cosine", "constant")
 
 
 @dataclass
@@ -158,7 +162,11 @@ PRESETS = ("smoke", "quick", "small", "paper")
 
 
 def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
-    """The plan of `preset` for a teacher of `teacher_params` parameters."""
+    """The plan of `preset` for a teacher of `teacher_params` parameters, checked (`check_plan`)."""
+    return check_plan(_preset_plan(preset, teacher_params))
+
+
+def _preset_plan(preset: str, teacher_params: int) -> ConvertPlan:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
     if preset == "smoke":
@@ -179,46 +187,99 @@ def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
     return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
 
 
-def _parse_value(text: str, current: Any) -> Any:
-    if isinstance(current, bool):
-        if text.lower() not in ("true", "false"):
-            raise ValueError(f"expected true or false, got {text!r}")
-        return text.lower() == "true"
-    if isinstance(current, list):
-        return [None if item in ("none", "off") else _scalar(item) for item in text.split(",") if item]
-    if current is None or isinstance(current, (int, float)):
-        return None if text.lower() in ("none", "off") else _scalar(text)
-    return text
+# Range rules, one table for every section: "field" applies wherever the field appears, "section.field" to that
+# section only. Every field is also type-checked from its annotation, so fields added later are checked too.
+def _selection_method(value: str) -> str | None:
+    from hyla.convert.selection import METHODS, normalize_method
 
-
-def _scalar(text: str) -> Any:
+    if all(part.strip().isdigit() for part in value.split(",")):
+        return None  # a layer list; checked against the teacher's layer count once its config is read
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
+        normalize_method(value)
+    except ValueError:
+        rules = [m for m in METHODS if m != "user"]
+        return f"must be one of {', '.join(rules)} or a layer list like 3,7,11{did_you_mean(value, rules)}"
+    return None
+
+
+def _niah_task(name: str) -> str | None:
+    from hyla.evals.niah_samples import TASKS, get_task
+
+    try:
+        get_task(name)
+    except ValueError:
+        return f"is not a NIAH task ({', '.join(TASKS)}){did_you_mean(name.upper(), TASKS)}"
+    return None
+
+
+def _csr_task(name: str) -> str | None:
+    from hyla.evals.csr import TASK_FILES
+
+    if name in TASK_FILES:
+        return None
+    return f"is not a CSR task ({', '.join(TASK_FILES)}){did_you_mean(name, TASK_FILES)}"
+
+
+RULES: dict[str, Rule] = {
+    "tokens": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
+    "min_lr": at_least(0), "schedule": one_of(*SCHEDULES), "warmup_steps": at_least(0),
+    "checkpoint_every": at_least(1),
+    "selection.method": _selection_method, "selection.k": at_least(1), "selection.niah_tasks": each(_niah_task),
+    "selection.niah_lengths": each(at_least(1)), "selection.niah_samples": at_least(1),
+    "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
+    # a = 1 would divide by log(1) = 0 (HypeNetConfig.attn_logits_scaling_a must be > 1); None is "off".
+    "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
+    "seed": at_least(0),
+}
+SECTIONS = ("align", "distill", "finetune", "selection", "scaling", "model")
+
+
+def check_plan(plan: ConvertPlan) -> ConvertPlan:
+    """Type- and range-check every setting of `plan` (ValueError naming the first bad one); returns the plan."""
+    check_fields(plan, RULES)
+    for section in SECTIONS:
+        check_fields(getattr(plan, section), RULES, section)
+    if plan.align.checkpoint_activations:
+        raise ValueError("align.checkpoint_activations: the alignment trains each layer pair on its own and keeps "
+                         "little; set it for distill or finetune")
+    return plan
+
+
+def setting_names(plan: ConvertPlan) -> list[str]:
+    """Every name `--set` accepts: `section.field`, and the top-level `seed`."""
+    names = [f"{section}.{f.name}" for section in SECTIONS for f in dataclasses.fields(getattr(plan, section))]
+    return names + [f.name for f in dataclasses.fields(plan) if f.name not in (*SECTIONS, "preset")]
 
 
 def apply_overrides(plan: ConvertPlan, overrides: list[str]) -> ConvertPlan:
     """Apply `section.field=value` (or `field=value` for top-level fields) overrides, e.g.
     `distill.lr=3e-5`, `align.tokens=1e6`, `selection.niah_lengths=2048,4096`, `selection.k=4`,
-    `model.lightning_rope=false`."""
+    `model.lightning_rope=false`; then check every setting (`check_plan`). Values are parsed as the field's type."""
+    known = setting_names(plan)
     for item in overrides:
         if "=" not in item:
             raise ValueError(f"override {item!r} is not of the form section.field=value")
-        key, text = item.split("=", 1)
-        *path, name = key.strip().split(".")
-        target: Any = plan
-        for part in path:
-            if not hasattr(target, part) or not dataclasses.is_dataclass(getattr(target, part)):
-                raise ValueError(f"unknown setting {key!r}; sections: align, distill, finetune, selection, scaling, model")
-            target = getattr(target, part)
-        if not dataclasses.is_dataclass(target) or name not in {f.name for f in dataclasses.fields(target)}:
-            raise ValueError(f"unknown setting {key!r}")
-        value = _parse_value(text, getattr(target, name))
-        if name == "tokens" and isinstance(value, float):
-            value = int(value)
+        key, text = (part.strip() for part in item.split("=", 1))
+        if key not in known:
+            raise ValueError(f"unknown setting {key!r}{did_you_mean(key, known)}; sections: {', '.join(SECTIONS)}")
+        *path, name = key.split(".")
+        target: Any = getattr(plan, path[0]) if path else plan
+        try:
+            value = parse_text(text, field_types(type(target))[name])
+        except ValueError as err:
+            raise ValueError(f"{key}: {err}") from None
         setattr(target, name, value)
-    if plan.align.checkpoint_activations:
-        raise ValueError("align.checkpoint_activations: the alignment trains each layer pair on its own and keeps "
-                         "little; set it for distill or finetune")
-    return plan
+    return check_plan(plan)
+
+
+def check_plan_for_teacher(plan: ConvertPlan, num_layers: int) -> None:
+    """The checks that need the teacher's layer count (read from its config, before its weights load)."""
+    method, k = str(plan.selection.method), plan.selection.k
+    if all(part.strip().isdigit() for part in method.split(",")):
+        layers = [int(part) for part in method.split(",")]
+        outside = [layer for layer in layers if layer >= num_layers]
+        if outside or len(set(layers)) != len(layers):
+            raise ValueError(f"selection.method {method!r}: the teacher's layers are 0-{num_layers - 1}, each named "
+                             f"once")
+    if k is not None and k > num_layers:
+        raise ValueError(f"selection.k {k} is more than the teacher's {num_layers} layers")

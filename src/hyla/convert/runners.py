@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import functools
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from hyla.convert.weights import full_state_dict, load_weights, save_weights
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier, shard_model
+from hyla.train.divergence import UNIFORM_LOSS_TOLERANCE, TrainingDiverged
 from hyla.train.fast import FastPath, resolve_fast_path
 
 
@@ -61,11 +63,50 @@ class Run:
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
                              **self.plan.student_options())
 
+    def corpus_path(self) -> Path:
+        """The conversion corpus, from the data stage's manifest (relative to its folder, so a moved run finds it)."""
+        data = self.stages["data"]
+        manifest = data.read_manifest()
+        if manifest is None:
+            raise ValueError(f"the data stage is not complete ({data.manifest_path} is missing); rerun without "
+                             f"--from-stage, or with --from-stage data")
+        path = data.resolve(manifest["results"]["corpus"])
+        if not (path / "manifest.json").is_file():
+            raise FileNotFoundError(f"the conversion corpus {path} (the data stage's output) is missing or incomplete; "
+                                    f"rerun with --from-stage data")
+        return path
+
     def corpus(self):
         if "corpus" not in self.cache:
-            manifest = self.stages["data"].read_manifest()
-            self.cache["corpus"] = split_corpus(Path(manifest["results"]["corpus"]), self.plan.heldout_tokens)
+            self.cache["corpus"] = split_corpus(self.corpus_path(), self.plan.heldout_tokens)
         return self.cache["corpus"]
+
+
+# What each stage reads from the stages before it: (stage, file in its folder). All but export read the corpus.
+STAGE_INPUTS = {
+    "select": [("align", "twins.safetensors")], "distill": [("align", "twins.safetensors")],
+    "finetune": [("distill", "student.safetensors")], "scaling": [("finetune", "student.safetensors")],
+    "export": [("finetune", "student.safetensors")],
+}
+READS_CORPUS = ("align", "select", "distill", "finetune", "scaling")
+
+
+def check_stage_inputs(run: Run, name: str) -> None:
+    """Stop with one line naming the file and the stage to redo when an input of stage `name` is missing or damaged,
+    before the stage's folder is made."""
+    from safetensors import SafetensorError, safe_open
+
+    if name in READS_CORPUS:
+        run.corpus()
+    for source, file_name in STAGE_INPUTS.get(name, ()):
+        path = run.stages[source].path / file_name
+        try:
+            with safe_open(str(path), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            state = "missing" if not path.exists() else f"damaged or truncated ({err})"
+            raise ValueError(f"{path} (the {source} stage's output) is {state}; rerun with --from-stage {source}") \
+                from None
 
 
 def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
@@ -76,9 +117,10 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
 
 
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
-                 frozen_blocks=(), fast: FastPath | None = None) -> dict:
+                 frozen_blocks=(), fast: FastPath | None = None, vocab_size: int | None = None) -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
-    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls. With
+    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls.
+    `vocab_size`: set when the loss is a cross-entropy over that many classes (a collapse check). With
     `fast.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
     `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM) checkpoints its blocks' activations. `loss_fn`
     must already be the one `fast.fused_loss` asks for."""
@@ -95,8 +137,10 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
     loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
-                        micro_batch_rows=fast.micro_batch_size, fused_optimizer=fast.fused_optimizer)
-    result = run_training(model, loss_fn, loader, optim, loop, folder, run.env, meta={"stage": name})
+                        micro_batch_rows=fast.micro_batch_size, fused_optimizer=fast.fused_optimizer,
+                        vocab_size=vocab_size)
+    result = run_training(model, loss_fn, loader, optim, loop, folder, run.env,
+                          meta={"stage": name, "settings": budget.settings()})
     last = result.metrics[-1] if result.metrics else {}
     tokens = budget.steps * budget.seq_len * budget.batch_size
     rates = sorted(m["tok_per_s"] for m in result.metrics[result.resumed_from:] if "tok_per_s" in m)
@@ -125,7 +169,7 @@ def run_data(run: Run, stage: Stage) -> dict:
     if tokens < run.plan.data_tokens:
         run.log(f"[data] note: the corpus has {tokens} tokens, fewer than the {run.plan.data_tokens} the plan draws; "
                 f"training repeats it (epochs)")
-    return {"corpus": str(corpus), "num_tokens": tokens}
+    return {"corpus": stage.relative(corpus), "num_tokens": tokens}
 
 
 def run_align(run: Run, stage: Stage) -> dict:
@@ -165,24 +209,27 @@ def load_student(run: Run, weights_stage: str | None) -> Any:
     return student.to(run.env.device).float()
 
 
-def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
+def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,
+                   cross_entropy: bool) -> dict:
     student = load_student(run, weights_stage)
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget)
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
                            budget, list(student.model.layers), root=student,
-                           frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast)
+                           frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
+                           vocab_size=student.config.vocab_size if cross_entropy else None)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary
 
 
 def run_distill(run: Run, stage: Stage) -> dict:
-    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent())
+    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent(),
+                          cross_entropy=False)
 
 
 def run_finetune(run: Run, stage: Stage) -> dict:
-    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None)
+    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None, cross_entropy=True)
 
 
 def run_scaling(run: Run, stage: Stage) -> dict:
@@ -203,11 +250,26 @@ def run_scaling(run: Run, stage: Stage) -> dict:
         student.config.attn_logits_scaling_a = a
         losses[str(a)] = mean_loss(student, sequences)
         run.log(f"[scaling] a={a}: held-out loss {losses[str(a)]:.4f} over {len(sequences)} x {plan.length} tokens")
-    best = min(plan.candidates, key=lambda a: losses[str(a)])
+    best = _best_scaling(plan.candidates, losses, student.config.vocab_size)
     if run.env.is_main:
         _plot_scaling(losses, stage.path / "scaling.png", plan.length)
     return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences),
             "source": plan.data or "held-out tail", "longest_document_tokens": spans}
+
+
+def _best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):
+    """The candidate a of lowest held-out loss; TrainingDiverged when no loss is finite or every one is ln(vocabulary),
+    the loss of a uniform prediction (a student that collapsed in training would otherwise be exported)."""
+    uniform = math.log(vocab_size)
+    finite = [a for a in candidates if math.isfinite(losses[str(a)])]
+    if not finite or all(abs(losses[str(a)] - uniform) < UNIFORM_LOSS_TOLERANCE for a in finite):
+        shown = ", ".join(f"{losses[str(a)]:.4f}" for a in candidates)
+        raise TrainingDiverged(
+            f"scaling: the held-out loss is {shown} for a in {candidates}, where a uniform prediction scores "
+            f"ln({vocab_size}) = {uniform:.4f}: the student collapsed in training (a learning rate too high?); "
+            f"lower distill.lr or finetune.lr and rerun with --from-stage distill"
+        )
+    return min(finite, key=lambda a: losses[str(a)])
 
 
 def _plot_scaling(losses: dict, path: Path, length: int) -> None:

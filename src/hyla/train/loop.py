@@ -7,23 +7,21 @@ takes its slice of rows, so a run gives the same batches at every step whatever 
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from hyla.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hyla.train.checkpoint import resume_checkpoint, save_checkpoint
 from hyla.train.distributed import Distributed
+from hyla.train.divergence import DivergenceMonitor, TrainingDiverged
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.progress import StepLog, read_metrics
 from hyla.train.step import LossFn, TrainStep, training_autocast
 
 __all__ = ["LoopSettings", "LossFn", "TrainResult", "TrainingDiverged", "run_training", "training_autocast"]
-
-
-class TrainingDiverged(ValueError):
-    """The loss became NaN or infinite: the run stops, keeping its last good checkpoint."""
 
 
 @dataclass
@@ -37,6 +35,8 @@ class LoopSettings:
     micro_batch_rows: int | None = None
     # torch's fused AdamW; None: where the parameters are on CUDA.
     fused_optimizer: bool | None = None
+    vocab_size: int | None = None  # the loss is a cross-entropy over this many classes (divergence.py); else None
+    divergence_patience: int = 3  # steps a collapse signature (zero gradient, loss at ln V) lasts before the stop
 
 
 @dataclass
@@ -67,16 +67,19 @@ def run_training(
     env: Distributed = Distributed(),
     meta: dict | None = None,
 ) -> TrainResult:
-    """Train for `loop.steps` optimizer steps, resuming from the newest checkpoint in `out_dir/checkpoints`."""
+    """Train for `loop.steps` optimizer steps, resuming from the newest usable checkpoint in `out_dir/checkpoints`
+    (which must have been written with the same `meta["settings"]`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / "checkpoints"
     optimizer, scheduler = build_optimizer(model.parameters(), optim, loop.steps, fused=loop.fused_optimizer)
     start = 0
-    found = latest_checkpoint(checkpoints)
+    found = resume_checkpoint(checkpoints, model=model, optimizer=optimizer, scheduler=scheduler, env=env,
+                              settings=(meta or {}).get("settings"))
     if found is not None:
-        loader.load_state_dict(load_checkpoint(found, model=model, optimizer=optimizer, scheduler=scheduler, env=env))
+        loader.load_state_dict(found.meta["loader_state"])
         start = found.step
+    monitor = DivergenceMonitor(loop.vocab_size, loop.divergence_patience, description=loop.description, lr=optim.lr)
     log = StepLog(out_dir / "metrics.jsonl", total_steps=loop.steps, start_step=start,
                   description=loop.description, enabled=env.is_main)
     model.train()
@@ -91,14 +94,8 @@ def run_training(
         for step in range(start, loop.steps):
             started = time.perf_counter()
             batch = next(loader)
-            outcome = step_fn(_local_rows(batch, env))
-            if not outcome.applied:
-                last = latest_checkpoint(checkpoints)
-                raise TrainingDiverged(
-                    f"{loop.description}: loss {outcome.loss}, gradient norm {outcome.grad_norm} at step {step + 1} "
-                    f"(the update was not applied); finished stages are kept, the last good checkpoint is "
-                    f"{last.path if last else 'none'}"
-                )
+            # The monitor sees the step's loss and gradient norm before its update and raises instead of applying it.
+            outcome = step_fn(_local_rows(batch, env), check=functools.partial(monitor.check, step + 1))
             elapsed = time.perf_counter() - started
             record = {"step": step + 1, "loss": outcome.loss, "lr": scheduler.get_last_lr()[0],
                       "grad_norm": outcome.grad_norm, "tok_per_s": batch["input_ids"].numel() / elapsed,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -34,7 +35,7 @@ class StepLog:
         if not self.enabled:
             return
         with self.path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+            handle.write(json.dumps(json_safe(record), allow_nan=False) + "\n")
         self.bar.set_postfix(
             {k: f"{v:.4g}" for k, v in record.items() if k in ("loss", "lr", "tok_per_s")}, refresh=False
         )
@@ -42,6 +43,11 @@ class StepLog:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def json_safe(record: dict) -> dict:
+    """`record` with NaN and infinite numbers as null: JSON has no NaN (a metric a step could not compute)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
 def read_metrics(path: Path) -> list[dict]:

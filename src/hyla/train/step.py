@@ -58,12 +58,14 @@ class TrainStep:
         self.micro_batch_rows = micro_batch_rows
         self.params = [p for p in model.parameters() if p.requires_grad]
 
-    def __call__(self, batch: dict) -> StepOutcome:
+    def __call__(self, batch: dict, check: Callable[[float, float], None] | None = None) -> StepOutcome:
+        """check(loss, grad_norm): called after the host read and before the update (a divergence monitor); if it
+        raises, the update is not applied and the exception propagates."""
         rows = batch["input_ids"].shape[0]
         while True:
             size = min(self.micro_batch_rows or rows, rows)
             try:
-                return self._step(batch, size)
+                return self._step(batch, size, check)
             except torch.OutOfMemoryError:
                 if not self.automatic or size == 1:
                     raise
@@ -73,7 +75,7 @@ class TrainStep:
             self.micro_batch_rows = (size + 1) // 2
             self.log(f"out of memory at {size} rows a micro-batch: retrying the step at {self.micro_batch_rows}")
 
-    def _step(self, batch: dict, size: int) -> StepOutcome:
+    def _step(self, batch: dict, size: int, check) -> StepOutcome:
         rows = batch["input_ids"].shape[0]
         device = self.env.device
         loss_sum = torch.zeros((), device=device)
@@ -94,6 +96,12 @@ class TrainStep:
         # The one host synchronisation of the step.
         loss_value, norm_value, *metric_values = torch.stack(
             [loss_mean, grad_norm.detach().float().to(device), *metric_sums.values()]).tolist()
+        if check is not None:
+            try:
+                check(loss_value, norm_value)
+            except BaseException:
+                self.optimizer.zero_grad(set_to_none=True)
+                raise
         applied = math.isfinite(loss_value) and math.isfinite(norm_value)
         if applied:
             self.optimizer.step()

@@ -1,0 +1,71 @@
+"""Conversion settings: every preset passes its own checks; `--set` values are parsed as their field's type and
+range-checked, fields added later included; unknown names get the closest known one."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from hyla.convert.presets import PRESETS, SCHEDULES, StageBudget, apply_overrides, check_plan, make_plan
+from hyla.validation import at_least, check_fields
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_passes_the_checks(preset):
+    check_plan(make_plan(preset, 135_000_000))
+
+
+def test_schedules_are_the_optimizers():
+    from hyla.train.optim import SCHEDULES as OPTIMIZER_SCHEDULES
+
+    assert SCHEDULES == OPTIMIZER_SCHEDULES
+
+
+def test_set_values_are_parsed_as_their_fields_type():
+    plan = apply_overrides(make_plan("smoke", 0), [
+        "align.tokens=1e6", "distill.lr=1", "selection.niah_lengths=2048,4096", "scaling.candidates=none,20",
+        "selection.k=none", "selection.method=3,7", "scaling.data=off", "model.attention_rope=true", "seed=3",
+    ])
+    assert plan.align.tokens == 1_000_000 and isinstance(plan.align.tokens, int)
+    assert plan.distill.lr == 1  # kept as written: the settings hash of earlier runs stays
+    assert plan.selection.niah_lengths == [2048, 4096] and plan.scaling.candidates == [None, 20]
+    assert plan.selection.k is None and plan.selection.method == "3,7" and plan.scaling.data is None
+    assert plan.model.attention_rope is True and plan.seed == 3
+
+
+@pytest.mark.parametrize("setting,message", [
+    ("distill.lr=abc", "distill.lr: expected a number, got 'abc'"),
+    ("distill.lr=NaN", "distill.lr: expected a finite number, got nan"),
+    ("distill.compile=yes", "distill.compile: expected true or false or none, got 'yes'"),
+    ("align.tokens=0.5", "align.tokens: expected an integer, got 0.5"),
+    ("distill.min_lr=-1", "distill.min_lr must be >= 0, got -1"),
+    ("selection.method=hallo", "(did you mean 'halo'?)"),
+    ("selection.niah_tasks=SK1,XX", "selection.niah_tasks: item 'XX' is not a NIAH task"),
+    ("selection.csr_tasks=arc_easi", "(did you mean 'arc_easy'?)"),
+    ("scaling.candidates=none,1", "scaling.candidates: item 1 must be > 1"),
+    ("scaling.candidates=", "scaling.candidates: must not be empty"),
+    ("modle.attention_rope=true", "unknown setting 'modle.attention_rope' (did you mean 'model.attention_rope'?)"),
+    ("preset=paper", "unknown setting 'preset'"),
+    ("distill.lr", "is not of the form section.field=value"),
+])
+def test_bad_set_values_are_one_clear_error(setting, message):
+    with pytest.raises(ValueError) as error:
+        apply_overrides(make_plan("smoke", 0), [setting])
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_field_added_to_the_stage_budget_is_type_checked_too():
+    """The lead adds speed-only fields to StageBudget; the checks read the annotations, so they need no change."""
+    @dataclasses.dataclass
+    class WiderBudget(StageBudget):
+        micro_batch_size: int = 1
+
+    budget = WiderBudget(1024, 64, 4, 1e-3, 1e-5)
+    check_fields(budget, {})
+    budget.micro_batch_size = "two"
+    with pytest.raises(ValueError, match="distill.micro_batch_size: expected an integer, got 'two'"):
+        check_fields(budget, {}, "distill")
+    budget.micro_batch_size = 0
+    with pytest.raises(ValueError, match="distill.micro_batch_size must be >= 1, got 0"):
+        check_fields(budget, {"micro_batch_size": at_least(1)}, "distill")

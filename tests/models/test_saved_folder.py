@@ -1,0 +1,87 @@
+"""A saved HypeNet folder describes only the model it holds and loads through transformers' Auto classes, with
+`import hyla` or with `trust_remote_code=True`; without either, or without hyla, the error says what is needed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from hyla import HypeNetConfig, HypeNetForCausalLM
+
+
+def _save(folder, layer_types):
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+                           num_attention_heads=4, layer_types=layer_types)
+    model = HypeNetForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    return model
+
+
+def _load_elsewhere(folder, tmp_path, code: str) -> subprocess.CompletedProcess:
+    """Run `code` in a fresh interpreter that has not imported hyla (transformers' module cache in tmp_path)."""
+    env = dict(os.environ, HF_MODULES_CACHE=str(tmp_path / "modules"), FOLDER=str(folder))
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          stdin=subprocess.DEVNULL, timeout=300)
+
+
+def test_the_saved_config_names_its_loader_and_only_the_windows_it_has(tmp_path):
+    _save(tmp_path / "plain", ["lightning", "attention"])
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert config["auto_map"]["AutoModelForCausalLM"] == "hypenet_hyla.HypeNetForCausalLM"
+    assert "sliding_window" not in config
+    assert (tmp_path / "plain" / "hypenet_hyla.py").exists()
+    _save(tmp_path / "swa", ["swa", "attention"])
+    assert json.loads((tmp_path / "swa" / "config.json").read_text())["sliding_window"] == 128
+
+
+def test_a_saved_folder_loads_without_import_hyla_given_trust_remote_code(tmp_path):
+    model = _save(tmp_path / "model", ["lightning", "attention"])
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.save(model(ids).logits, tmp_path / "expected.pt")
+    code = ("import os, sys, torch\nfrom transformers import AutoModelForCausalLM\n"
+            "model = AutoModelForCausalLM.from_pretrained(os.environ['FOLDER'], trust_remote_code=True).eval()\n"
+            "assert 'hyla' in sys.modules\n"
+            "expected = torch.load(os.path.join(os.environ['FOLDER'], '..', 'expected.pt'))\n"
+            "print(torch.equal(model(torch.tensor([[1, 2, 3, 4]])).logits, expected))")
+    completed = _load_elsewhere(tmp_path / "model", tmp_path, code)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "True"
+
+
+def test_loading_without_hyla_or_the_flag_says_what_is_needed(tmp_path):
+    _save(tmp_path / "model", ["lightning", "attention"])
+    load = "import os\nfrom transformers import AutoModelForCausalLM\n"
+    no_flag = _load_elsewhere(tmp_path / "model", tmp_path,
+                              load + "AutoModelForCausalLM.from_pretrained(os.environ['FOLDER'])")
+    assert no_flag.returncode != 0 and "trust_remote_code=True" in no_flag.stderr
+    # hyla not installed: the folder's module says so (transformers' own check for missing packages is bypassed).
+    no_hyla = _load_elsewhere(tmp_path / "model", tmp_path, "import sys\nsys.modules['hyla'] = None\n" + load +
+                              "AutoModelForCausalLM.from_pretrained(os.environ['FOLDER'], trust_remote_code=True)")
+    assert no_hyla.returncode != 0
+    assert "this is a HypeNet model folder: loading it needs the hyla package" in no_hyla.stderr
+    assert "import hyla" in no_hyla.stderr
+
+
+def test_a_folder_saved_after_a_remote_code_load_still_loads_by_itself(tmp_path):
+    _save(tmp_path / "model", ["lightning", "attention"])
+    code = ("import os\nfrom transformers import AutoModelForCausalLM\n"
+            "model = AutoModelForCausalLM.from_pretrained(os.environ['FOLDER'], trust_remote_code=True)\n"
+            "model.save_pretrained(os.environ['FOLDER'] + '-again')")
+    completed = _load_elsewhere(tmp_path / "model", tmp_path, code)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    module = (tmp_path / "model" / "hypenet_hyla.py").read_text()
+    assert (tmp_path / "model-again" / "hypenet_hyla.py").read_text() == module
+
+
+def test_after_import_hyla_no_flag_is_needed(tmp_path):
+    _save(tmp_path / "model", ["lightning", "attention"])
+    code = ("import os, hyla\nfrom transformers import AutoModelForCausalLM\n"
+            "print(type(AutoModelForCausalLM.from_pretrained(os.environ['FOLDER'])).__module__)")
+    completed = _load_elsewhere(tmp_path / "model", tmp_path, code)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout.strip().splitlines()[-1] == "hyla.models.modeling"
