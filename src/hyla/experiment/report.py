@@ -24,7 +24,7 @@ CSR_METRIC = {"hellaswag": "acc_norm", "arc_easy": "acc_norm", "arc_challenge": 
 STAGES = ["00-data", "01-align", "02-select", "03-distill", "04-finetune", "05-scaling", "06-export"]
 # The small files of a run that the tarball keeps (no weights, no corpora).
 TARBALL_PATTERNS = [
-    "evals/*/*.json", "evals/*/*.png", "*/0*-*/manifest.json", "*/0*-*/metrics.jsonl", "*/02-select/selection.json",
+    "evals/*/*.json", "evals/*/*.png", "*/0*-*/manifest.json", "*/0*-*.stage/manifest.json", "*/0*-*/metrics.jsonl", "*/02-select/selection.json",
     "*/02-select/selection.png", "*/05-scaling/scaling.png", "*/06-export/conversion.json", "*/06-export/config.json",
     "*/teacher-check.json", "*/metrics.jsonl", "*/*/metrics.jsonl", "*/model/training.json", "*/*/model/training.json",
     "*/model/config.json", "*/*/model/config.json", "*/manifest.json", "*/*/manifest.json", "plan.json",
@@ -94,7 +94,9 @@ def collect_conversion(folder: Path) -> dict | None:
         return None
     stages = {}
     for stage in STAGES:
-        manifest = read_json(folder / stage / "manifest.json")
+        # A published stage (the HF export folder) keeps its manifest beside it, in NN-name.stage/.
+        manifest = (read_json(folder / stage / "manifest.json")
+                    or read_json(folder / f"{stage}.stage" / "manifest.json"))
         if manifest is None or manifest.get("status") != "complete":
             continue
         results = manifest["results"]
