@@ -7,8 +7,8 @@ Importing hyla registers the `hypenet` model type with transformers' Auto classe
 from hyla.inference.generate import generate
 from hyla.models import HybridCache, HypeNetConfig, HypeNetForCausalLM, HypeNetModel
 from hyla.models.hf import register as _register
+from hyla.version import __version__
 
 _register()
 
-__version__ = "0.1.0"
 __all__ = ["HybridCache", "HypeNetConfig", "HypeNetForCausalLM", "HypeNetModel", "__version__", "generate"]

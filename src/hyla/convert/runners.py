@@ -14,19 +14,19 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_documents, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
-from hyla.compile import compile_blocks
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
-from hyla.convert.transfer import to_hypenet
-from hyla.convert.weights import full_state_dict, load_weights, save_weights
+from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier, shard_model
 from hyla.train.divergence import UNIFORM_LOSS_TOLERANCE, TrainingDiverged
 from hyla.train.fast import FastPath, resolve_fast_path
+from hyla.train.weights import full_state_dict, load_weights, save_weights
 
 
 @dataclass
@@ -187,7 +187,7 @@ def run_align(run: Run, stage: Stage) -> dict:
 
 def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     """The aligned twins of stage 1, one LightningAttention per layer."""
-    from hyla.convert.transfer import lightning_from_attention
+    from hyla.models.transfer import lightning_from_attention
 
     weights = load_file(str(run.stages["align"].path / "twins.safetensors"))
     config = run.twin_config()

@@ -22,8 +22,8 @@ def load_for_eval(
 
     `overrides` are inference settings such as `logit_scaling_a` or `eme_window` (see `hyla.evals.overrides`).
     """
-    from hyla.evals.loading import load_model
     from hyla.evals.overrides import apply_inference_overrides
+    from hyla.models.loading import load_model
 
     model, tokenizer = load_model(spec, dtype=dtype, device=device)
     applied = apply_inference_overrides(model, **overrides)

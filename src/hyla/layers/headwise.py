@@ -20,7 +20,6 @@ from hyla.layers.gdn import GatedDeltaNet
 from hyla.layers.gla import GatedLinearAttention
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.swa import SlidingWindowAttention
-from hyla.models.cache import headwise_branch_index
 
 EFFICIENT_MIXERS = {
     "lightning": LightningAttention,
@@ -28,6 +27,13 @@ EFFICIENT_MIXERS = {
     "gdn": GatedDeltaNet,
     "swa": SlidingWindowAttention,
 }
+
+
+def headwise_branch_index(layer_types: list[str], layer_idx: int) -> int:
+    """Cache slot of the efficient branch of head-wise layer `layer_idx` (its NoPE branch uses slot layer_idx):
+    one extra slot per "hh_*" layer, after the per-layer slots."""
+    headwise = [i for i, kind in enumerate(layer_types) if kind.startswith("hh_")]
+    return len(layer_types) + headwise.index(layer_idx)
 
 
 class BranchConfig:

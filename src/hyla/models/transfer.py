@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hyla.convert.teacher import SUPPORTED_FAMILIES, teacher_layer_windows
 from hyla.layers.lightning import LightningAttention
-from hyla.models import HypeNetConfig, HypeNetForCausalLM
+from hyla.models.configuration import HypeNetConfig
+from hyla.models.loading import SUPPORTED_FAMILIES, check_supported
+from hyla.models.modeling import HypeNetForCausalLM
 
 # Student layer types whose weights come from the teacher's attention: copied, or a Lightning twin built from it.
 COPIED_LAYER_TYPES = ("attention", "attention_rope", "swa")
@@ -24,6 +25,43 @@ def _check_family(config) -> None:
     if config.model_type not in SUPPORTED_FAMILIES:
         raise ValueError(
             f"teacher model_type {config.model_type!r} is not supported; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+
+
+def teacher_layer_windows(config) -> list[int | None]:
+    """The key window of each teacher layer as the family's transformers code applies it: None for full causal
+    attention, W for sliding-window attention (a query sees itself and the W - 1 keys before it).
+
+    Llama ignores `layer_types` (full attention everywhere); Mistral applies `sliding_window`, when set, in every
+    layer; Qwen2 and Qwen3 apply it in the layers their `layer_types` name "sliding_attention".
+    """
+    check_supported(config.model_type)
+    num_layers = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "llama":
+        return [None] * num_layers
+    if config.model_type == "mistral":
+        return [window] * num_layers
+    windows = []
+    for index, kind in enumerate(getattr(config, "layer_types", None) or ["full_attention"] * num_layers):
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"teacher layer {index} is {kind!r}; hyla converts 'full_attention' and "
+                             "'sliding_attention' layers")
+        if kind == "sliding_attention" and window is None:
+            raise ValueError(f"teacher layer {index} is 'sliding_attention' but its config sets no sliding_window "
+                             "(use_sliding_window is off)")
+        windows.append(window if kind == "sliding_attention" else None)
+    return windows
+
+
+def check_full_attention(config, spec: str = "teacher") -> None:
+    """Raise one clear `ValueError` unless every teacher layer has full attention (what HALO conversion needs)."""
+    windows = teacher_layer_windows(config)
+    windowed = [index for index, window in enumerate(windows) if window is not None]
+    if windowed:
+        raise ValueError(
+            f"teacher {spec} has sliding-window attention (window {windows[windowed[0]]}) in layers {windowed}; "
+            "HALO conversion needs full attention in every layer (to_hypenet keeps such layers as 'swa')"
         )
 
 

@@ -7,8 +7,7 @@ from transformers import (
     Qwen3Config, Qwen3ForCausalLM,
 )
 
-from hyla.convert import to_hypenet
-from hyla.convert.transfer import expand_kv_heads, lightning_from_attention, hypenet_config_from_teacher
+from hyla.models.transfer import expand_kv_heads, hypenet_config_from_teacher, lightning_from_attention, to_hypenet
 
 # float32 end to end; the same ops in the same order except RoPE tables: 1e-5 is the bound.
 ATOL = 1e-5
