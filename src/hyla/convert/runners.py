@@ -20,6 +20,7 @@ from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_docume
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
+from hyla.models import InferenceOptions
 from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
@@ -58,10 +59,10 @@ class Run:
             self.cache["twin_config"] = config
         return self.cache["twin_config"]
 
-    def build_student(self, attention_layers: list[int]):
+    def build_student(self, attention_layers: list[int], **config_fields):
         """The hybrid with attention at `attention_layers` and the stage-1 twins elsewhere (not yet on the device)."""
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
-                             **self.plan.student_options())
+                             **self.plan.student_options(), **config_fields)
 
     def corpus_path(self) -> Path:
         """The conversion corpus, from the data stage's manifest (relative to its folder, so a moved run finds it)."""
@@ -200,10 +201,11 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     return twins
 
 
-def load_student(run: Run, weights_stage: str | None) -> Any:
-    """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins)."""
+def load_student(run: Run, weights_stage: str | None, **config_fields) -> Any:
+    """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins);
+    `config_fields` on top of the plan's (the export's chosen attention_logit_scaling_a)."""
     chosen = run.stages["select"].read_manifest()["results"]["chosen"]
-    student = run.build_student(chosen)
+    student = run.build_student(chosen, **config_fields)
     if weights_stage is not None:
         load_weights(student, run.stages[weights_stage].path / "student.safetensors")
     return student.to(run.env.device).float()
@@ -247,14 +249,18 @@ def run_scaling(run: Run, stage: Stage) -> dict:
     student = load_student(run, "finetune").eval()
     losses = {}
     for a in plan.candidates:
-        student.config.attn_logits_scaling_a = a
-        losses[str(a)] = mean_loss(student, sequences)
+        losses[str(a)] = mean_loss(student, sequences, inference_options=scaling_options(a))
         run.log(f"[scaling] a={a}: held-out loss {losses[str(a)]:.4f} over {len(sequences)} x {plan.length} tokens")
     best = _best_scaling(plan.candidates, losses, student.config.vocab_size)
     if run.env.is_main:
         _plot_scaling(losses, stage.path / "scaling.png", plan.length)
     return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences),
             "source": plan.data or "held-out tail", "longest_document_tokens": spans}
+
+
+def scaling_options(a: float | None) -> InferenceOptions:
+    """How the student runs with candidate a: per-query scaling with that a, or none for None ("off")."""
+    return InferenceOptions(logit_scaling="off") if a is None else InferenceOptions(logit_scaling_a=a)
 
 
 def _best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):

@@ -65,22 +65,25 @@ def check_full_attention(config, spec: str = "teacher") -> None:
         )
 
 
-def student_layer_types(windows: list[int | None], layer_types: list[str] | None) -> list[str]:
+def student_layer_types(windows: list[int | None], layer_types: list[str] | None, *,
+                        attention_rope: bool = False) -> list[str]:
     """The student's layer types: by default the teacher's own ("swa" where it has a window, else "attention");
-    a given list may replace any layer by Lightning but never turns a sliding-window layer into full attention."""
+    a given list may replace any layer by Lightning but never turns a sliding-window layer into full attention.
+    With `attention_rope`, the "attention" layers are "attention_rope" (they keep the teacher's RoPE)."""
     if layer_types is None:
-        return ["swa" if window is not None else "attention" for window in windows]
+        layer_types = ["swa" if window is not None else "attention" for window in windows]
     for index, (kind, window) in enumerate(zip(layer_types, windows)):
         if window is not None and kind in ("attention", "attention_rope"):
             raise ValueError(f"teacher layer {index} is sliding-window attention (window {window}); give it 'swa' "
                              f"(the same window) or 'lightning', not {kind!r}")
-    return list(layer_types)
+    return ["attention_rope" if attention_rope and kind == "attention" else kind for kind in layer_types]
 
 
 def hypenet_config_from_teacher(
     teacher: nn.Module, layer_types: list[str] | None = None, *, attention_rope: bool = False, **overrides
 ) -> HypeNetConfig:
-    """A HypeNet config with the teacher's sizes, norms, biases, RoPE, head tying and attention windows."""
+    """A HypeNet config with the teacher's sizes, norms, biases, RoPE, head tying and attention windows; with
+    `attention_rope`, its "attention" layers are "attention_rope"."""
     config = teacher.config
     _check_family(config)
     windows = teacher_layer_windows(config)
@@ -102,18 +105,17 @@ def hypenet_config_from_teacher(
         rms_norm_eps=config.rms_norm_eps,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         rope_parameters=dict(config.rope_parameters),
-        attention_bias=attn.q_proj.bias is not None,
-        attention_out_bias=attn.o_proj.bias is not None,
+        qkv_bias=attn.q_proj.bias is not None,
+        o_bias=attn.o_proj.bias is not None,
         mlp_bias=mlp.gate_proj.bias is not None,
         attention_qk_norm=getattr(attn, "q_norm", None) is not None,
-        layer_types=student_layer_types(windows, layer_types),
-        attention_rope=attention_rope,
+        layer_types=student_layer_types(windows, layer_types, attention_rope=attention_rope),
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
     if teacher_window is not None:
-        kwargs["sliding_window"] = teacher_window
+        kwargs["swa_window"] = teacher_window
     kwargs.update(overrides)
     return HypeNetConfig(**kwargs)
 
@@ -170,7 +172,8 @@ def to_hypenet(
     layer_types: one of TRANSFER_LAYER_TYPES per layer ("attention", "attention_rope" and "swa" copy the teacher's
         attention, "lightning" builds its twin); None keeps the teacher's attention in every layer, "swa" where the
         teacher has sliding-window attention. A sliding-window teacher layer may not become full attention.
-    attention_rope: keep RoPE in attention layers (the teacher-equivalent configuration); HypeNet drops it.
+    attention_rope: the "attention" layers keep the teacher's RoPE ("attention_rope": the teacher-equivalent
+        configuration); HypeNet drops it.
     """
     config = hypenet_config_from_teacher(teacher, layer_types, attention_rope=attention_rope, **config_overrides)
     other = [(index, kind) for index, kind in enumerate(config.layer_types) if kind not in TRANSFER_LAYER_TYPES]
