@@ -289,8 +289,12 @@ def test_long_prefill_repeats_are_all_timed_after_one_chunk_of_warm_up():
 
     calls = []
     fake_model = SimpleNamespace(device=torch.device("cpu"), config=SimpleNamespace(vocab_size=100))
-    engine = SimpleNamespace(model=fake_model, device=torch.device("cpu"), batch_size=1, prefill_chunk=2**16,
-                             reset=lambda: calls.append("reset"), prefill=lambda ids: calls.append(ids.shape[1]))
+    # The engine's interface as time_engine_prefill uses it (the chunk length lives in its settings).
+    from hyla.inference.settings import EngineSettings
+
+    assert "prefill_chunk" in EngineSettings.__dataclass_fields__
+    engine = SimpleNamespace(model=fake_model, device=torch.device("cpu"), batch_size=1,
+                             settings=SimpleNamespace(prefill_chunk=2**16), reset=lambda: calls.append("reset"), prefill=lambda ids: calls.append(ids.shape[1]))
     shape = ModelShape.of(bench_model.build_hypenet(HypeNetConfig(**hypenet_config(toy=True).to_dict()),
                                                     device="cpu", dtype=torch.float32))
     row = bench_model.time_engine_prefill(engine, shape, 2**17, log=lambda _: None, repeats=3, long_repeats=4)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyla.evals.generation import generate_greedy, left_padded_batch
+from hyla.evals.generation import encode_prompts, generate_greedy, left_padded_batch
 from hyla.evals.ppl import bucket_means, default_bucket_edges, long_token_sequences, ppl_by_position, token_losses
 
 
@@ -26,6 +26,12 @@ def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm
     assert smollm2_tokenizer.padding_side == padding_side
     assert attention_mask[0].all() and attention_mask[1, -1] == 1 and attention_mask[1, 0] == 0
     assert smollm2_tokenizer.decode(input_ids[1][attention_mask[1].bool()]) == "hi"
+
+
+def test_prompts_encoded_in_one_call_equal_each_prompt_encoded_alone(smollm2_tokenizer):
+    prompts = ["The grass is green. " * 50, "hi", "", "One of the special magic numbers for x-y is: 1234567."]
+    assert encode_prompts(smollm2_tokenizer, prompts) == [smollm2_tokenizer(p)["input_ids"] for p in prompts]
+    assert encode_prompts(smollm2_tokenizer, []) == []
 
 
 @pytest.mark.parametrize("model_kind", ["llama", "hypenet"])

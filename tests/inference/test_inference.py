@@ -231,6 +231,27 @@ def test_compiled_prefill_matches_model_forward():
     assert rel(engine.prefill(tokens[:, :11]), full[:, 10]) <= TOL
 
 
+@pytest.mark.slow
+def test_compiled_prefill_compiles_once_for_every_prompt_length():
+    # An evaluation's prompts all differ in length: after the first prompt, no length compiles anything new.
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(layer_types=["lightning", "attention", "lightning", "attention_rope"])
+    engine = InferenceEngine(model, batch_size=1, max_length=40, prefill_chunk=64, compile_prefill=True)
+    tokens = torch.randint(0, 101, (1, 40), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    torch._dynamo.reset()
+    counters.clear()
+    engine.prefill(tokens[:, :17])
+    first = counters["stats"]["unique_graphs"]
+    assert first > 0
+    for length in (23, 30, 11):
+        engine.reset()
+        assert rel(engine.prefill(tokens[:, :length]), full[:, length - 1]) <= TOL
+    assert counters["stats"]["unique_graphs"] == first
+
+
 def test_decode_attention_reference_matches_softmax_over_valid_prefix():
     gen = torch.Generator().manual_seed(3)
     q = torch.randn(3, 8, 16, generator=gen, dtype=torch.float64)

@@ -157,7 +157,7 @@ def time_engine_prefill(engine, shape, context, log, repeats, long_repeats: int 
     long = context >= 2**17
     if long:  # one chunk instead of a whole warm-up run: compilation (compile_prefill) and first-use costs
         engine.reset()
-        engine.prefill(ids[:, : engine.prefill_chunk])
+        engine.prefill(ids[:, : engine.settings.prefill_chunk])
     reset_peak_memory(engine.device)
     before = allocated_gib(engine.device)
     if long:

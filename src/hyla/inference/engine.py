@@ -102,8 +102,9 @@ class InferenceEngine:
         self.launch_pdl = self.step.launch_pdl
         self._prefill_blocks = (block_prefill_pre, block_prefill_post)
         if settings.compile_prefill:
-            # Chunk lengths vary (the last chunk of a prompt is shorter): dynamic=None compiles the first length as
-            # it is and turns the length symbolic when a second one arrives, instead of one compilation per length.
+            # Chunk lengths vary (every prompt of an evaluation has its own): the chunk's length is marked symbolic
+            # from the first call (`_symbolic_length`), so one compilation serves every length; left to dynamo's
+            # automatic dynamic shapes, the second length would recompile every block once more.
             self._prefill_blocks = tuple(compiled(f, dynamic=None, fullgraph=True) for f in self._prefill_blocks)
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self._logits = None
@@ -179,15 +180,26 @@ class InferenceEngine:
         hidden = model.embed_tokens(input_ids)
         cos, sin = model.rotary_emb(position_ids, hidden.dtype)
         pre, post = self._prefill_blocks
+        symbolic = self._symbolic_length if self.settings.compile_prefill else lambda *tensors: None
         for index, block in enumerate(model.layers):
+            symbolic(hidden, position_ids, cos, sin)
             x, q, k, v = pre(block, hidden, position_ids, cos, sin, self.options)
             if block.layer_type == "lightning":
                 mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows])
             else:
                 mixed = self._attention_mix(q, k, v, self.cache.keys[index][rows], self.cache.values[index][rows],
                                             start)
+            symbolic(hidden, x, mixed)
             hidden = post(block, hidden, x, mixed)
         return hidden
+
+    @staticmethod
+    def _symbolic_length(*tensors: torch.Tensor) -> None:
+        """Mark dimension 1 (the chunk's length) of the compiled prefill functions' inputs symbolic. A hint
+        (`maybe_mark_dynamic`): where a length must stay fixed (0 or 1 tokens), dynamo specialises it."""
+        for tensor in tensors:
+            if tensor.shape[1] > 1:
+                torch._dynamo.maybe_mark_dynamic(tensor, 1)
 
     def _lightning_mix(self, mixer, q, k, v, state):
         output, final_state = lightning_attention(
