@@ -47,9 +47,11 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         data = {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed}
     own = {
         "data": data,
-        "align": {"budget": plan.align.settings(), "twins": plan.twin_options()},
+        "align": {"budget": plan.align.settings(), "twins": plan.twin_options(), \
+                  "init": {"mode": plan.model.twin_init, "batches": plan.model.twin_init_batches}},
         "select": {"plan": plan.selection.__dict__},
-        "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope},
+        "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope,
+                    **({"align_attention": plan.attn_align.settings()} if plan.model.align_attention else {})},
         "finetune": {"budget": plan.finetune.settings()},
         "scaling": {"plan": plan.scaling.settings()}, "export": {},
     }
@@ -69,7 +71,9 @@ def print_plan(run: Run, num_params: int) -> None:
     table = Table(title=f"hyla convert: {run.teacher_spec} -> HypeNet (preset {plan.preset})")
     for column in ("stage", "tokens", "steps", "seq", "batch", "lr"):
         table.add_column(column)
-    for name in ("align", "distill", "finetune"):
+    for name in ("align", "attn_align", "distill", "finetune"):
+        if name == "attn_align" and not plan.model.align_attention:
+            continue
         b = getattr(plan, name)
         table.add_row(name, f"{b.steps * b.seq_len * b.batch_size:,}", str(b.steps), str(b.seq_len),
                       str(b.batch_size), f"{b.lr:g}->{b.min_lr:g} {b.schedule}")

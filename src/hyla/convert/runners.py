@@ -130,6 +130,7 @@ def run_data(run: Run, stage: Stage) -> dict:
 
 def run_align(run: Run, stage: Stage) -> dict:
     twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device)
+    init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
     summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),
@@ -138,7 +139,23 @@ def run_align(run: Run, stage: Stage) -> dict:
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
     first = {k: v for k, v in summary["first"].items() if k.startswith("mse_")}
-    return {**summary, "mse_first": first, "mse_last": per_layer}
+    return {**summary, "mse_first": first, "mse_last": per_layer, "init": init}
+
+
+def initialise_twins(run: Run, twins: AlignmentTwins) -> dict:
+    """Set the twins' output scale from a few batches of the training corpus (`model.twin_init`); what it changed."""
+    from hyla.convert.calibrate import calibrate_twins
+
+    model, budget = run.plan.model, run.plan.align
+    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size,
+                             seed=run.plan.seed + 1)
+    batches = [next(loader) for _ in range(model.twin_init_batches)]
+    report = calibrate_twins(twins, batches, model.twin_init)
+    before, after = report["relative_error_before"], report["relative_error_after"]
+    run.log(f"[align] twin init {model.twin_init} on {len(batches)} x {budget.batch_size} x {budget.seq_len} tokens: "
+            f"error / teacher output energy, median over layers {sorted(before)[len(before) // 2]:.3g} -> "
+            f"{sorted(after)[len(after) // 2]:.3g}, layer 0 {before[0]:.3g} -> {after[0]:.3g}")
+    return {"mode": model.twin_init, "batches": len(batches), **report}
 
 
 def load_twins(run: Run) -> dict[int, torch.nn.Module]:
@@ -165,8 +182,11 @@ def load_student(run: Run, weights_stage: str | None) -> Any:
     return student.to(run.env.device).float()
 
 
-def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher) -> dict:
+def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,
+                   prepare=None) -> dict:
     student = load_student(run, weights_stage)
+    # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
+    prepared = prepare(student) if prepare is not None else None
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget)
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
@@ -174,11 +194,16 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
                            frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
-    return summary
+    return summary if prepared is None else {**summary, "attention_align": prepared}
 
 
 def run_distill(run: Run, stage: Stage) -> dict:
-    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent())
+    prepare = None
+    if run.plan.model.align_attention:
+        from hyla.convert.align_attention import align_attention_layers
+
+        prepare = functools.partial(align_attention_layers, run, stage)
+    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent(), prepare)
 
 
 def run_finetune(run: Run, stage: Stage) -> dict:
