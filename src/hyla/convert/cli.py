@@ -23,8 +23,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", required=True, type=Path, help="output folder (stage folders + final model)")
     parser.add_argument("--preset", default="smoke", choices=PRESETS, help="budget preset (default: smoke)")
     parser.add_argument("--data", action="append", default=None,
-                        help="text source (repeatable): stdlib, a folder/glob/file, hf:NAME, teacher:SPEC, or a "
-                        "prepared corpus folder (default: stdlib)")
+                        help="text source (repeatable): stdlib, a folder/glob/file, hf:NAME, teacher:SPEC, an offline "
+                        "text (hotpotqa, aa-lcr, perl-doc, ...), or a prepared corpus folder (default: the preset's "
+                        "data.sources, else stdlib)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a plan number, e.g. distill.lr=3e-5, align.tokens=2e6, selection.method=uniform")
     parser.add_argument("--select", default=None, metavar="METHOD",
@@ -43,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.select:
         overrides.append(f"selection.method={args.select}")
     convert(ConvertRequest(
-        teacher=args.teacher, out=args.out, preset=args.preset, data=args.data or ["stdlib"], overrides=overrides,
+        teacher=args.teacher, out=args.out, preset=args.preset, data=args.data, overrides=overrides,
         from_stage=args.from_stage, until_stage="select" if args.verb == "select" else args.until_stage,
         device=args.device, seed=args.seed,
     ))

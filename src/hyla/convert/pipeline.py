@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +12,9 @@ import torch
 from hyla.convert.data import prepared_corpus, scaling_documents
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, make_plan
-from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune, run_scaling
+from hyla.convert.recipes import check_plan, scale_tokens
+from hyla.convert.runners import Run, run_align, run_data, run_distill, run_finetune
+from hyla.convert.scaling import run_scaling
 from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_hash
 from hyla.train.distributed import barrier, init_distributed
@@ -25,7 +28,7 @@ class ConvertRequest:
     teacher: str
     out: Path
     preset: str = "smoke"
-    data: list[str] = field(default_factory=lambda: ["stdlib"])
+    data: list[str] | None = None  # None: the preset's data.sources, else stdlib
     overrides: list[str] = field(default_factory=list)
     from_stage: str | None = None
     until_stage: str | None = None
@@ -45,6 +48,11 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         data = {"corpus": str(prepared_corpus(request.data)), "heldout": plan.heldout_tokens, "seed": plan.seed}
     else:
         data = {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed}
+        if plan.data.weights:
+            data["weights"] = plan.data.weights
+    data.update(plan.data.settings())
+    if plan.data.long_sources:
+        data["long_tokens"] = plan.long_data_tokens
     own = {
         "data": data,
         "align": {"budget": plan.align.settings(), "twins": plan.twin_options(), \
@@ -101,14 +109,16 @@ def convert(request: ConvertRequest) -> dict:
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
     # Settings are checked before the teacher loads (the teacher's size only scales the paper presets' budgets).
-    early = apply_overrides(make_plan(request.preset, 0), request.overrides)
+    early = scale_tokens(apply_overrides(make_plan(request.preset, 0), request.overrides))
+    check_plan(early)
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
     env = init_distributed(request.device)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
-    plan = apply_overrides(make_plan(request.preset, num_params), request.overrides)
+    plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
     plan.seed = request.seed
+    request = dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
     fingerprint = teacher_fingerprint(hf_teacher)
     settings = stage_settings(plan, request)
     stages = {name: Stage(Path(request.out), name, settings[name], fingerprint) for name in STAGES}

