@@ -254,9 +254,12 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     def sets(items: list[str]) -> list[str]:
         return [part for item in items for part in ("--set", item)]
 
+    # A recipe preset (--preset) brings its own data sources, read from the text cache ($HYLA_TEXT_DIR).
+    data = [] if args.preset else ["--data", str(corpus)]
+
     def convert(out: Path, items: list[str], *extra: str) -> list[str]:
         return HYLA + ["convert", "--teacher", args.teacher, "--out", str(out), "--preset", sizes.preset,
-                       "--data", str(corpus), *device, *sets(items), *extra]
+                       *data, *device, *sets(items), *extra]
 
     if args.scaling_docs:  # the longest text files leave the training text and become the scaling stage's corpus
         scaling_text, scaling_corpus = run / "scaling-text", run / "scaling-corpus"
@@ -274,9 +277,11 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
     for span in args.recall.split(",") if args.recall else []:  # synthetic recall documents (hyla.data.recall)
         sources += ["--source", f"recall@{span}:{args.text or 'stdlib'}"]
     weights = ["--weights", args.corpus_weights] if args.corpus_weights else []
-    graph.add("corpus", lambda: HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib",
-                                        *weights, "--out", str(corpus), "--max-tokens", sizes.corpus_tokens],
-              needs=["scaling-corpus"] if args.scaling_docs else [], env=TOKENIZE_ENV)
+    prepare = HYLA + ["data", "prepare", "--tokenizer", args.teacher, *sources, "--source", "stdlib", *weights,
+                      "--out", str(corpus), "--max-tokens", sizes.corpus_tokens]
+    if args.preset:  # the conversions prepare their own corpora in their data stage
+        prepare = [sys.executable, "-c", f"print('corpus: the data sources of preset {args.preset}')"]
+    graph.add("corpus", lambda: prepare, needs=["scaling-corpus"] if args.scaling_docs else [], env=TOKENIZE_ENV)
     graph.add("teacher-check", lambda: [sys.executable, str(Path(__file__).parent / "teacher_check.py"),
                                         args.teacher, str(teacher_hf), sizes.device])
     if args.gpu_tests:
@@ -427,6 +432,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
                         "logit scalings a (besides the chosen a and off): whether a retrieval-based choice of a "
                         "differs from the loss-based one")
     parser.add_argument("--only", default=None, help="comma-separated job names to run (with what they need)")
+    parser.add_argument("--preset", default=None, metavar="NAME",
+                        help="convert with this recipe preset (e.g. halo-smollm2) and its own data sources instead of "
+                             "the driver's corpus and the GPU sizes' budget overrides (--main-set still applies)")
+    parser.add_argument("--text-cache", type=Path, default=None, metavar="DIR",
+                        help="the offline-text cache the preset's sources are read from (sets HYLA_TEXT_DIR)")
     args = parser.parse_args(argv)
     names = {"all": list(ABLATIONS), "none": []}.get(args.ablations, args.ablations.split(","))
     unknown = sorted(set(names) - set(ABLATIONS))
@@ -447,6 +457,11 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, Sizes
     if args.scaling_docs and not args.text:
         parser.error("--scaling-docs needs --text (the files it takes the longest of)")
     sizes = dataclasses.replace(SMOKE if args.smoke else GPU)
+    if args.preset and not args.smoke:
+        # The recipe is the budget: drop the GPU sizes' token overrides.
+        sizes.preset, sizes.main, sizes.ablation = args.preset, [], []
+    if args.text_cache:
+        os.environ["HYLA_TEXT_DIR"] = str(args.text_cache)
     sizes.main = sizes.main + args.main_set
     sizes.ablation = sizes.ablation + args.ablation_set
     if args.corpus_tokens:

@@ -22,6 +22,8 @@ keep=/root/keep
 mode=${1:?usage: h200.sh part1|stash|start|restart|wait}
 wait_s=${WAIT_S:-540}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2 TOKENIZERS_PARALLELISM=false
+# The offline English of `hyla data fetch` (pack_inputs.sh: .gpu-inputs/c/english.tar.xz), for recipe presets.
+export HYLA_TEXT_DIR=$keep/textcache
 
 collect() {
   local start=$SECONDS
@@ -67,6 +69,9 @@ start)
   [ -f $inputs_b/text-b.tar.xz ] || inputs_b=$keep
   mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text && tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
+  english=.gpu-inputs/c/english.tar.xz  # carried now or stashed; only recipe presets need it
+  [ -f $english ] || english=$keep/english.tar.xz
+  if [ -f $english ]; then mkdir -p $HYLA_TEXT_DIR && tar -xJf $english -C $HYLA_TEXT_DIR || exit 1; fi
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/ || exit 1
   args=${DRIVER_ARGS:-}
   if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
@@ -78,8 +83,12 @@ start)
   launch "$args"  # the GPU tests and family-LH have their own calls: bench/family_lh/h200.sh
   collect
   ;;
-stash)  # .gpu-inputs/b sent in a call of its own, for `start` to find under $keep
-  mkdir -p $keep && cp .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz $keep/ && ls -l $keep || exit 1
+stash)  # .gpu-inputs/b (and/or .gpu-inputs/c) sent in a call of its own, for `start` to find under $keep
+  mkdir -p $keep || exit 1
+  for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do
+    [ -f $file ] && { cp $file $keep/ || exit 1; }
+  done
+  ls -l $keep
   ;;
 restart)  # a new driver (this call's bench/smollm2) over the same run folder: finished jobs stay finished
   pkill -f "bench/smollm2/driver.py"; pkill -f "hyla.cli convert"; sleep 3

@@ -213,3 +213,18 @@ def test_gpu_tests_take_the_files_given_or_the_family_ones(tmp_path):
     assert "gpu-tests" not in graph_of(tmp_path).jobs
     for path in driver.FAMILY_GPU_TESTS:
         assert (Path(__file__).resolve().parents[2] / path).is_file()
+
+
+def test_a_recipe_preset_brings_its_own_data_and_budget(tmp_path, monkeypatch):
+    monkeypatch.setenv("HYLA_TEXT_DIR", "unset")  # restored after the test; the driver sets it for its jobs
+    args, sizes = driver.parse_args(["--teacher", "t.gguf", "--run", str(tmp_path / "run"), "--ablations", "none",
+                                     "--preset", "halo-smollm2", "--text-cache", str(tmp_path / "text"),
+                                     "--main-set", "token_scale=0.5"])
+    graph = driver.build_graph(args, sizes)
+    command = graph.jobs["convert-main"].command()
+    assert command[command.index("--preset") + 1] == "halo-smollm2" and "--data" not in command
+    assert "token_scale=0.5" in command and "distill.tokens=8e6" not in command
+    assert "data" not in graph.jobs["corpus"].command()[:4]
+    import os
+
+    assert os.environ["HYLA_TEXT_DIR"] == str(tmp_path / "text")

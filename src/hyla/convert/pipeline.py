@@ -96,10 +96,14 @@ def print_plan(run: Run, num_params: int) -> None:
     model = plan.model
     console.print(f"student: Lightning RoPE {'on' if model.lightning_rope else 'off'}, Lightning q/k norm "
                   f"{'on' if model.lightning_qk_norm else 'off'}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
+    scaling_on = plan.scaling.data or ", ".join(plan.data.scaling_sources) or "the held-out tail"
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
-                  f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit} | scaling a in "
-                  f"{plan.scaling.candidates} at {plan.scaling.length} tokens on "
-                  f"{plan.scaling.data or 'the held-out tail'}")
+                  f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit}, gaps below "
+                  f"{s.noise_z:g} se count as 0 | scaling a in {plan.scaling.candidates} at {plan.scaling.length} "
+                  f"tokens on {scaling_on} | twin init {model.twin_init}"
+                  + (" | attention alignment before distillation" if model.align_attention else ""))
+    if plan.data.long_sources:
+        console.print(f"stage 3 data: {', '.join(plan.data.long_sources)}")
 
 
 def convert(request: ConvertRequest) -> dict:
