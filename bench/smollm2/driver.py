@@ -290,8 +290,9 @@ def build_graph(args: argparse.Namespace, sizes: Sizes) -> Graph:
 
     # Conversions: the HALO run (stages 00-02 shared), then the main budget and the ablations.
     halo = run / "main"
+    # With a recipe preset the conversion's own data stage tokenizes (~65M tokens for halo-smollm2): on all cores.
     graph.add("convert-select", lambda: convert(halo, sizes.main, "--until-stage", "select"),
-              needs=["corpus", "teacher-check"], kind="train")
+              needs=["corpus", "teacher-check"], kind="train", env=TOKENIZE_ENV if args.preset else None)
     # The ablations copy the HALO run's stages 00-02 (or redo its alignment): they take its alignment and selection
     # settings, so that the copied stages match and only the design or the selection rule differs.
     explicit = explicit_layers(sizes.main)

@@ -6,8 +6,8 @@ alignment metrics log the energies (`energy_NN`, since the noise-aware rule exis
 run, `--teacher` measures the teacher's per-layer attention-output energy on `--energy-data` (a prepared corpus), and
 the run's last alignment MSEs are divided by it (an approximation when the text differs from the run's own).
 
-    python bench/smollm2/reselect.py --selection RUN/02-select/selection.json --align-metrics RUN/01-align/metrics.jsonl \
-        --teacher smollm2-135m --energy-data CORPUS --out reselect
+    python bench/smollm2/reselect.py --selection RUN/02-select/selection.json \
+        --align-metrics RUN/01-align/metrics.jsonl --teacher smollm2-135m --energy-data CORPUS --out reselect
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from hyla.train.progress import read_metrics
 
 
 @torch.no_grad()
-def teacher_output_energy(teacher_spec: str, corpus: str, *, batches: int, batch_size: int, seq_len: int) -> list[float]:
+def teacher_output_energy(teacher_spec: str, corpus: str, *, batches: int, batch_size: int,
+                          seq_len: int) -> list[float]:
     """Mean square of each layer's attention output of the teacher over `batches` windows of `corpus`."""
     from hyla.convert.align import MixerRecorder
     from hyla.convert.teacher import load_teacher

@@ -103,7 +103,10 @@ def align_attention_layers(run, stage, student: nn.Module) -> dict:
                               list(model.mixers), fast=fast)
         state = {k.removeprefix("mixers."): v for k, v in full_state_dict(model).items()}
         # full_state_dict names the mixers by their position; store them by layer index.
-        by_layer = {f"{layers[int(key.split('.', 1)[0])]}.{key.split('.', 1)[1]}": value for key, value in state.items()}
+        by_layer = {}
+        for key, value in state.items():
+            position, name = key.split(".", 1)
+            by_layer[f"{layers[int(position)]}.{name}"] = value
         save_weights(by_layer, output, run.env)
         summary.update(steps=result["steps"], tokens=result["tokens"],
                        relative_error_first=relative_errors(result["first"], layers),

@@ -9,8 +9,9 @@ shrinking it under gradient clipping. The output is linear in the o_norm weight 
 b the twin's gated output at w = 1 and a the teacher's input to `o_proj` (M = W_oᵀ W_o):
 
 - `rms`: w_c = RMS(a_c) / RMS(b_c): the twin's output energy per channel equals the teacher's;
-- `lstsq`: the w minimising the alignment MSE itself, E‖(a − b ⊙ w) W_oᵀ‖², i.e. (E[b bᵀ] ⊙ M) w = E[b ⊙ (a M)]
-  (a small ridge keeps it defined); where the twin's output correlates poorly with the teacher's it starts smaller;
+- `lstsq`: the w minimising the alignment MSE itself, E‖(a − b ⊙ w) W_oᵀ‖², i.e.
+  (E[b bᵀ] ⊙ M) w = E[b ⊙ (a M)] (a small ridge keeps it defined); where the twin's output correlates poorly with
+  the teacher's it starts smaller;
 - `none`: w = 1, the transfer as it was.
 
 The gate is left as built (random, ~0.5 ± 0.03 on SmolLM2): its mean is part of b, so the scale absorbs it. Every

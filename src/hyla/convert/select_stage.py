@@ -36,9 +36,10 @@ def run_select(run: Run, stage: Stage) -> dict:
             scores = _score(run, stage, plan)
         barrier(run.env)
         scores = SelectionScores.from_dict(json.loads((stage.path / "scores.json").read_text()))
+    errors = _alignment_errors(run, num_layers) if plan.tie_break == "alignment" else None
     report = build_report(scores, method, None if method == "user" else plan.k, layers=layers,
                           kl_by_layer=kl_by_layer, settings=run.plan.selection.__dict__, noise_z=plan.noise_z,
-                          alignment_errors=_alignment_errors(run, num_layers) if plan.tie_break == "alignment" else None)
+                          alignment_errors=errors)
     if run.env.is_main:
         report.write_json(stage.path / "selection.json")
         report.print_table()
