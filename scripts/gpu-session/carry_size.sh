@@ -20,6 +20,8 @@ check() {  # $1: call name, rest: carried paths; fails when the call would be ov
   [ "$total" -le "$limit" ]
 }
 check part1 .gpu-teacher/p0 .gpu-inputs/a .whl || exit 1
+# the recipe plans' offline English: always a `stash` call of its own (before `start`)
+if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
 check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
 # the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
 check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1
