@@ -7,6 +7,7 @@
 # requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each call's size. Then device
 # calls started back to back:
 #   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash scripts/gpu-session/experiment.sh part1
+#           (a recipe plan needs no .gpu-inputs/a; PROBE=0 skips the throughput probe, ~9 minutes)
 #   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash scripts/gpu-session/experiment.sh start
 #   call 3+ (no carry)                                          bash scripts/gpu-session/experiment.sh wait
 # When call 2 would pass 64 MiB, send .gpu-inputs/b in a call of its own between calls 1 and 2 (`carry
@@ -96,7 +97,10 @@ copy_repository() {
 
 case $mode in
 part1)
-  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
+  # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c instead.
+  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 $keep/ || exit 1
+  if [ -f .gpu-inputs/a/text-a.tar.xz ]; then cp .gpu-inputs/a/text-a.tar.xz $keep/ || exit 1; fi
+  ls -l $keep
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
   install_wheels || exit 1
   # train.json is rewritten after each case, so a cut run keeps what it measured.
@@ -123,7 +127,8 @@ start)
   fi
   inputs_b=.gpu-inputs/b  # carried now, or by an earlier `stash` call
   [ -f $inputs_b/text-b.tar.xz ] || inputs_b=$keep
-  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1
+  mkdir -p $keep/text
+  if [ -f $keep/text-a.tar.xz ]; then tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1; fi
   tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
   english=.gpu-inputs/c/english.tar.xz  # carried now or stashed; only recipe plans read it

@@ -1,8 +1,8 @@
 """Recipes: presets that fix data as well as budgets, for one teacher on one machine (`hyla convert --preset NAME`).
 
-`halo-smollm2` is the recipe for SmolLM2-135M on one H200, sized for ~20 minutes of training at the fast
-path's expected throughput (align ~400K tokens/s at 64×512, distill ~200K at 16×4096, fine-tune ~150K at 4×16384:
-125 + 750 + 333 s for 50M + 150M + 50M tokens). What it changes against run 2 (docs/results/smollm2-135m.md):
+`halo-smollm2` is the recipe for SmolLM2-135M on one H200: ~20 minutes of training at the fast path's measured
+throughput (`hyla bench train`, 2026-12-01: align 165K tokens/s at 64×512, distill 217K at 16×4096, fine-tune 216K
+at 4×16384: 303 + 692 + 231 s for 50M + 150M + 50M tokens). What it changes against run 2 (docs/results/smollm2-135m.md):
 
 - selection: recall on 3 × 34 NIAH prompts at 4K (SK1-SK3), CSR on 3 × 500 documents, gaps below 2 standard errors
   count as zero, equal scores ordered by the stage-1 alignment error (`hyla.convert.noise_select`);
