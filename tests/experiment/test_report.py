@@ -115,3 +115,42 @@ def test_the_recorded_runs_summary_is_remade_from_its_raw_results(tmp_path):
                      for task, cells in by_task.items()} for label, by_task in summary["niah"].items()}
     assert plain == published["niah"]
     assert summary["teacher_check"]["passed"]
+
+
+def write_alignment(conversion: Path, mode: str, losses: list[float], *, complete: bool = True) -> None:
+    """A conversion folder's stage 1: metrics of two layers with the teacher's output energy, and the twin init."""
+    (conversion / "00-data").mkdir(parents=True)
+    align = conversion / "01-align"
+    align.mkdir()
+    rows = [{"step": step, "loss": loss, "grad_norm": 1.0 / step, "mse_00": loss / 2, "mse_01": loss / 2,
+             "energy_00": 4.0, "energy_01": 1.0} for step, loss in enumerate(losses, start=1)]
+    (align / "metrics.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    if complete:
+        init = {"mode": mode, "relative_error_before": [200.0, 3.0], "relative_error_after": [0.5, 0.4]}
+        (align / "manifest.json").write_text(json.dumps({"status": "complete", "results": {"init": init}}))
+
+
+def test_two_conversions_alignment_curves_side_by_side(tmp_path, capsys):
+    """Two `hyla convert --until-stage align` runs in one folder, twin init none and lstsq: one table, one plot."""
+    write_alignment(tmp_path / "none", "none", [8.0, 4.0, 2.0])
+    write_alignment(tmp_path / "lstsq", "lstsq", [1.0, 0.5], complete=False)
+    assert hyla_main(["experiment", "report", str(tmp_path), "--no-tarball"]) == 0
+    out = capsys.readouterr().out
+    assert "| none | none | 3 | 101.500 -> 0.450 | 8.0000 -> 2.0000 | 2.500 -> 0.625 |" in out
+    assert "| lstsq | - | 2 (running) | - -> - |" in out  # no manifest yet: the init is not known
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    none = summary["alignment"]["none"]
+    assert none["steps"] == [1, 2, 3] and none["relative_error_last"] == [0.25, 1.0]
+    assert (tmp_path / "report" / "align.png").stat().st_size > 0
+
+
+def test_alignment_metrics_without_energies_still_plot_the_loss(tmp_path):
+    conversion = tmp_path / "old"
+    (conversion / "00-data").mkdir(parents=True)
+    (conversion / "01-align").mkdir()
+    (conversion / "01-align" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 3.0, "mse_00": 3.0}) +
+                                                           "\n" + '{"step": 2, "lo')  # the last line cut by a kill
+    record = report.summarize(tmp_path)["alignment"]["old"]
+    assert record["loss"] == [3.0] and record["relative_error_first"] is None
+    (tmp_path / "out").mkdir()
+    assert [path.name for path in report.plot(report.summarize(tmp_path), tmp_path / "out")] == ["align.png"]

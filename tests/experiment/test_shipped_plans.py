@@ -26,7 +26,7 @@ def cases():
 
 
 def test_plans_are_shipped():
-    assert {path.stem for path in PLANS} >= {"smollm2", "smollm2-ablations", "seed-003"}
+    assert {path.stem for path in PLANS} >= {"smollm2", "smollm2-ablations", "seed-003", "halo-smollm2"}
 
 
 @pytest.mark.parametrize("path, profile", list(cases()))
@@ -71,6 +71,37 @@ def test_the_smollm2_plan_is_the_recorded_headline_run(tmp_path):
     assert plan.jobs["niah-main-SK1-short"].needs == ("convert",)
     assert plan.jobs["csr-teacher"].needs == ("teacher-check",)
     assert plan.jobs["convert"].kind == "train" and plan.train_slots == 1
+
+
+def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluates_both_models(tmp_path):
+    from hyla.convert.presets import SPEED_ONLY
+    from hyla.convert.recipes import scale_tokens
+
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path)
+    command = plan.jobs["convert"].run
+    convert = scale_tokens(_sets(command))
+    recipe = make_plan("halo-smollm2", 135_000_000)
+    for stage in ("align", "distill", "finetune"):
+        assert getattr(convert, stage) == getattr(recipe, stage), stage  # the preset's budget, untouched
+    assert convert.align.tokens + convert.distill.tokens + convert.finetune.tokens == 250_000_000
+    assert "--data" not in command and convert.data == recipe.data  # the recipe's own corpora
+    assert convert.selection.method == "halo" and command[command.index("--device") + 1] == "cuda"
+    # The fast path is the CUDA default: the plan sets none of its switches.
+    assert not [item for item in command if any(f".{name}=" in item for name in SPEED_ONLY)]
+    assert plan.jobs["convert"].env["HYLA_TEXT_DIR"] == "~/.cache/hyla/text" and plan.train_slots == 1
+    cells = set()
+    for name, job in plan.jobs.items():
+        if name.startswith("niah-"):
+            run = job.run
+            assert run[run.index("--num-samples") + 1] == "25"
+            lengths = run[run.index("--lengths") + 1].split(",")
+            cells |= {(name.split("-")[1], run[run.index("--tasks") + 1], length) for length in lengths}
+    assert cells == {(model, task, length) for model in ("teacher", "main") for task in ("SK1", "SK2", "SK3")
+                     for length in ("4K", "16K", "32K", "64K")}
+    for model in ("teacher", "main"):
+        csr = plan.jobs[f"csr-{model}"].run
+        assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
+    assert plan.jobs["niah-main-SK1-long"].needs == ("convert",)
 
 
 def test_the_ablations_share_the_halo_runs_first_stages(tmp_path):

@@ -1,5 +1,6 @@
-"""The headline plan's smoke profile end to end on CPU with a tiny random teacher: teacher check, corpus with recall
-documents, conversion through every stage, evaluations, report (a subset of its evaluations, ~2 minutes)."""
+"""The plans' smoke profiles end to end on CPU with a tiny random teacher (a subset of their evaluations, ~2 minutes
+each): the headline plan (teacher check, corpus with recall documents, conversion through every stage, evaluations,
+report) and the halo-smollm2 recipe's plan (the recipe's conversion on stand-in texts, evaluations, report)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,19 @@ from offline_models import save_tiny_teacher
 from hyla.cli import main as hyla_main
 
 
+def docs_text(folder: Path) -> Path:
+    """The repository's docs pages as a folder of training text."""
+    folder.mkdir()
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for path in sorted(docs.glob("*.md")):
+        (folder / path.name).write_text(path.read_text())
+    return folder
+
+
 @pytest.mark.slow
 def test_the_smoke_profile_runs_the_headline_plan_on_cpu(tmp_path, capsys):
     teacher = save_tiny_teacher(tmp_path / "teacher")
-    text = tmp_path / "text"
-    text.mkdir()
-    docs = Path(__file__).resolve().parents[2] / "docs"
-    for path in sorted(docs.glob("*.md")):
-        (text / path.name).write_text(path.read_text())
+    text = docs_text(tmp_path / "text")
     plan = next(path for path in PLANS if path.stem == "smollm2")
     run = tmp_path / "run"
     argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
@@ -40,3 +46,31 @@ def test_the_smoke_profile_runs_the_headline_plan_on_cpu(tmp_path, capsys):
     assert hyla_main(argv) == 0
     assert "done in an earlier run" in json.loads((run / "status.json").read_text())["jobs"]["convert"]["note"]
     assert (run / "logs" / "report.log").read_text().count("attempt 1") == 2
+
+
+@pytest.mark.slow
+def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
+    teacher = save_tiny_teacher(tmp_path / "teacher")
+    text = docs_text(tmp_path / "text")
+    plan = next(path for path in PLANS if path.stem == "halo-smollm2")
+    run = tmp_path / "run"
+    argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
+            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
+            "--only", "niah-*-SK1-short,csr-main,report", "--poll", "0.5"]
+    assert hyla_main(argv) == 0, (run / "runner.log").read_text()
+    status = json.loads((run / "status.json").read_text())
+    assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
+        "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report"}
+    stages = run / "main"
+    data = json.loads((stages / "00-data" / "manifest.json").read_text())["results"]
+    assert sorted(data["corpora"]) == ["long", "main", "scaling"]
+    conversion = json.loads((stages / "06-export" / "conversion.json").read_text())
+    assert conversion["plan"]["preset"] == "halo-smollm2" and conversion["plan"]["model"]["twin_init"] == "lstsq"
+    finetune = json.loads((stages / "04-finetune" / "manifest.json").read_text())["results"]["data"]
+    assert finetune["corpus"] == "long" and finetune["align_documents"]
+    scaling = json.loads((stages / "05-scaling" / "manifest.json").read_text())["results"]
+    assert scaling["source"] == "../00-data/scaling" and "c(L)" in scaling["loss_by_position"]
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    assert set(summary["niah"]) == {"teacher", "main"} and "main" in summary["csr"]
+    assert summary["alignment"]["main"]["twin_init"] == "lstsq"
+    assert (run / "report" / "align.png").is_file()

@@ -51,8 +51,13 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
-    # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes.
+    # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
+    # does leaving out `align_documents` while it is off (a field added later; on, it changes the training windows).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
-    assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items() if k not in speed_only}
+    off_by_default = ("align_documents",)
+    assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
+                                       if k not in speed_only + off_by_default}
+    aligned = apply_overrides(make_plan("smoke", 1_000_000), ["distill.align_documents=true"])
+    assert aligned.distill.settings()["align_documents"] is True
     changed = apply_overrides(make_plan("smoke", 1_000_000), ["distill.seq_len=64"])
     assert stage_settings(changed, request)["distill"] != stage_settings(plan, request)["distill"]

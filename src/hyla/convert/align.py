@@ -59,7 +59,8 @@ class AlignmentTwins(nn.Module):
 
 def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
     """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics (tensors: the training
-    step reads them back once)."""
+    step reads them back once), with the teacher's output energy (mean square) of each layer beside them, so that
+    `mse_i / energy_i` is the fraction of the output the twin misses."""
     teacher = model.teacher[0]
     recorder = MixerRecorder(teacher)
     try:
@@ -71,9 +72,13 @@ def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, di
         recorder.close()
     first_input = recorder.inputs[0]
     context = teacher.model._context(first_input, None, None, None, None)
-    losses = []
+    losses, energies = [], []
     for i, twin in enumerate(model.twins):
         prediction = twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)
-        losses.append(F.mse_loss(prediction.float(), recorder.outputs[i].float()))
+        target = recorder.outputs[i].float()
+        losses.append(F.mse_loss(prediction.float(), target))
+        energies.append(target.pow(2).mean())
     per_layer = torch.stack(losses)
-    return per_layer.sum(), {f"mse_{i:02d}": loss for i, loss in enumerate(per_layer.detach())}
+    metrics = {f"mse_{i:02d}": loss for i, loss in enumerate(per_layer.detach())}
+    metrics.update({f"energy_{i:02d}": energy for i, energy in enumerate(torch.stack(energies))})
+    return per_layer.sum(), metrics

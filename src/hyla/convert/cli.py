@@ -16,15 +16,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="HALO: align Lightning twins, select attention layers, distil, fine-tune long, choose the "
         "logit scaling, export an HF folder. Resumable: rerun the same command to continue.",
     )
-    parser.add_argument("verb", nargs="?", choices=("run", "select"), default="run",
+    parser.add_argument("verb", nargs="?", choices=("run", "select", "reselect"), default="run",
                         help="run: the whole pipeline (default); select: stop after layer selection (its report: "
-                        "OUT/02-select/selection.json, .png)")
-    parser.add_argument("--teacher", required=True, help="HF folder, hub id, GGUF file, or alias (smollm2-135m)")
+                        "OUT/02-select/selection.json, .png); reselect: the noise-aware rule applied again to OUT's "
+                        "recorded selection scores, no scoring (OUT/reselect/, options below)")
+    parser.add_argument("--teacher", default=None,
+                        help="HF folder, hub id, GGUF file, or alias (smollm2-135m); required but for reselect, "
+                        "where it measures the teacher's output energies for runs whose alignment did not log them")
     parser.add_argument("--out", required=True, type=Path, help="output folder (stage folders + final model)")
     parser.add_argument("--preset", default="smoke", choices=PRESETS, help="budget preset (default: smoke)")
     parser.add_argument("--data", action="append", default=None,
-                        help="text source (repeatable): stdlib, a folder/glob/file, hf:NAME, teacher:SPEC, or a "
-                        "prepared corpus folder (default: stdlib)")
+                        help="text source (repeatable): stdlib, a folder/glob/file, hf:NAME, teacher:SPEC, an offline "
+                        "text (hotpotqa, aa-lcr, perl-doc, ...), or a prepared corpus folder (default: the preset's "
+                        "data.sources, else stdlib)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
                         help="override a plan number, e.g. distill.lr=3e-5, align.tokens=2e6, selection.method=uniform")
     parser.add_argument("--select", default=None, metavar="METHOD",
@@ -33,18 +37,48 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--until-stage", choices=STAGES, help="stop after this stage")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     parser.add_argument("--seed", type=int, default=0)
+    reselect = parser.add_argument_group("reselect")
+    reselect.add_argument("--noise-z", type=float, default=2.0, help="noise threshold in standard errors (default 2)")
+    reselect.add_argument("--k", type=int, default=None, help="attention layers to keep (default: the recorded k)")
+    reselect.add_argument("--energy-data", default=None, metavar="CORPUS",
+                          help="prepared corpus the teacher's output energies are measured on (with --teacher)")
+    reselect.add_argument("--energy-batches", type=int, default=4)
+    reselect.add_argument("--energy-shape", default="4x512", metavar="BATCHxSEQ")
+    reselect.add_argument("--report-dir", type=Path, default=None, help="report folder (default OUT/reselect)")
     parser.set_defaults(handler=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from hyla.convert.pipeline import ConvertRequest, convert
 
+    if args.verb == "reselect":
+        return _reselect(args)
+    if args.teacher is None:
+        raise ValueError("--teacher is required (HF folder, hub id, GGUF file, or alias such as smollm2-135m)")
     overrides = list(args.overrides)
     if args.select:
         overrides.append(f"selection.method={args.select}")
     convert(ConvertRequest(
-        teacher=args.teacher, out=args.out, preset=args.preset, data=args.data or ["stdlib"], overrides=overrides,
+        teacher=args.teacher, out=args.out, preset=args.preset, data=args.data, overrides=overrides,
         from_stage=args.from_stage, until_stage="select" if args.verb == "select" else args.until_stage,
         device=args.device, seed=args.seed,
     ))
+    return 0
+
+
+def _reselect(args: argparse.Namespace) -> int:
+    from hyla.convert.reselect import ReselectRequest, reselect
+
+    try:
+        shape = tuple(int(part) for part in args.energy_shape.split("x"))
+    except ValueError:
+        shape = ()
+    if len(shape) != 2:
+        raise ValueError(f"--energy-shape: expected BATCHxSEQ like 4x512, got {args.energy_shape!r}")
+    result = reselect(ReselectRequest(run=args.out, out=args.report_dir, noise_z=args.noise_z, k=args.k,
+                                      teacher=args.teacher, energy_data=args.energy_data,
+                                      energy_batches=args.energy_batches, energy_shape=shape))
+    print(f"recorded {result['recorded_chosen']} | noise-aware (alignment tie-break) "
+          f"{result['noise_aware_alignment_tie_break']} | noise-aware (raw-s tie-break) "
+          f"{result['noise_aware_halo_tie_break']}; wrote {result['out']}")
     return 0

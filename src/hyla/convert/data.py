@@ -48,8 +48,21 @@ def split_corpus(path: Path, heldout_tokens: int) -> tuple[CorpusRange, CorpusRa
     return CorpusRange(corpus, 0, cut), CorpusRange(corpus, cut, corpus.num_tokens)
 
 
-def training_loader(corpus: TokenCorpus, *, seq_len: int, batch_size: int, seed: int) -> TokenLoader:
-    return TokenLoader(corpus, seq_len=seq_len, batch_size=batch_size, seed=seed)
+def training_loader(corpus: TokenCorpus, *, seq_len: int, batch_size: int, seed: int,
+                    align_documents: bool = False) -> TokenLoader:
+    return TokenLoader(corpus, seq_len=seq_len, batch_size=batch_size, seed=seed, align_documents=align_documents)
+
+
+def corpus_mix(path: Path) -> dict:
+    """A prepared corpus's path, size and tokens per source (with its share): the mix a training drawing windows
+    uniformly from it trains on."""
+    manifest = TokenCorpus(path).manifest
+    total = manifest["num_tokens"]
+    sources = [{"spec": source["spec"], "description": source["description"], "num_tokens": source["num_tokens"],
+                "num_documents": source["num_documents"], "share": source["num_tokens"] / max(total, 1)}
+               for source in manifest["sources"]]
+    return {"path": str(Path(path).resolve()), "num_tokens": total, "num_documents": manifest["num_documents"],
+            "corpus_id": manifest["corpus_id"], "sources": sources}
 
 
 def longest_document_spans(corpus: TokenCorpus, starts: list[int], length: int) -> list[int]:

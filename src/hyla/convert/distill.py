@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from hyla.models import HypeNetForCausalLM, InferenceOptions
+from hyla.models import HypeNetForCausalLM
 from hyla.models.transfer import to_hypenet
 from hyla.ops.linear_loss import linear_cross_entropy_chunked, linear_kl_divergence_chunked
 from hyla.train.loop import training_autocast
@@ -172,14 +172,13 @@ def finetune_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False
 
 
 @torch.no_grad()
-def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor, *,
-              inference_options: InferenceOptions | None = None) -> float:
+def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor) -> float:
     """Mean next-token loss over [N, T] sequences, one at a time, at the precision the model trains and is evaluated
-    at (bf16 autocast on GPU: attention takes SDPA's flash kernel), under `inference_options` (None: the model's)."""
+    at (bf16 autocast on GPU: attention takes SDPA's flash kernel)."""
     losses = []
     for row in sequences:
         row = row[None].to(model.device)
         with training_autocast(model.device):
-            logits = model(row, use_cache=False, inference_options=inference_options).logits
+            logits = model(row, use_cache=False).logits
         losses.append(F.cross_entropy(logits[0, :-1].float(), row[0, 1:]).item())
     return sum(losses) / len(losses)

@@ -3,6 +3,7 @@ conversion")."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,7 +13,9 @@ import torch
 from hyla.convert.data import prepared_corpus, scaling_documents
 from hyla.convert.export import run_export
 from hyla.convert.presets import ConvertPlan, apply_overrides, check_plan_for_teacher, make_plan
-from hyla.convert.runners import Run, check_stage_inputs, run_align, run_data, run_distill, run_finetune, run_scaling
+from hyla.convert.recipes import scale_tokens
+from hyla.convert.runners import Run, check_stage_inputs, run_align, run_data, run_distill, run_finetune
+from hyla.convert.scaling import run_scaling
 from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
@@ -27,7 +30,7 @@ class ConvertRequest:
     teacher: str
     out: Path
     preset: str = "smoke"
-    data: list[str] = field(default_factory=lambda: ["stdlib"])
+    data: list[str] | None = None  # None: the preset's data.sources, else stdlib
     overrides: list[str] = field(default_factory=list)
     from_stage: str | None = None
     until_stage: str | None = None
@@ -47,11 +50,18 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         data = {"corpus": str(prepared_corpus(request.data)), "heldout": plan.heldout_tokens, "seed": plan.seed}
     else:
         data = {"sources": request.data, "tokens": plan.data_tokens, "heldout": plan.heldout_tokens, "seed": plan.seed}
+        if plan.data.weights:
+            data["weights"] = plan.data.weights
+    data.update(plan.data.settings())
+    if plan.data.long_sources:
+        data["long_tokens"] = plan.long_data_tokens
     own = {
         "data": data,
-        "align": {"budget": plan.align.settings(), "twins": plan.twin_options()},
+        "align": {"budget": plan.align.settings(), "twins": plan.twin_options(),
+                  "init": {"mode": plan.model.twin_init, "batches": plan.model.twin_init_batches}},
         "select": {"plan": plan.selection.__dict__},
-        "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope},
+        "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope,
+                    **({"align_attention": plan.attn_align.settings()} if plan.model.align_attention else {})},
         "finetune": {"budget": plan.finetune.settings()},
         "scaling": {"plan": plan.scaling.settings()}, "export": {},
     }
@@ -71,7 +81,9 @@ def print_plan(run: Run, num_params: int) -> None:
     table = Table(title=f"hyla convert: {run.teacher_spec} -> HypeNet (preset {plan.preset})")
     for column in ("stage", "tokens", "steps", "seq", "batch", "lr"):
         table.add_column(column)
-    for name in ("align", "distill", "finetune"):
+    for name in ("align", "attn_align", "distill", "finetune"):
+        if name == "attn_align" and not plan.model.align_attention:
+            continue
         b = getattr(plan, name)
         table.add_row(name, f"{b.steps * b.seq_len * b.batch_size:,}", str(b.steps), str(b.seq_len),
                       str(b.batch_size), f"{b.lr:g}->{b.min_lr:g} {b.schedule}")
@@ -86,10 +98,31 @@ def print_plan(run: Run, num_params: int) -> None:
     model = plan.model
     console.print(f"student: Lightning RoPE {'on' if model.lightning_rope else 'off'}, Lightning q/k norm "
                   f"{'on' if model.lightning_qk_norm else 'off'}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
+    scaling_on = plan.scaling.data or ", ".join(plan.data.scaling_sources) or "the held-out tail"
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
-                  f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit} | scaling a in "
-                  f"{plan.scaling.candidates} at {plan.scaling.length} tokens on "
-                  f"{plan.scaling.data or 'the held-out tail'}")
+                  f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit}, gaps below "
+                  f"{s.noise_z:g} se count as 0 | scaling a in {plan.scaling.candidates} at {plan.scaling.length} "
+                  f"tokens on {scaling_on} | twin init {model.twin_init}"
+                  + (" | attention alignment before distillation" if model.align_attention else ""))
+    if plan.data.long_sources:
+        console.print(f"stage 3 data: {', '.join(plan.data.long_sources)}")
+
+
+def check_data_sources(plan: ConvertPlan, request: ConvertRequest) -> None:
+    """Every text source the data stage will read is there (a folder, an offline text in the text cache, ...),
+    checked before the teacher loads; a complete data stage reads none, and `hf:` datasets are opened when read."""
+    from hyla.data.sources import open_source
+
+    redo = request.from_stage == "data"
+    if not redo and Stage(Path(request.out), "data", {}, {}).manifest_path.is_file():
+        return
+    main = request.data or plan.data.sources or ["stdlib"]
+    for sources in (main, plan.data.long_sources, plan.data.scaling_sources):
+        if prepared_corpus(sources) is not None:
+            continue
+        for spec in sources:
+            if not spec.startswith("hf:"):
+                open_source(spec)
 
 
 def convert(request: ConvertRequest) -> dict:
@@ -100,9 +133,10 @@ def convert(request: ConvertRequest) -> dict:
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
     # Settings are checked before the teacher loads (the teacher's size only scales the paper presets' budgets).
-    early = apply_overrides(make_plan(request.preset, 0), request.overrides)
+    early = scale_tokens(apply_overrides(make_plan(request.preset, 0), request.overrides))
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
+    check_data_sources(early, request)
     resolve_spec(request.teacher, role="teacher")  # an unknown name fails here, before anything is written
     env = init_distributed(request.device)
     with exclusive_run_folder(Path(request.out), env):
@@ -118,8 +152,9 @@ def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
     check_plan_for_teacher(early, teacher_config.num_hidden_layers)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
-    plan = apply_overrides(make_plan(request.preset, num_params), request.overrides)
+    plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
     plan.seed = request.seed
+    request = dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
     fingerprint = teacher_fingerprint(hf_teacher)
     settings = stage_settings(plan, request)
     stages = {name: Stage(Path(request.out), name, settings[name], fingerprint) for name in STAGES}

@@ -1,8 +1,9 @@
 """Conversion budgets. `paper` is the token counts (docs/method.md, "HALO conversion") per stage for a 1.7B teacher,
 scaled in proportion to the teacher's size below that; `small` is a tenth of `paper`; `quick` is a fixed ~44M-token
 budget sized for one GPU and a ~100M-parameter teacher (at the stage throughputs measured for SmolLM2-135M on a shared
-H200, ~16 minutes); `smoke` is a fixed toy budget that runs every stage on a laptop CPU in minutes. Every number can be
-overridden with `--set section.field=value`."""
+H200, ~16 minutes); `smoke` is a fixed toy budget that runs every stage on a laptop CPU in minutes; `halo-smollm2` is a
+recipe that fixes the data as well as the budgets (`hyla.convert.recipes`). Every number can be overridden with
+`--set section.field=value`."""
 
 from __future__ import annotations
 
@@ -36,6 +37,9 @@ class StageBudget:
     # Activation checkpointing of the trained hybrid's blocks (distill, finetune): each block keeps its input only
     # and recomputes the rest in the backward pass, one more forward for much less memory (memory only).
     checkpoint_activations: bool = False
+    # Windows start at document starts where that keeps a document whole (hyla.data.loader): a recall document's
+    # question then always sees its facts.
+    align_documents: bool = False
 
     @property
     def steps(self) -> int:
@@ -45,7 +49,10 @@ class StageBudget:
         """What the stage's output depends on: the fast path's settings and `checkpoint_activations` change speed
         and memory, not results (up to float rounding), and are left out (a run can be resumed with them switched
         either way, and earlier runs keep their hash)."""
-        return {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
+        settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
+        if not self.align_documents:  # earlier runs keep their hash
+            del settings["align_documents"]
+        return settings
 
 
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
@@ -55,13 +62,39 @@ SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "c
 class SelectionPlan:
     method: str = "halo"  # halo | uniform | latter-half | jet-nemotron | kl-ls | a list "3,7,11"
     k: int | None = None  # None: floor(L / 4)
-    niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2"])
-    niah_lengths: list[int] = field(default_factory=lambda: [2048])
-    niah_samples: int = 20
+    # Recall on 3 x 34 = 102 prompts at 4K (at least 100 over SK1-SK3), the same prompts for every variant.
+    niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
+    niah_lengths: list[int] = field(default_factory=lambda: [4096])
+    niah_samples: int = 34
     csr_tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
-    csr_limit: int = 200
+    csr_limit: int = 500
     batch_size: int = 8
     kl_ls_steps: int = 50  # KL-LS: distillation steps per single-attention student (at the distill stage's shape)
+    # halo: gaps below noise_z standard errors count as zero in s_i (hyla.convert.noise_select; 0 = HALO as
+    # published); layers of equal s_i go by their stage-1 alignment error ("alignment") or HALO's raw s_i ("halo").
+    noise_z: float = 2.0
+    tie_break: str = "alignment"
+
+
+@dataclass
+class DataPlan:
+    """The corpora the data stage prepares, each from `hyla data prepare` source specs (hyla.data.sources) and
+    optional weights (shares of the text). `sources` is the main corpus (stages 1-2, KL-LS, the held-out tail);
+    empty: the command's --data (default stdlib). `long_sources`: stage 3's corpus (long documents, long-range
+    recall documents); empty: stage 3 reads the main corpus. `scaling_sources`: long documents held out for choosing
+    `a` (scaling.data, a prepared folder, wins when set). Token counts: None = what the plan draws."""
+
+    sources: list[str] = field(default_factory=list)
+    weights: list[float] = field(default_factory=list)
+    long_sources: list[str] = field(default_factory=list)
+    long_weights: list[float] = field(default_factory=list)
+    long_tokens: int | None = None
+    scaling_sources: list[str] = field(default_factory=list)
+
+    def settings(self) -> dict[str, Any]:
+        """The parts beyond the main corpus, when set (earlier runs keep their hash)."""
+        return {name: value for name, value in dataclasses.asdict(self).items()
+                if name not in ("sources", "weights") and value not in ([], None)}
 
 
 @dataclass
@@ -69,16 +102,26 @@ class ScalingPlan:
     candidates: list[float | None] = field(default_factory=lambda: [None, 5.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0])
     length: int = 4096
     num_docs: int = 8
-    # None: windows of the conversion corpus's held-out tail. A prepared corpus folder: the first `length` tokens of
-    # its first `num_docs` documents of at least `length` tokens (`a` is chosen on long documents: docs/method.md,
-    # "Attention layer and logit scaling").
+    # None: the data stage's scaling corpus (data.scaling_sources) or windows of the main corpus's held-out tail. A
+    # prepared corpus folder: the first `length` tokens of its first `num_docs` documents of at least `length`
+    # tokens (`a` is chosen on long documents: docs/method.md, "Attention layer and logit scaling").
     data: str | None = None
+    per_length: bool = False  # also report EME's c(L) = log L / log L0 (L0: stage 3's length), not chosen from
+    # NIAH for every candidate (hyla.convert.scaling), e.g. niah_lengths=32768,65536; [] = off.
+    niah_lengths: list[int] = field(default_factory=list)
+    niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
+    niah_samples: int = 5
+    niah_max_new_tokens: int = 40
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on (`data` only when set, so that earlier runs keep their hash)."""
+        """What the stage's output depends on (`data` and the report's extras only when set, so that earlier runs
+        keep their hash)."""
         items = dataclasses.asdict(self)
         if items["data"] is None:
             del items["data"]
+        if not self.per_length and not self.niah_lengths:
+            for name in ("per_length", "niah_lengths", "niah_tasks", "niah_samples", "niah_max_new_tokens"):
+                del items[name]
         return items
 
 
@@ -90,6 +133,12 @@ class ArchitecturePlan:
     lightning_rope: bool = True  # RoPE on the Lightning layers' q/k
     lightning_qk_norm: bool = True  # RMSNorm on the Lightning layers' q/k
     attention_rope: bool = False  # keep RoPE in the attention layers (HypeNet: NoPE)
+    # Stage 1 starts the twins' output norm at the teacher's output scale (hyla.convert.calibrate): lstsq | rms | none
+    twin_init: str = "lstsq"
+    twin_init_batches: int = 4  # calibration batches of the align stage's shape
+    # Beyond the paper: before distilling, train the kept NoPE attention layers to the teacher's RoPE attention
+    # outputs (hyla.convert.align_attention), with the `attn_align` budget.
+    align_attention: bool = False
 
 
 @dataclass
@@ -102,12 +151,29 @@ class ConvertPlan:
     scaling: ScalingPlan
     model: ArchitecturePlan = field(default_factory=ArchitecturePlan)
     seed: int = 0
+    # The attention alignment's budget (used with model.align_attention); None: `default_attn_align(align)`.
+    attn_align: StageBudget | None = None
+    data: DataPlan = field(default_factory=DataPlan)
+    token_scale: float = 1.0  # every stage's tokens times this (hyla.convert.recipes.scale_tokens), after --set
+
+    def __post_init__(self) -> None:
+        if self.attn_align is None:
+            self.attn_align = default_attn_align(self.align)
 
     @property
     def data_tokens(self) -> int:
         """Tokens to prepare: the largest stage's draw (stages reuse the corpus) plus the held-out documents."""
-        train = max(b.steps * b.seq_len * b.batch_size for b in (self.align, self.distill, self.finetune))
+        stages = [self.align, self.distill] + ([self.attn_align] if self.model.align_attention else [])
+        # Stage 3 draws from the main corpus unless it has one of its own.
+        stages += [] if self.data.long_sources else [self.finetune]
+        train = max(b.steps * b.seq_len * b.batch_size for b in stages)
         return train + 1 + self.heldout_tokens
+
+    @property
+    def long_data_tokens(self) -> int:
+        """Tokens of stage 3's own corpus: `data.long_tokens`, or stage 3's draw."""
+        b = self.finetune
+        return self.data.long_tokens or b.steps * b.seq_len * b.batch_size + 1
 
     @property
     def heldout_tokens(self) -> int:
@@ -123,6 +189,13 @@ class ConvertPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+def default_attn_align(align: StageBudget) -> StageBudget:
+    """An eighth of stage 1's tokens at its shape, at distillation's learning rate: the layers being aligned are the
+    teacher's own, trained already, and only lose RoPE."""
+    return StageBudget(max(align.tokens // 8, align.seq_len * align.batch_size), align.seq_len, align.batch_size,
+                       1e-4, 1e-5, warmup_steps=min(align.warmup_steps, 20), checkpoint_every=align.checkpoint_every)
 
 
 def _paper(scale: float) -> dict[str, StageBudget]:
@@ -147,18 +220,20 @@ def _smoke() -> dict[str, StageBudget]:
 
 
 def _quick() -> dict[str, StageBudget]:
-    # ~44M tokens. At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K, fine-tune 101K;
-    # docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU (align 68-84K,
-    # distill 56-58K, fine-tune 102K tokens/s, eager, measured 2026-11-30) ~12 minutes.
+    # ~44M tokens. Distillation at the paper's lr 1e-4 (it was 3e-4 before 2026-12-01: the paper's Table 9 has
+    # 3e-4 among the worst). At the tokens/s measured on an H200 shared with other jobs (align 34K, distill 42K,
+    # fine-tune 101K; docs/results/smollm2-135m.md) that is ~16 minutes for a ~135M teacher; alone on the GPU
+    # (align 68-84K, distill 56-58K, fine-tune 102K tokens/s, eager, measured 2026-11-30) ~12 minutes.
     return {
         "align": StageBudget(6_000_000, 512, 32, 1e-3, 1e-5, warmup_steps=20, checkpoint_every=100),
-        "distill": StageBudget(30_000_000, 512, 32, 3e-4, 1e-5, warmup_steps=50, checkpoint_every=200),
+        "distill": StageBudget(30_000_000, 512, 32, 1e-4, 1e-5, warmup_steps=50, checkpoint_every=200),
         "finetune": StageBudget(8_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
                                 checkpoint_every=40),
     }
 
 
-PRESETS = ("smoke", "quick", "small", "paper")
+# halo-smollm2: a recipe (budgets and data for one teacher on one machine), hyla.convert.recipes.
+PRESETS = ("smoke", "quick", "small", "paper", "halo-smollm2")
 
 
 def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
@@ -169,6 +244,10 @@ def make_plan(preset: str, teacher_params: int) -> ConvertPlan:
 def _preset_plan(preset: str, teacher_params: int) -> ConvertPlan:
     if preset not in PRESETS:
         raise ValueError(f"unknown preset {preset!r}; choose one of {', '.join(PRESETS)}")
+    if preset == "halo-smollm2":
+        from hyla.convert.recipes import RECIPES
+
+        return RECIPES[preset]()
     if preset == "smoke":
         return ConvertPlan(
             preset, **_smoke(),
@@ -177,12 +256,8 @@ def _preset_plan(preset: str, teacher_params: int) -> ConvertPlan:
             scaling=ScalingPlan(candidates=[None, 20.0, 500.0], length=2048, num_docs=1),
         )
     if preset == "quick":
-        return ConvertPlan(
-            preset, **_quick(),
-            selection=SelectionPlan(niah_lengths=[2048], niah_samples=16, csr_tasks=["hellaswag", "arc_easy"],
-                                    csr_limit=100, batch_size=16),
-            scaling=ScalingPlan(length=32768, num_docs=4),
-        )
+        return ConvertPlan(preset, **_quick(), selection=SelectionPlan(batch_size=16),
+                           scaling=ScalingPlan(length=32768, num_docs=4))
     scale = min(1.0, teacher_params / PAPER_TEACHER_PARAMS) * (0.1 if preset == "small" else 1.0)
     return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
 
@@ -220,6 +295,18 @@ def _csr_task(name: str) -> str | None:
     return f"is not a CSR task ({', '.join(TASK_FILES)}){did_you_mean(name, TASK_FILES)}"
 
 
+def _twin_init(value: str) -> str | None:
+    from hyla.convert.calibrate import TWIN_INITS
+
+    return one_of(*TWIN_INITS)(value)
+
+
+def _tie_break(value: str) -> str | None:
+    from hyla.convert.noise_select import TIE_BREAKS
+
+    return one_of(*TIE_BREAKS)(value)
+
+
 RULES: dict[str, Rule] = {
     "tokens": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
     "min_lr": at_least(0), "schedule": one_of(*SCHEDULES), "warmup_steps": at_least(0),
@@ -229,9 +316,17 @@ RULES: dict[str, Rule] = {
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
     "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
-    "seed": at_least(0),
+    # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
+    "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
+    "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
+    "selection.noise_z": at_least(0), "selection.tie_break": _tie_break,
+    "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1),
+    # Data sources are checked to exist before the data stage runs (`hyla.convert.pipeline.check_data_sources`).
+    "data.weights": each(greater_than(0), allow_empty=True),
+    "data.long_weights": each(greater_than(0), allow_empty=True), "data.long_tokens": at_least(1),
+    "seed": at_least(0), "token_scale": greater_than(0),
 }
-SECTIONS = ("align", "distill", "finetune", "selection", "scaling", "model")
+SECTIONS = ("align", "distill", "finetune", "attn_align", "selection", "scaling", "model", "data")
 
 
 def check_plan(plan: ConvertPlan) -> ConvertPlan:
@@ -239,14 +334,19 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
     check_fields(plan, RULES)
     for section in SECTIONS:
         check_fields(getattr(plan, section), RULES, section)
-    if plan.align.checkpoint_activations:
-        raise ValueError("align.checkpoint_activations: the alignment trains each layer pair on its own and keeps "
-                         "little; set it for distill or finetune")
+    for name in ("align", "attn_align"):
+        if getattr(plan, name).checkpoint_activations:
+            raise ValueError(f"{name}.checkpoint_activations: the alignment trains each layer pair on its own and "
+                             f"keeps little; set it for distill or finetune")
+    for name, weights, sources in (("data.weights", plan.data.weights, plan.data.sources),
+                                   ("data.long_weights", plan.data.long_weights, plan.data.long_sources)):
+        if weights and len(weights) != len(sources):
+            raise ValueError(f"{name} gives {len(weights)} numbers for {len(sources)} sources")
     return plan
 
 
 def setting_names(plan: ConvertPlan) -> list[str]:
-    """Every name `--set` accepts: `section.field`, and the top-level `seed`."""
+    """Every name `--set` accepts: `section.field`, and the top-level `seed` and `token_scale`."""
     names = [f"{section}.{f.name}" for section in SECTIONS for f in dataclasses.fields(getattr(plan, section))]
     return names + [f.name for f in dataclasses.fields(plan) if f.name not in (*SECTIONS, "preset")]
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
-import json
-import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,16 +15,14 @@ from safetensors.torch import load_file
 
 from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
-from hyla.convert.data import heldout_sequences, prepared_corpus, scaling_documents, split_corpus, training_loader
-from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss, mean_loss
+from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
-from hyla.models import InferenceOptions
 from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier, shard_model
-from hyla.train.divergence import UNIFORM_LOSS_TOLERANCE, TrainingDiverged
 from hyla.train.fast import FastPath, resolve_fast_path
 from hyla.train.weights import full_state_dict, load_weights, save_weights
 
@@ -64,23 +61,45 @@ class Run:
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
                              **self.plan.student_options(), **config_fields)
 
-    def corpus_path(self) -> Path:
-        """The conversion corpus, from the data stage's manifest (relative to its folder, so a moved run finds it)."""
+    def _data_results(self) -> dict:
         data = self.stages["data"]
         manifest = data.read_manifest()
         if manifest is None:
             raise ValueError(f"the data stage is not complete ({data.manifest_path} is missing); rerun without "
                              f"--from-stage, or with --from-stage data")
-        path = data.resolve(manifest["results"]["corpus"])
+        return manifest["results"]
+
+    def _checked_corpus(self, stored: str, what: str) -> Path:
+        """A corpus path from the data stage's manifest (relative to its folder, so a moved run finds it)."""
+        path = self.stages["data"].resolve(stored)
         if not (path / "manifest.json").is_file():
-            raise FileNotFoundError(f"the conversion corpus {path} (the data stage's output) is missing or incomplete; "
+            raise FileNotFoundError(f"the {what} {path} (the data stage's output) is missing or incomplete; "
                                     f"rerun with --from-stage data")
         return path
+
+    def corpus_path(self) -> Path:
+        """The conversion corpus (the main one)."""
+        return self._checked_corpus(self._data_results()["corpus"], "conversion corpus")
 
     def corpus(self):
         if "corpus" not in self.cache:
             self.cache["corpus"] = split_corpus(self.corpus_path(), self.plan.heldout_tokens)
         return self.cache["corpus"]
+
+    def extra_corpus(self, name: str):
+        """The data stage's `long` or `scaling` corpus (a TokenCorpus), or None when the plan has none."""
+        from hyla.data.loader import TokenCorpus
+
+        corpora = self._data_results().get("corpora", {})
+        if name not in corpora:
+            return None
+        return TokenCorpus(self._checked_corpus(corpora[name]["path"], f"{name} corpus"))
+
+    def training_corpus(self, name: str):
+        """(name, corpus) a training stage draws from: `long` for stage 3 when there is one, else the main head."""
+        if name == "long" and (corpus := self.extra_corpus("long")) is not None:
+            return "long", corpus
+        return "main", self.corpus()[0]
 
 
 # What each stage reads from the stages before it: (stage, file in its folder). All but export read the corpus.
@@ -90,6 +109,8 @@ STAGE_INPUTS = {
     "export": [("finetune", "student.safetensors")],
 }
 READS_CORPUS = ("align", "select", "distill", "finetune", "scaling")
+# The data stage's other corpora, when the plan has them: stage 3's long documents, the scaling stage's.
+EXTRA_CORPUS = {"finetune": "long", "scaling": "scaling"}
 
 
 def check_stage_inputs(run: Run, name: str) -> None:
@@ -99,6 +120,8 @@ def check_stage_inputs(run: Run, name: str) -> None:
 
     if name in READS_CORPUS:
         run.corpus()
+    if name in EXTRA_CORPUS:
+        run.extra_corpus(EXTRA_CORPUS[name])
     for source, file_name in STAGE_INPUTS.get(name, ()):
         path = run.stages[source].path / file_name
         try:
@@ -118,7 +141,8 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
 
 
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
-                 frozen_blocks=(), fast: FastPath | None = None, vocab_size: int | None = None) -> dict:
+                 frozen_blocks=(), fast: FastPath | None = None, vocab_size: int | None = None,
+                 corpus: str = "main") -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
     its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls.
     `vocab_size`: set when the loss is a cross-entropy over that many classes (a collapse check). With
@@ -134,7 +158,9 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
         run.log(f"[{name}] activation checkpointing: {checkpoint_activations(root or model)} blocks")
     if run.env.enabled:
         shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
-    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed)
+    corpus_name, corpus_data = run.training_corpus(corpus)
+    loader = training_loader(corpus_data, seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed,
+                             align_documents=budget.align_documents)
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=budget.warmup_steps,
                           schedule=budget.schedule)
     loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
@@ -148,33 +174,54 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
             "first": result.metrics[0] if result.metrics else {}, "last": last,
             "fast_path": {**fast.as_dict(), "micro_batch_rows_used": result.micro_batch_rows},
-            "median_tok_per_s": rates[len(rates) // 2] if rates else None}
+            "median_tok_per_s": rates[len(rates) // 2] if rates else None,
+            "data": {"corpus": corpus_name, "windows": len(loader.dataset), "align_documents": budget.align_documents,
+                     "epochs": round(budget.steps * budget.batch_size / len(loader.dataset), 3)}}
 
 
 def run_data(run: Run, stage: Stage) -> dict:
+    """The main corpus, and stage 3's and the scaling stage's own when the plan names their sources; each with the
+    tokens per source it holds (the mix training draws from)."""
+    plan, data = run.plan, run.plan.data
+    wanted = [("main", "corpus", run.data_sources, data.weights, plan.data_tokens)]
+    if data.long_sources:
+        wanted.append(("long", "long", data.long_sources, data.long_weights, plan.long_data_tokens))
+    if data.scaling_sources:
+        wanted.append(("scaling", "scaling", data.scaling_sources, [], None))
+    corpora = {}
+    for name, folder, sources, weights, tokens in wanted:
+        path = prepare_conversion_corpus(run, stage.path / folder, sources, weights, tokens)
+        # Stored relative to the stage folder (absolute only for a prepared corpus elsewhere): the run can move.
+        corpora[name] = {**corpus_mix(path), "path": stage.relative(path)}
+        if tokens is not None and corpora[name]["num_tokens"] < tokens:
+            run.log(f"[data] note: the {name} corpus has {corpora[name]['num_tokens']} tokens, fewer than the "
+                    f"{tokens} the plan draws; training repeats it (epochs)")
+        for source in corpora[name]["sources"]:
+            run.log(f"[data] {name}: {source['num_tokens']:,} tokens ({source['share']:.1%}) from {source['spec']}")
+    main = corpora["main"]
+    return {"corpus": main["path"], "num_tokens": main["num_tokens"], "corpora": corpora}
+
+
+def prepare_conversion_corpus(run: Run, folder: Path, sources: list[str], weights: list[float],
+                              max_tokens: int | None) -> Path:
+    """`sources` tokenized into `folder` (by the main process), or the prepared corpus they name."""
     from hyla.data.tokenize import PrepareSettings, prepare_corpus
 
-    sources = run.data_sources
     corpus = prepared_corpus(sources)
     if corpus is not None:
         run.log(f"[data] using the prepared corpus {corpus}")
-    else:
-        corpus = stage.path / "corpus"
-        settings = PrepareSettings(tokenizer=run.teacher_spec, sources=tuple(sources),
-                                   max_tokens=run.plan.data_tokens, seed=run.plan.seed)
-        if run.env.is_main:
-            prepare_corpus(corpus, settings, log=lambda line: run.log(f"[data] {line}"))
-        barrier(run.env)
-    manifest = json.loads((corpus / "manifest.json").read_text())
-    tokens = manifest.get("num_tokens") or sum(s["num_tokens"] for s in manifest["shards"])
-    if tokens < run.plan.data_tokens:
-        run.log(f"[data] note: the corpus has {tokens} tokens, fewer than the {run.plan.data_tokens} the plan draws; "
-                f"training repeats it (epochs)")
-    return {"corpus": stage.relative(corpus), "num_tokens": tokens}
+        return corpus
+    settings = PrepareSettings(tokenizer=run.teacher_spec, sources=tuple(sources), max_tokens=max_tokens,
+                               seed=run.plan.seed, weights=tuple(weights) if weights else None)
+    if run.env.is_main:
+        prepare_corpus(folder, settings, log=lambda line: run.log(f"[data] {line}"))
+    barrier(run.env)
+    return folder
 
 
 def run_align(run: Run, stage: Stage) -> dict:
     twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device)
+    init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
     summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),
@@ -183,7 +230,23 @@ def run_align(run: Run, stage: Stage) -> dict:
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
     first = {k: v for k, v in summary["first"].items() if k.startswith("mse_")}
-    return {**summary, "mse_first": first, "mse_last": per_layer}
+    return {**summary, "mse_first": first, "mse_last": per_layer, "init": init}
+
+
+def initialise_twins(run: Run, twins: AlignmentTwins) -> dict:
+    """Set the twins' output scale from a few batches of the training corpus (`model.twin_init`); what it changed."""
+    from hyla.convert.calibrate import calibrate_twins
+
+    model, budget = run.plan.model, run.plan.align
+    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size,
+                             seed=run.plan.seed + 1)
+    batches = [next(loader) for _ in range(model.twin_init_batches)]
+    report = calibrate_twins(twins, batches, model.twin_init)
+    before, after = report["relative_error_before"], report["relative_error_after"]
+    run.log(f"[align] twin init {model.twin_init} on {len(batches)} x {budget.batch_size} x {budget.seq_len} tokens: "
+            f"error / teacher output energy, median over layers {statistics.median(before):.3g} -> "
+            f"{statistics.median(after):.3g}, layer 0 {before[0]:.3g} -> {after[0]:.3g}")
+    return {"mode": model.twin_init, "batches": len(batches), **report}
 
 
 def load_twins(run: Run) -> dict[int, torch.nn.Module]:
@@ -212,81 +275,31 @@ def load_student(run: Run, weights_stage: str | None, **config_fields) -> Any:
 
 
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,
-                   cross_entropy: bool) -> dict:
+                   cross_entropy: bool, prepare=None, corpus: str = "main") -> dict:
     student = load_student(run, weights_stage)
+    # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
+    prepared = prepare(student) if prepare is not None else None
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget)
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
                            budget, list(student.model.layers), root=student,
                            frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
-                           vocab_size=student.config.vocab_size if cross_entropy else None)
+                           vocab_size=student.config.vocab_size if cross_entropy else None, corpus=corpus)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
-    return summary
+    return summary if prepared is None else {**summary, "attention_align": prepared}
 
 
 def run_distill(run: Run, stage: Stage) -> dict:
+    prepare = None
+    if run.plan.model.align_attention:
+        from hyla.convert.align_attention import align_attention_layers
+
+        prepare = functools.partial(align_attention_layers, run, stage)
     return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent(),
-                          cross_entropy=False)
+                          cross_entropy=False, prepare=prepare)
 
 
 def run_finetune(run: Run, stage: Stage) -> dict:
-    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None, cross_entropy=True)
-
-
-def run_scaling(run: Run, stage: Stage) -> dict:
-    """Choose the logit-scaling constant a: lowest loss on held-out windows longer than stage 3's sequences."""
-    plan = run.plan.scaling
-    if plan.length <= run.plan.finetune.seq_len:
-        run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
-    if plan.data is None:
-        sequences, spans = heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs)
-    else:
-        sequences, spans = scaling_documents(plan)
-    if max(spans) < plan.length // 4:
-        run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
-                f"choice sees no dependency longer than that; set scaling.data to a corpus of long documents")
-    student = load_student(run, "finetune").eval()
-    losses = {}
-    for a in plan.candidates:
-        losses[str(a)] = mean_loss(student, sequences, inference_options=scaling_options(a))
-        run.log(f"[scaling] a={a}: held-out loss {losses[str(a)]:.4f} over {len(sequences)} x {plan.length} tokens")
-    best = _best_scaling(plan.candidates, losses, student.config.vocab_size)
-    if run.env.is_main:
-        _plot_scaling(losses, stage.path / "scaling.png", plan.length)
-    return {"chosen_a": best, "loss_by_a": losses, "length": plan.length, "num_docs": len(sequences),
-            "source": plan.data or "held-out tail", "longest_document_tokens": spans}
-
-
-def scaling_options(a: float | None) -> InferenceOptions:
-    """How the student runs with candidate a: per-query scaling with that a, or none for None ("off")."""
-    return InferenceOptions(logit_scaling="off") if a is None else InferenceOptions(logit_scaling_a=a)
-
-
-def _best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):
-    """The candidate a of lowest held-out loss; TrainingDiverged when no loss is finite or every one is ln(vocabulary),
-    the loss of a uniform prediction (a student that collapsed in training would otherwise be exported)."""
-    uniform = math.log(vocab_size)
-    finite = [a for a in candidates if math.isfinite(losses[str(a)])]
-    if not finite or all(abs(losses[str(a)] - uniform) < UNIFORM_LOSS_TOLERANCE for a in finite):
-        shown = ", ".join(f"{losses[str(a)]:.4f}" for a in candidates)
-        raise TrainingDiverged(
-            f"scaling: the held-out loss is {shown} for a in {candidates}, where a uniform prediction scores "
-            f"ln({vocab_size}) = {uniform:.4f}: the student collapsed in training (a learning rate too high?); "
-            f"lower distill.lr or finetune.lr and rerun with --from-stage distill"
-        )
-    return min(finite, key=lambda a: losses[str(a)])
-
-
-def _plot_scaling(losses: dict, path: Path, length: int) -> None:
-    from hyla.outputs import new_figure, save_figure
-
-    figure, axis = new_figure()
-    labels = list(losses)
-    axis.bar(range(len(labels)), [losses[k] for k in labels])
-    axis.set_xticks(range(len(labels)), ["off" if k == "None" else k for k in labels])
-    axis.set_xlabel("logit scaling a")
-    axis.set_ylabel(f"held-out loss at {length} tokens")
-    low, high = min(losses.values()), max(losses.values())
-    axis.set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
-    save_figure(figure, path)
+    return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None, cross_entropy=True,
+                          corpus="long")

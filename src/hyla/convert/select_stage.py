@@ -36,14 +36,25 @@ def run_select(run: Run, stage: Stage) -> dict:
             scores = _score(run, stage, plan)
         barrier(run.env)
         scores = SelectionScores.from_dict(json.loads((stage.path / "scores.json").read_text()))
+    errors = _alignment_errors(run, num_layers) if plan.tie_break == "alignment" else None
     report = build_report(scores, method, None if method == "user" else plan.k, layers=layers,
-                          kl_by_layer=kl_by_layer, settings=run.plan.selection.__dict__)
+                          kl_by_layer=kl_by_layer, settings=run.plan.selection.__dict__, noise_z=plan.noise_z,
+                          alignment_errors=errors)
     if run.env.is_main:
         report.write_json(stage.path / "selection.json")
         report.print_table()
         if scores.recall:
             report.plot(stage.path / "selection.png")
     return {"method": method, "k": report.k, "chosen": sorted(report.chosen), "ranked": report.chosen}
+
+
+def _alignment_errors(run: Run, num_layers: int) -> dict[int, float] | None:
+    """Stage 1's per-layer alignment error (the noise-aware rule's tie-break), from its metrics."""
+    from hyla.convert.noise_select import alignment_errors_from_metrics
+    from hyla.train.progress import read_metrics
+
+    path = run.stages["align"].path / "metrics.jsonl"
+    return alignment_errors_from_metrics(read_metrics(path), num_layers) if path.exists() else None
 
 
 def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:

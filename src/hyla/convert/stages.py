@@ -2,14 +2,16 @@
 stage completes. A rerun skips complete stages whose inputs match and resumes an interrupted one from its own
 checkpoints; a folder made from another teacher or other settings stops the run with one clear message.
 
-Paths in manifests are relative to their stage folder (`Stage.relative`, `Stage.resolve`), so a run folder can be
-moved or copied and resumed from anywhere. The export stage's folder is the HF model folder a user publishes, so its
-bookkeeping (identity.json, manifest.json) sits beside it, in `OUT/06-export.stage/`."""
+Paths in manifests are relative to their stage folder (`Stage.relative`, `Stage.resolve`; another stage's files as
+`../NN-name/...`), so a run folder can be moved or copied and resumed from anywhere. The export stage's folder is the HF
+model folder a user publishes, so its bookkeeping (identity.json, manifest.json) sits beside it, in
+`OUT/06-export.stage/`."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,13 +92,18 @@ class Stage:
         return value
 
     def relative(self, path: Path) -> str:
-        """`path` as stored in a manifest: relative to the stage folder when inside it (the run stays relocatable),
-        else absolute."""
-        path = Path(path)
+        """`path` as stored in a manifest: relative to the stage folder when inside the run folder (another stage's
+        output as `../00-data/...`; the run stays relocatable), else absolute."""
+        path = Path(path).resolve()
         try:
-            return str(path.resolve().relative_to(self.path.resolve()))
+            return str(path.relative_to(self.path.resolve()))
         except ValueError:
-            return str(path.resolve())
+            pass
+        try:
+            path.relative_to(self.root.resolve())
+        except ValueError:
+            return str(path)
+        return os.path.relpath(path, self.path.resolve())
 
     def resolve(self, stored: str) -> Path:
         """A path from this stage's manifest (`relative`) as a path to use now."""

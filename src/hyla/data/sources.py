@@ -8,7 +8,10 @@ Source specs (`hyla data prepare --source`):
 - `hf:NAME[:CONFIG][:SPLIT]`: a Hugging Face dataset, streamed (needs the `datasets` package and internet);
 - `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`);
 - `recall:SPEC` or `recall@MIN-MAX:SPEC`: synthetic recall documents (key-value facts and a question about one of
-  them) built on the text of the source SPEC (see `hyla.data.recall`).
+  them) built on the text of the source SPEC (see `hyla.data.recall`);
+- an offline text by name, `NAME` or `NAME:PATH` (`hotpotqa`, `aa-lcr`, `perl-doc`, `wordnet`, ...; see
+  `hyla.data.offline`); a local folder of one of these names needs a path form (`./hotpotqa`);
+- `docs@A-B:SPEC`: documents A to B − 1 (counted from 0) of the source SPEC, e.g. to hold some out.
 
 File lists are sorted, then shuffled with the seed (unless `shuffle_files` is off) so that a token budget takes a
 sample spread over the whole source rather than its alphabetical head.
@@ -18,8 +21,10 @@ from __future__ import annotations
 
 import glob
 import gzip
+import itertools
 import json
 import random
+import re
 import sysconfig
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -30,7 +35,9 @@ from hyla.data.generated import GenerationSettings
 
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
-SOURCE_FORMS = "a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC' or 'recall:SPEC'"
+SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
+                "'docs@A-B:SPEC' or an offline text name (hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
+_DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
 
 
 @dataclass
@@ -62,6 +69,14 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
                                                                     min_chars=recall.min_chars,
                                                                     max_chars=recall.max_chars)))
+    if spec.startswith("docs@"):
+        return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
+                                    generation=generation)
+    from hyla.data.offline import offline_documents, split_offline_spec
+
+    if split_offline_spec(spec) is not None:
+        description, documents = offline_documents(spec)
+        return Source(spec, description, documents)
     if spec.startswith("teacher:"):
         from hyla.data.generated import teacher_documents
         from hyla.models.loading import load_teacher_config
@@ -75,6 +90,16 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                       lambda: teacher_documents(teacher_spec, settings))
     files = _ordered(expand_paths(spec), seed, shuffle_files)
     return Source(spec, f"{len(files)} files from {spec}", lambda: _file_documents(files, text_field))
+
+
+def _open_document_range(spec: str, **options) -> Source:
+    match = _DOCS_SPEC.fullmatch(spec)
+    if match is None or not int(match.group(1)) < int(match.group(2)):
+        raise ValueError(f"source {spec}: expected docs@A-B:SPEC with A < B (documents A to B - 1 of SPEC)")
+    start, stop, inner_spec = int(match.group(1)), int(match.group(2)), match.group(3)
+    inner = open_source(inner_spec, **options)
+    return Source(spec, f"documents {start}-{stop - 1} of {inner.description}",
+                  lambda: itertools.islice(inner.documents(), start, stop))
 
 
 def expand_paths(spec: str) -> list[Path]:

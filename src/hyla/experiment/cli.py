@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     status.add_argument("--json", action="store_true", help="print status.json instead of the table")
     status.set_defaults(handler=run_status)
     report = verbs.add_parser("report", help="summary.json, report.md, plots and a tarball of a run's results")
-    report.add_argument("run", type=Path, metavar="RUN", help="the run folder (`run --out`)")
+    report.add_argument("run", type=Path, metavar="RUN",
+                        help="the run folder (`run --out`), or a folder of `hyla convert` run folders (their stage-1 "
+                             "alignment side by side in align.png)")
     report.add_argument("--out", type=Path, default=None, help="report folder (default RUN/report)")
     report.add_argument("--no-plots", action="store_true", help="no PNG plots")
     report.add_argument("--no-tarball", action="store_true", help="no results.tar.gz")

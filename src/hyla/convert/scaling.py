@@ -1,0 +1,186 @@
+"""The scaling stage: choose the logit-scaling constant `a` (docs/method.md, "Attention layer and logit scaling") by
+the lowest held-out loss on long documents, and report for every candidate, and for EME's per-length factor
+c(L) = log L / log L0 (docs/method.md, "EME"), the loss by position and, when asked, NIAH at long lengths.
+
+Where the documents come from, first found: `scaling.data` (a prepared corpus folder), the data stage's `scaling` corpus
+(`data.scaling_sources`, e.g. held-out AA-LCR bundles), the main corpus's held-out tail. The choice is by loss among the
+`a` candidates (the method chooses `a` by the lowest loss on long documents); c(L) and NIAH are reported beside it, not
+chosen from. A student whose every loss is non-finite or that of a uniform prediction stops the run (`TrainingDiverged`)
+instead of being exported. Losses are computed under the training loop's autocast, one document at a time, the LM head
+in row chunks (no [T, V] logits); NIAH runs after every loss, on the model cast to bfloat16 (as `hyla eval`). Each
+candidate is an `InferenceOptions` the student runs under; its config is left as loaded (the export writes the
+chosen a into it).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from hyla.convert.data import heldout_sequences, scaling_documents
+from hyla.models import InferenceOptions
+from hyla.train.divergence import UNIFORM_LOSS_TOLERANCE, TrainingDiverged
+
+PER_LENGTH = "c(L)"
+# LM-head rows at once: 4096 x 49K float32 logits = 0.8 GB.
+HEAD_CHUNK_ROWS = 4096
+
+
+@torch.no_grad()
+def position_losses(model, sequences: torch.Tensor, options: InferenceOptions | None = None) -> torch.Tensor:
+    """Per-token next-token loss [N, T-1] (float32, on CPU) of [N, T] sequences, one at a time, the model running
+    under `options` (None: its own)."""
+    from hyla.train.loop import training_autocast
+
+    rows = []
+    for row in sequences:
+        ids = row[None].to(model.device)
+        with training_autocast(model.device):
+            hidden = model.model(ids, use_cache=False, inference_options=options).last_hidden_state[0, :-1]
+            targets = ids[0, 1:]
+            losses = [F.cross_entropy(model.lm_head(hidden[start:start + HEAD_CHUNK_ROWS]).float(),
+                                      targets[start:start + HEAD_CHUNK_ROWS], reduction="none")
+                      for start in range(0, targets.numel(), HEAD_CHUNK_ROWS)]
+        rows.append(torch.cat(losses).cpu())
+    return torch.stack(rows)
+
+
+def candidate_options(plan, train_length: int) -> dict[str, InferenceOptions]:
+    """Label → how the student runs for each candidate: every `a` (per-query s_t with that a; None = off), then
+    c(L) with L0 = `train_length`."""
+    candidates = {str(a): InferenceOptions(logit_scaling="off") if a is None else InferenceOptions(logit_scaling_a=a)
+                  for a in plan.candidates}
+    if plan.per_length:
+        candidates[PER_LENGTH] = InferenceOptions(logit_scaling="per_length", logit_scaling_train_length=train_length)
+    return candidates
+
+
+def scaling_sequences(run, stage, plan):
+    """(sequences [N, length], longest document span per window, where they came from: `scaling.data` as given, the
+    data stage's scaling corpus relative to this stage's folder, or "held-out tail")."""
+    if plan.data is not None:
+        return (*scaling_documents(plan), plan.data)
+    corpus = run.extra_corpus("scaling")
+    if corpus is not None:
+        from hyla.convert.data import long_documents
+
+        return (*long_documents(corpus, length=plan.length, num_docs=plan.num_docs), stage.relative(corpus.path))
+    return (*heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs), "held-out tail")
+
+
+def niah_scores(model, tokenizer, plan, samples_cache: dict) -> dict[str, dict]:
+    """Mean NIAH score per `TASK@LENGTH` cell over `plan.niah_samples` prompts (built once, shared by every
+    candidate), with its standard error."""
+    from hyla.convert.selection import mean_and_stderr
+    from hyla.evals import niah as niah_eval
+
+    cells = {}
+    for length in plan.niah_lengths:
+        for task in plan.niah_tasks:
+            key = f"{task}@{length}"
+            if key not in samples_cache:
+                samples_cache[key] = niah_eval.build_samples(tokenizer, task, length, plan.niah_samples, 42)
+            records = niah_eval.evaluate_samples(model, tokenizer, samples_cache[key], batch_size=1,
+                                                 max_new_tokens=plan.niah_max_new_tokens)
+            mean, stderr = mean_and_stderr([record["score"] for record in records])
+            cells[key] = {"score": mean, "stderr": stderr, "num_samples": len(records)}
+    return cells
+
+
+def run_scaling(run, stage) -> dict:
+    """Choose `a`; report loss curves (and NIAH) for every candidate and c(L)."""
+    from hyla.convert.runners import load_student
+    from hyla.evals.ppl import bucket_means, default_bucket_edges
+
+    plan = run.plan.scaling
+    if plan.length <= run.plan.finetune.seq_len:
+        run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
+    sequences, spans, source = scaling_sequences(run, stage, plan)
+    if max(spans) < plan.length // 4:
+        run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
+                f"choice sees no dependency longer than that; set data.scaling_sources to long documents")
+    student = load_student(run, "finetune").eval()
+    candidates = candidate_options(plan, run.plan.finetune.seq_len)
+    losses, curves = {}, {}
+    edges = default_bucket_edges(plan.length)
+    for label, options in candidates.items():
+        token_losses = position_losses(student, sequences, options)
+        losses[label] = token_losses.mean().item()
+        curves[label] = bucket_means(token_losses, edges)
+        run.log(f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
+                f"over {len(sequences)} x {plan.length} tokens")
+    niah = {}
+    if plan.niah_lengths and plan.niah_samples > 0:
+        student.to(torch.bfloat16)
+        samples_cache: dict = {}
+        for label, options in candidates.items():
+            # the evaluation generates through the model's own options (the engine, or transformers' generate)
+            student.inference_options = options
+            niah[label] = niah_scores(student, run.tokenizer, plan, samples_cache)
+            run.log(f"[scaling] {label}: NIAH " + ", ".join(f"{key} {cell['score']:.2f}"
+                                                             for key, cell in niah[label].items()))
+        student.inference_options = InferenceOptions()
+    best = best_scaling(plan.candidates, losses, student.config.vocab_size)
+    if run.env.is_main:
+        plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length)
+    return {"chosen_a": best, "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
+            "loss_per_length": losses.get(PER_LENGTH), "loss_by_position": curves, "niah": niah,
+            "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans}
+
+
+def best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):
+    """The candidate a of lowest held-out loss; TrainingDiverged when no loss is finite or every one is ln(vocabulary),
+    the loss of a uniform prediction (a student that collapsed in training would otherwise be exported)."""
+    uniform = math.log(vocab_size)
+    finite = [a for a in candidates if math.isfinite(losses[str(a)])]
+    if not finite or all(abs(losses[str(a)] - uniform) < UNIFORM_LOSS_TOLERANCE for a in finite):
+        shown = ", ".join(f"{losses[str(a)]:.4f}" for a in candidates)
+        raise TrainingDiverged(
+            f"scaling: the held-out loss is {shown} for a in {candidates}, where a uniform prediction scores "
+            f"ln({vocab_size}) = {uniform:.4f}: the student collapsed in training (a learning rate too high?); "
+            f"lower distill.lr or finetune.lr and rerun with --from-stage distill"
+        )
+    return min(finite, key=lambda a: losses[str(a)])
+
+
+def plot_scaling(losses: dict, curves: dict, niah: dict, path: Path, length: int) -> None:
+    """Loss per candidate (bars), loss by position per candidate, and NIAH per candidate when measured."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from hyla.outputs import save_figure
+
+    panels = 3 if niah else 2
+    figure, axes = plt.subplots(1, panels, figsize=(5.0 * panels, 4.0))
+    labels = list(losses)
+    names = ["off" if label == "None" else label for label in labels]
+    axes[0].bar(range(len(labels)), [losses[label] for label in labels])
+    axes[0].set_xticks(range(len(labels)), names)
+    axes[0].set_xlabel("logit scaling a (c(L): EME per length)")
+    axes[0].set_ylabel(f"held-out loss at {length} tokens")
+    low, high = min(losses.values()), max(losses.values())
+    axes[0].set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
+    for label, name in zip(labels, names):
+        buckets = curves[label]
+        axes[1].plot([(b["start"] + b["end"]) / 2 for b in buckets], [b["loss"] for b in buckets], marker=".",
+                     label=name)
+    axes[1].set_xscale("log")
+    axes[1].set_xlabel("position (bucket centre)")
+    axes[1].set_ylabel("mean loss")
+    axes[1].legend(fontsize="small")
+    if niah:
+        cells = list(next(iter(niah.values())))
+        width = 0.8 / max(len(cells), 1)
+        for j, cell in enumerate(cells):
+            axes[2].bar([i + j * width for i in range(len(labels))], [niah[label][cell]["score"] for label in labels],
+                        width, label=cell)
+        axes[2].set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], names)
+        axes[2].set_ylim(0, 1.05)
+        axes[2].set_ylabel("NIAH score")
+        axes[2].legend(fontsize="small")
+    save_figure(figure, path)
