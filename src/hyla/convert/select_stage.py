@@ -75,7 +75,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
             continue
         student = run.build_student([layer]).to(run.env.device).float()
         train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), loss_fn, budget,
-                     list(student.model.layers), root=student, fast=fast)
+                     list(student.model.layers), root=student, fast=fast, teacher=teacher)
         with torch.no_grad():
             kl = kl_divergence(teacher(batch, use_cache=False).logits, student.eval()(batch, use_cache=False).logits)
         kl_by_layer[layer] = kl.item()

@@ -1,5 +1,6 @@
-"""Data parallelism through the standard engine: torchrun sets the environment, FSDP2 (`fully_shard` per block)
-shards the model from outside the model code. A single process runs the same code with world size 1."""
+"""The process group of a run: torchrun sets the environment, every process takes its rows of the global batch;
+`hyla.train.parallel` replicates (DDP) or shards (FSDP2) the model from outside the model code. A single process runs
+the same code with world size 1."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +20,8 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    # The processes' group (None: every process of the run); `rank` and `world_size` are within it.
+    group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -42,28 +46,17 @@ def init_distributed(device: str | None = None) -> Distributed:
     return Distributed(rank, world_size, torch.device(f"cuda:{local_rank}" if use_cuda else "cpu"))
 
 
-def shard_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, mixed_precision: bool) -> None:
-    """FSDP2: shard each block, then the root (embeddings, final norm, head)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
-    kwargs = {"mp_policy": policy} if policy is not None else {}
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-
-
 def all_reduce_mean(value: torch.Tensor, env: Distributed) -> torch.Tensor:
     if env.enabled:
         value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=env.group)
         value /= env.world_size
     return value
 
 
 def barrier(env: Distributed) -> None:
     if env.enabled:
-        dist.barrier()
+        dist.barrier(group=env.group)
 
 
 @contextlib.contextmanager
@@ -90,5 +83,6 @@ def from_main(value, env: Distributed):
     if not env.enabled:
         return value
     shared = [value]
-    dist.broadcast_object_list(shared, src=0)
+    dist.broadcast_object_list(shared, src=dist.get_global_rank(env.group, 0) if env.group is not None else 0,
+                               group=env.group)
     return shared[0]
