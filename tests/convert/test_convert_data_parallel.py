@@ -105,3 +105,19 @@ def test_ddp_run_killed_during_distillation_resumes_to_the_same_weights(ddp_run,
     assert expected.keys() == actual.keys()
     for name in expected:  # the same processes doing the same arithmetic: bitwise equal
         assert torch.equal(expected[name], actual[name]), name
+
+
+@pytest.mark.slow
+def test_kl_ls_selection_under_fsdp_scores_the_layers_as_one_process(tiny_teacher, tmp_path):
+    """Each layer's short distillation is sharded; its held-out KL is taken on the gathered student."""
+    select = ["--until-stage", "select", "--set", "selection.kl_ls_steps=2", "--set", "distill.data_parallel=fsdp",
+              "--set", "align.tokens=512"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(convert_args(tiny_teacher, one, *select, select="kl-ls")) == 0
+    torchrun(convert_args(tiny_teacher, two, *select, select="kl-ls"))
+    read = lambda out: json.loads((out / "02-select" / "kl_by_layer.json").read_text())
+    expected, got = read(one), read(two)
+    assert expected.keys() == got.keys() == {"0", "1", "2", "3"}
+    for layer in expected:
+        assert got[layer] == pytest.approx(expected[layer], rel=TOLERANCE), (expected, got)
+    assert manifest(two, "select")["results"]["chosen"] == manifest(one, "select")["results"]["chosen"]
