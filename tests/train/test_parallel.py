@@ -18,7 +18,7 @@ from hyla.train.parallel import (DDP_MEMORY_SHARE, TRAINABLE_BYTES_PER_PARAM, ch
                                  device_memory_bytes, replica_bytes)
 
 GIB = 2**30
-H200 = 143_771_000_000  # what torch reports as an H200's total memory
+H200 = 143_771 * 2**20  # an H200's memory as nvidia-smi shows it (143771 MiB)
 
 
 def test_a_model_that_fits_one_device_comfortably_gets_ddp():
@@ -27,7 +27,7 @@ def test_a_model_that_fits_one_device_comfortably_gets_ddp():
     choice = choose_data_parallel("auto", world_size=8, replica=replica, device_memory=H200)
     assert choice.mode == "ddp"
     assert choice.describe().startswith("ddp (auto: 2.51 GiB of weights, gradients and optimizer state per process "
-                                        "<= 50% of the device's 133.90 GiB")
+                                        "<= 50% of the device's 140.40 GiB")
     assert choice.as_dict()["replica_bytes"] == replica and choice.world_size == 8
 
 
@@ -35,7 +35,7 @@ def test_a_model_that_does_not_fit_comfortably_gets_fsdp():
     # A 7B student with its 7B bf16 teacher on an 80 GB GPU: 126 GiB, more than the whole device.
     replica = 7_000_000_000 * TRAINABLE_BYTES_PER_PARAM + 7_000_000_000 * 2
     assert choose_data_parallel("auto", world_size=8, replica=replica, device_memory=80 * GIB).mode == "fsdp"
-    # A 1.7B student and teacher on an H200: 31.7 GiB of 133.9, DDP; on a 40 GB A100, FSDP.
+    # A 1.7B student and teacher on an H200: 31.7 GiB of 140.4, DDP; on a 40 GiB A100, FSDP.
     replica = 1_700_000_000 * (TRAINABLE_BYTES_PER_PARAM + 4)
     assert choose_data_parallel("auto", world_size=8, replica=replica, device_memory=H200).mode == "ddp"
     assert choose_data_parallel("auto", world_size=8, replica=replica, device_memory=40 * GIB).mode == "fsdp"

@@ -5,6 +5,7 @@ the same code with world size 1."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -32,8 +33,9 @@ class Distributed:
         return self.world_size > 1
 
 
-def init_distributed(device: str | None = None) -> Distributed:
-    """Join the process group when started by torchrun (gloo on CPU, nccl on CUDA); otherwise a world of one."""
+def init_distributed(device: str | None = None, timeout: datetime.timedelta | None = None) -> Distributed:
+    """Join the process group when started by torchrun (gloo on CPU, nccl on CUDA); otherwise a world of one.
+    `timeout`: how long a collective may wait (None: torch's default, 10 minutes)."""
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
@@ -42,7 +44,7 @@ def init_distributed(device: str | None = None) -> Distributed:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", **({"timeout": timeout} if timeout else {}))
     return Distributed(rank, world_size, torch.device(f"cuda:{local_rank}" if use_cuda else "cpu"))
 
 
