@@ -49,8 +49,8 @@ class StageBudget:
 
     def settings(self) -> dict[str, Any]:
         """What the stage's output depends on: the fast path's settings, `checkpoint_activations` and
-        `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be resumed with them switched
-        either way, and earlier runs keep their hash)."""
+        `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be
+        resumed with them switched either way, and earlier runs keep their hash)."""
         return {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
 
 

@@ -95,10 +95,11 @@ class TrainStep:
                     if not self.automatic or size == 1:
                         raise
                     if self.env.enabled:
+                        # The other processes may be waiting in a collective of this step: no retry.
                         raise torch.OutOfMemoryError(
-                            f"out of memory at {size} rows a micro-batch on process {self.env.rank}, where the "
-                            f"processes cannot agree on a smaller size (FSDP2 gathers weights in the forward pass): "
-                            f"set the stage's micro_batch_size to {(size + 1) // 2} or less") from None
+                            f"out of memory at {size} rows a micro-batch on process {self.env.rank} (under FSDP2, or "
+                            f"after the first step), where the processes cannot agree on a smaller size: set the "
+                            f"stage's micro_batch_size to {(size + 1) // 2} or less") from None
             elif size == 1:
                 raise torch.OutOfMemoryError("out of memory at 1 row a micro-batch on one of the processes")
             # Outside the handler, so that the failed attempt's tensors are free before the next one.
