@@ -3,7 +3,6 @@ fused LM-head loss, fused AdamW, micro-batches) under DDP and FSDP2 follows the 
 SmolLM2-135M's widths (6 layers). Several GPUs: `hyla bench data-parallel` (docs/results/multigpu.md)."""
 
 import dataclasses
-import functools
 import os
 import socket
 
