@@ -157,11 +157,12 @@ def save_figure(figure: Any, path: Path) -> None:
 
 
 
-def new_figure(width: float = 6.0, height: float = 4.0) -> tuple[Any, Any]:
+def new_figure(width: float = 6.0, height: float = 4.0, ncols: int = 1) -> tuple[Any, Any]:
+    """A figure and its axis (a row of `ncols` axes when more than one)."""
     # The Agg backend works without a display (CI, remote machines).
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(width, height))
+    return plt.subplots(1, ncols, figsize=(width, height))

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from hyla.convert.presets import PRESETS, SCHEDULES, StageBudget, apply_overrides, check_plan, make_plan
+from hyla.convert.presets import (DATA_PARALLEL_MODES, PRESETS, SCHEDULES, StageBudget, apply_overrides, check_plan,
+                                  make_plan)
 from hyla.validation import at_least, check_fields
 
 
@@ -20,6 +21,12 @@ def test_schedules_are_the_optimizers():
     from hyla.train.optim import SCHEDULES as OPTIMIZER_SCHEDULES
 
     assert SCHEDULES == OPTIMIZER_SCHEDULES
+
+
+def test_data_parallel_modes_are_the_trainers():
+    from hyla.train.parallel import MODES
+
+    assert DATA_PARALLEL_MODES == MODES
 
 
 def test_set_values_are_parsed_as_their_fields_type():
@@ -38,6 +45,8 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("distill.lr=abc", "distill.lr: expected a number, got 'abc'"),
     ("distill.lr=NaN", "distill.lr: expected a finite number, got nan"),
     ("distill.compile=yes", "distill.compile: expected true or false or none, got 'yes'"),
+    ("distill.data_parallel=dpp", "distill.data_parallel must be one of auto, ddp, fsdp, fsdp-no-reshard (did you "
+                                  "mean 'ddp'?), got 'dpp'"),
     ("align.tokens=0.5", "align.tokens: expected an integer, got 0.5"),
     ("distill.min_lr=-1", "distill.min_lr must be >= 0, got -1"),
     ("selection.method=hallo", "(did you mean 'halo'?)"),

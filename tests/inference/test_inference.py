@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
-from hyla.inference import EngineSettings, InferenceEngine
+from hyla.inference import InferenceEngine
 from hyla.ops.chunk_attention import attention_with_lse, chunk_attention
 from hyla.ops.decode_attention import decode_attention_reference
 from hyla.ops.attention import softmax_attention_reference

@@ -147,3 +147,26 @@ def test_train_help_documents_every_option(capsys):
     undocumented = [a.option_strings for a in train._actions if a.option_strings and not a.help]
     assert undocumented == []
     assert "--compile" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_two_processes_train_the_loss_curve_of_one(corpus, tmp_path):
+    """DDP under torchrun (2 gloo processes), each with half of the global batch. Tolerance 1e-4 relative: the runs
+    differ only in how the gradients are summed, ~1e-7 a step in float32 over 4 steps of AdamW."""
+    import os
+    import subprocess
+    import sys
+
+    shorter = ["--steps", "4", "--checkpoint-every", "4"]
+    assert main(train_args(corpus, tmp_path / "one", *shorter)) == 0
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+               "hyla.cli", *train_args(corpus, tmp_path / "two", *shorter, "--data-parallel", "ddp")]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "data parallel: ddp (data_parallel=ddp)" in completed.stdout
+    read = lambda out: [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    one, two = read(tmp_path / "one"), read(tmp_path / "two")
+    assert len(one) == len(two) == 4
+    for a, b in zip(one, two):
+        assert abs(a - b) <= 1e-4 * abs(a), (one, two)

@@ -135,20 +135,14 @@ def test_stage_losses_read_nothing_back_to_the_host(teacher, monkeypatch):
 
 def test_fast_path_is_on_by_default_on_cuda_and_the_eager_path_stays_selectable():
     cuda = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                             device=torch.device("cuda"), distributed=False)
+                             device=torch.device("cuda"))
     assert cuda.compile and cuda.fused_loss and cuda.fused_optimizer and cuda.micro_batch_size is None
     cpu = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                            device=torch.device("cpu"), distributed=False)
+                            device=torch.device("cpu"))
     assert not cpu.compile and cpu.fused_loss and not cpu.fused_optimizer
     chosen = resolve_fast_path(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None,
-                               device=torch.device("cuda"), distributed=False)
+                               device=torch.device("cuda"))
     assert chosen == EAGER
-    # Under FSDP the head's weight is sharded outside the forward: no fused loss, and asking for one says why.
-    assert not resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                                 device=torch.device("cuda"), distributed=True).fused_loss
-    with pytest.raises(ValueError, match="torchrun"):
-        resolve_fast_path(compile=None, fused_loss=True, fused_optimizer=None, micro_batch_size=None,
-                          device=torch.device("cuda"), distributed=True)
     with pytest.raises(ValueError, match="micro_batch_size"):
         resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=0,
-                          device=torch.device("cpu"), distributed=False)
+                          device=torch.device("cpu"))

@@ -1,4 +1,4 @@
-"""`hyla bench kernels|model|profile|train|report`: thin wrappers over `hyla.bench.*`.
+"""`hyla bench kernels|model|profile|train|data-parallel|report`: thin wrappers over `hyla.bench.*`.
 Each writes JSON (with the exact command and environment), a PNG and a markdown summary into --out."""
 
 from __future__ import annotations
@@ -87,12 +87,38 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--toy", action="store_true", help="tiny sizes (a 4-layer teacher of width 64): for CPU")
     _common(train)
     train.set_defaults(handler=run_train)
+    _register_data_parallel(verbs)
     _register_generate(verbs)
     _register_sweep(verbs)
     report = verbs.add_parser("report", help="merge model.json files of several runs into one table and plot")
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
+
+
+def _register_data_parallel(verbs) -> None:
+    parallel = verbs.add_parser(
+        "data-parallel", help="the conversion's training steps on 1, 2, 4, ... of torchrun's GPUs in one run, same "
+                              "batch per GPU, per data-parallel mode: tokens/s, speed-up over one GPU, loss curves",
+        description="Run under torchrun (torchrun --nproc-per-node 8 -m hyla.cli bench data-parallel --out DIR); "
+                    "every GPU count up to the run's process count is measured.")
+    parallel.add_argument("--teacher", default=None,
+                          help="teacher spec (default: the SmolLM2-135M shape with random weights, no file needed)")
+    parallel.add_argument("--cases", default=None,
+                          help="comma list of STAGE:BATCHxLEN per GPU, stages align and distill (default "
+                               "align:64x512,distill:16x512,distill:16x4096; --toy: align:2x64,distill:2x128)")
+    parallel.add_argument("--worlds", default="1,2,4,8", help="comma list of GPU counts, 1 included (default "
+                                                              "1,2,4,8; counts above the process count are skipped)")
+    parallel.add_argument("--modes", default="ddp,fsdp", help="comma list of ddp, fsdp, fsdp-no-reshard (default "
+                                                              "ddp,fsdp)")
+    parallel.add_argument("--path", default="fast", choices=("fast", "eager"),
+                          help="fast: the training fast path as the device defaults it (default); eager: the "
+                               "reference path")
+    parallel.add_argument("--steps", type=_positive, default=10, help="timed steps per measurement (median)")
+    parallel.add_argument("--warmup", type=int, default=3, help="steps before timing (the first compiles)")
+    parallel.add_argument("--toy", action="store_true", help="tiny sizes (a 4-layer teacher of width 64): for CPU")
+    _common(parallel)
+    parallel.set_defaults(handler=run_data_parallel)
 
 
 def _register_sweep(verbs) -> None:
@@ -383,6 +409,45 @@ def run_train(args: argparse.Namespace) -> int:
     (out / "train.md").write_text(markdown)
     print(markdown)
     print(f"wrote {out / 'train.json'}, {out / 'train.md'} and {out / 'train.png'}")
+    return 0
+
+
+def run_data_parallel(args: argparse.Namespace) -> int:
+    import os
+
+    from hyla.bench.data_parallel import DEFAULT_CASES, TOY_CASES, ParallelBenchSettings, run_parallel_bench
+    from hyla.bench.data_parallel_report import parallel_markdown, plot_parallel
+    from hyla.bench.train import Case
+
+    try:
+        worlds = tuple(int(part) for part in args.worlds.split(",") if part.strip())
+    except ValueError:
+        raise ValueError(f"--worlds: expected a comma list of GPU counts, got {args.worlds!r}") from None
+    default = TOY_CASES if args.toy else DEFAULT_CASES
+    settings = ParallelBenchSettings(
+        teacher=args.teacher, worlds=worlds, modes=tuple(part for part in args.modes.split(",") if part),
+        cases=tuple(Case.parse(item) for item in args.cases.split(",")) if args.cases else default,
+        path=args.path, steps=args.steps, warmup=args.warmup, toy=args.toy, device=args.device)
+    out = Path(args.out)
+    env = environment()
+    processes = int(os.environ.get("WORLD_SIZE", "1"))
+    env["command"] = f"torchrun --nproc-per-node {processes} -m hyla.cli {env['command'].removeprefix('hyla ')}"
+    main = int(os.environ.get("RANK", "0")) == 0
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+
+    def save(results: dict) -> None:
+        _write_json(out / "data-parallel.json", {"environment": env, **results})
+
+    results = run_parallel_bench(settings, save=save)
+    if not main:
+        return 0
+    save(results)
+    plot_parallel(results, out / "data-parallel.png")
+    markdown = parallel_markdown({"environment": env, **results}, env["command"])
+    (out / "data-parallel.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {out / 'data-parallel.json'}, {out / 'data-parallel.md'} and {out / 'data-parallel.png'}")
     return 0
 
 

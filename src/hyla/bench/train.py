@@ -180,7 +180,7 @@ def _fast_path(path: str, device: torch.device):
     if path == "eager":
         return EAGER
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                             device=device, distributed=False)
+                             device=device)
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:

@@ -15,8 +15,10 @@ from hyla.validation import (Rule, at_least, check_fields, did_you_mean, each, f
                              parse_text)
 
 PAPER_TEACHER_PARAMS = 1.7e9
-# hyla.train.optim.SCHEDULES, not imported from there: that imports torch, and `hyla --help` reads this module.
+# hyla.train.optim.SCHEDULES and hyla.train.parallel.MODES, not imported from there: those import torch, and
+# `hyla --help` reads this module (a test keeps them equal).
 SCHEDULES = ("cosine", "constant")
+DATA_PARALLEL_MODES = ("auto", "ddp", "fsdp", "fsdp-no-reshard")
 
 
 @dataclass
@@ -40,22 +42,27 @@ class StageBudget:
     # Windows start at document starts where that keeps a document whole (hyla.data.loader): a recall document's
     # question then always sees its facts.
     align_documents: bool = False
+    # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
+    # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
+    # fsdp (hyla.train.parallel). Speed and memory only.
+    data_parallel: str = "auto"
 
     @property
     def steps(self) -> int:
         return max(1, self.tokens // (self.seq_len * self.batch_size))
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on: the fast path's settings and `checkpoint_activations` change speed
-        and memory, not results (up to float rounding), and are left out (a run can be resumed with them switched
-        either way, and earlier runs keep their hash)."""
+        """What the stage's output depends on: the fast path's settings, `checkpoint_activations` and
+        `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be
+        resumed with them switched either way, and earlier runs keep their hash)."""
         settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
         if not self.align_documents:  # earlier runs keep their hash
             del settings["align_documents"]
         return settings
 
 
-SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations")
+SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
+              "data_parallel")
 
 
 @dataclass
@@ -262,6 +269,12 @@ def _preset_plan(preset: str, teacher_params: int) -> ConvertPlan:
     return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
 
 
+def _data_parallel_mode(value: str) -> str | None:
+    if value in DATA_PARALLEL_MODES:
+        return None
+    return f"must be one of {', '.join(DATA_PARALLEL_MODES)}{did_you_mean(value, DATA_PARALLEL_MODES)}"
+
+
 # Range rules, one table for every section: "field" applies wherever the field appears, "section.field" to that
 # section only. Every field is also type-checked from its annotation, so fields added later are checked too.
 def _selection_method(value: str) -> str | None:
@@ -310,7 +323,7 @@ def _tie_break(value: str) -> str | None:
 RULES: dict[str, Rule] = {
     "tokens": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
     "min_lr": at_least(0), "schedule": one_of(*SCHEDULES), "warmup_steps": at_least(0),
-    "checkpoint_every": at_least(1),
+    "checkpoint_every": at_least(1), "data_parallel": _data_parallel_mode,
     "selection.method": _selection_method, "selection.k": at_least(1), "selection.niah_tasks": each(_niah_task),
     "selection.niah_lengths": each(at_least(1)), "selection.niah_samples": at_least(1),
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),

@@ -22,8 +22,10 @@ from hyla.convert.stages import Stage
 from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
-from hyla.train.distributed import Distributed, barrier, shard_model
+from hyla.train.distributed import Distributed, barrier
 from hyla.train.fast import FastPath, resolve_fast_path
+from hyla.train.parallel import (DataParallelChoice, choose_data_parallel, data_parallel, device_memory_bytes,
+                                 replica_bytes)
 from hyla.train.weights import full_state_dict, load_weights, save_weights
 
 
@@ -137,27 +139,37 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
-                             device=run.env.device, distributed=run.env.enabled)
+                             device=run.env.device)
+
+
+def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
+    """The data-parallel mode `budget.data_parallel` resolves to for `model` (and its frozen `teacher`) on this
+    run's processes (`hyla.train.parallel`: printed, and kept in the manifest)."""
+    frozen = [teacher] if teacher is not None else []
+    return choose_data_parallel(budget.data_parallel, world_size=run.env.world_size,
+                                replica=replica_bytes(model, frozen), device_memory=device_memory_bytes(run.env.device))
 
 
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
                  frozen_blocks=(), fast: FastPath | None = None, vocab_size: int | None = None,
-                 corpus: str = "main") -> dict:
-    """Train `model` for `budget` in `folder` (checkpoints, metrics). Under torchrun, `root` (default `model`) and
-    its `blocks` are sharded with FSDP2; `root` must be the module whose forward the loss function calls.
+                 corpus: str = "main", teacher=None) -> dict:
+    """Train `model` for `budget` in `folder` (checkpoints, metrics) on the run's training corpus `corpus`. Under
+    torchrun the loss runs through the data-parallel mode of `budget.data_parallel` (`stage_data_parallel`;
+    `teacher`, the frozen model the loss reads, counts in its memory rule), with `blocks` as FSDP2's units.
     `vocab_size`: set when the loss is a cross-entropy over that many classes (a collapse check). With
     `fast.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
-    `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM) checkpoints its blocks' activations. `loss_fn`
-    must already be the one `fast.fused_loss` asks for."""
+    `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM, default `model`) checkpoints its blocks'
+    activations. `loss_fn` must already be the one `fast.fused_loss` asks for."""
     fast = fast or stage_fast_path(run, budget)
+    choice = stage_data_parallel(run, budget, model, teacher)
     run.log(f"[{name}] fast path: {fast.describe()}")
+    run.log(f"[{name}] data parallel: {choice.describe()}")
     if fast.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
     if budget.checkpoint_activations:
         run.log(f"[{name}] activation checkpointing: {checkpoint_activations(root or model)} blocks")
-    if run.env.enabled:
-        shard_model(root or model, blocks, mixed_precision=run.env.device.type == "cuda")
+    parallel = data_parallel(model, loss_fn, blocks, choice, run.env)
     corpus_name, corpus_data = run.training_corpus(corpus)
     loader = training_loader(corpus_data, seq_len=budget.seq_len, batch_size=budget.batch_size, seed=run.plan.seed,
                              align_documents=budget.align_documents)
@@ -166,14 +178,15 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
                         micro_batch_rows=fast.micro_batch_size, fused_optimizer=fast.fused_optimizer,
                         vocab_size=vocab_size)
-    result = run_training(model, loss_fn, loader, optim, loop, folder, run.env,
-                          meta={"stage": name, "settings": budget.settings()})
+    result = run_training(model, parallel, loader, optim, loop, folder, run.env,
+                          meta={"stage": name, "settings": budget.settings()}, sync=parallel.sync)
     last = result.metrics[-1] if result.metrics else {}
     tokens = budget.steps * budget.seq_len * budget.batch_size
     rates = sorted(m["tok_per_s"] for m in result.metrics[result.resumed_from:] if "tok_per_s" in m)
     return {"steps": result.steps, "tokens": tokens, "resumed_from_step": result.resumed_from,
             "first": result.metrics[0] if result.metrics else {}, "last": last,
             "fast_path": {**fast.as_dict(), "micro_batch_rows_used": result.micro_batch_rows},
+            "data_parallel": choice.as_dict(),
             "median_tok_per_s": rates[len(rates) // 2] if rates else None,
             "data": {"corpus": corpus_name, "windows": len(loader.dataset), "align_documents": budget.align_documents,
                      "epochs": round(budget.steps * budget.batch_size / len(loader.dataset), 3)}}
@@ -225,7 +238,7 @@ def run_align(run: Run, stage: Stage) -> dict:
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
     summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),
-                           fast=fast)
+                           fast=fast, teacher=run.teacher_equivalent())
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
@@ -284,7 +297,8 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
                            budget, list(student.model.layers), root=student,
                            frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
-                           vocab_size=student.config.vocab_size if cross_entropy else None, corpus=corpus)
+                           vocab_size=student.config.vocab_size if cross_entropy else None, corpus=corpus,
+                           teacher=teacher)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary if prepared is None else {**summary, "attention_align": prepared}

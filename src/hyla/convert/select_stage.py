@@ -65,6 +65,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
 
     from hyla.convert.distill import StudentWithTeacher, distill_loss, kl_divergence
     from hyla.convert.runners import stage_fast_path, train_budget
+    from hyla.train.weights import full_state_dict, load_state
 
     budget = dataclasses.replace(
         run.plan.distill, tokens=run.plan.selection.kl_ls_steps * run.plan.distill.seq_len * run.plan.distill.batch_size,
@@ -85,10 +86,15 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
             kl_by_layer[layer] = json.loads(result_file.read_text())["kl"]
             continue
         student = run.build_student([layer]).to(run.env.device).float()
-        train_budget(run, folder, f"kl-ls {layer}", StudentWithTeacher(student, teacher), loss_fn, budget,
-                     list(student.model.layers), root=student, fast=fast)
+        pair = StudentWithTeacher(student, teacher)
+        train_budget(run, folder, f"kl-ls {layer}", pair, loss_fn, budget, list(student.model.layers), root=student,
+                     fast=fast, teacher=teacher)
+        # A fresh copy of the trained student: under FSDP2 the trained one holds a shard of each weight.
+        trained = run.build_student([layer])
+        load_state(trained, {k.removeprefix("student."): v for k, v in full_state_dict(pair, everywhere=True).items()})
         with torch.no_grad():
-            kl = kl_divergence(teacher(batch, use_cache=False).logits, student.eval()(batch, use_cache=False).logits)
+            kl = kl_divergence(teacher(batch, use_cache=False).logits,
+                               trained.to(run.env.device).float().eval()(batch, use_cache=False).logits)
         kl_by_layer[layer] = kl.item()
         if run.env.is_main:
             write_json(result_file, {"layer": layer, "kl": kl_by_layer[layer], "steps": budget.steps})

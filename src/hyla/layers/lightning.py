@@ -36,7 +36,7 @@ class LightningAttention(nn.Module):
         # Fixed, not learned, identical in every layer: a float64 constant outside the state dict and outside
         # `module.to(dtype)`, converted by the op to its accumulation precision.
         self._log_decay = lightning_log_decay(self.num_heads)
-        self._log_decay_by_device: dict[torch.device, torch.Tensor] = {}
+        self._log_decay_by_device: dict[torch.device, torch.Tensor] = {self._log_decay.device: self._log_decay}
         # Known here, from the CPU constant: the GPU op need not read the decays back from the device at every call.
         self._chunk_safe = decay_is_chunk_safe(self._log_decay)
 
@@ -45,6 +45,13 @@ class LightningAttention(nn.Module):
         if device not in self._log_decay_by_device:
             self._log_decay_by_device[device] = self._log_decay.to(device)
         return self._log_decay_by_device[device]
+
+    def _apply(self, fn, recurse=True):
+        # The decay follows the module to its device (`.to`, `.cuda`): a compiled forward then finds it there from
+        # its first call, instead of tracing the copy once and recompiling when the cache has filled.
+        module = super()._apply(fn, recurse)
+        self.log_decay(self.q_proj.weight.device)
+        return module
 
     def project(self, hidden_states: torch.Tensor, context: MixerContext):
         """The mixer's input side: q, k, v [B, T, heads, D] of hidden_states [B, T, hidden] (the linear maps, then

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 
 from hyla.train.distributed import Distributed, barrier, from_main
 from hyla.train.divergence import TrainingDiverged
@@ -209,13 +210,11 @@ def load_checkpoint(checkpoint: Checkpoint, *, model, optimizer, scheduler, env:
 
 def _apply(contents: tuple[dict, dict, dict], *, model, optimizer, scheduler, env: Distributed) -> dict:
     weights, trainer, loader_state = contents
-    set_state_dict(
-        model,
-        optimizer,
-        model_state_dict=weights,
-        optim_state_dict=trainer["optimizer"] if env.is_main else {},
-        options=_options(strict=False, broadcast_from_rank0=env.enabled),
-    )
+    options = _options(strict=False, broadcast_from_rank0=env.enabled)
+    # Two calls, not set_state_dict: that takes the other processes' empty model state for "optimizer only" and
+    # skips the model's broadcast there, which leaves the main process waiting in it.
+    set_model_state_dict(model, weights, options=options)
+    set_optimizer_state_dict(model, optimizer, trainer["optimizer"] if env.is_main else {}, options=options)
     scheduler.load_state_dict(trainer["scheduler"])
     set_rng_state(trainer["rng"])
     return loader_state

@@ -12,7 +12,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train", help="train a HypeNet configuration from scratch on a prepared corpus",
         description="Train any HypeNet config (layer_types of any mixers) on a corpus made by `hyla data prepare`. "
-        "Resumable: rerun the same command to continue from the newest checkpoint. Under torchrun, FSDP2.",
+        "Resumable: rerun the same command to continue from the newest checkpoint. Under torchrun, DDP or FSDP2.",
     )
     parser.add_argument("--config", type=Path, required=True, help="HypeNet config JSON (HypeNetConfig fields)")
     parser.add_argument("--data", type=Path, required=True, help="prepared corpus folder (hyla data prepare)")
@@ -39,6 +39,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--checkpoint-activations", action="store_true",
                         help="recompute each block's activations in the backward pass: one more forward per step "
                         "for much less memory (long sequences)")
+    parser.add_argument("--data-parallel", choices=("auto", "ddp", "fsdp", "fsdp-no-reshard"), default="auto",
+                        help="under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), FSDP2 keeping the "
+                        "gathered weights from forward to backward (fsdp-no-reshard); auto (default): ddp when "
+                        "weights, gradients and AdamW state take at most half the device's memory, else fsdp")
     parser.set_defaults(handler=_run)
 
 

@@ -1,13 +1,16 @@
-"""Data parallelism through the standard engine: torchrun sets the environment, FSDP2 (`fully_shard` per block)
-shards the model from outside the model code. A single process runs the same code with world size 1."""
+"""The process group of a run: torchrun sets the environment, every process takes its rows of the global batch;
+`hyla.train.parallel` replicates (DDP) or shards (FSDP2) the model from outside the model code. A single process runs
+the same code with world size 1."""
 
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -18,6 +21,8 @@ class Distributed:
     rank: int = 0
     world_size: int = 1
     device: torch.device = torch.device("cpu")
+    # The processes' group (None: every process of the run); `rank` and `world_size` are within it.
+    group: Any = None
 
     @property
     def is_main(self) -> bool:
@@ -28,8 +33,9 @@ class Distributed:
         return self.world_size > 1
 
 
-def init_distributed(device: str | None = None) -> Distributed:
-    """Join the process group when started by torchrun (gloo on CPU, nccl on CUDA); otherwise a world of one."""
+def init_distributed(device: str | None = None, timeout: datetime.timedelta | None = None) -> Distributed:
+    """Join the process group when started by torchrun (gloo on CPU, nccl on CUDA); otherwise a world of one.
+    `timeout`: how long a collective may wait (None: torch's default, 10 minutes)."""
     use_cuda = torch.cuda.is_available() if device is None else device.startswith("cuda")
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
@@ -38,32 +44,21 @@ def init_distributed(device: str | None = None) -> Distributed:
     if use_cuda:
         torch.cuda.set_device(local_rank)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        dist.init_process_group("nccl" if use_cuda else "gloo", **({"timeout": timeout} if timeout else {}))
     return Distributed(rank, world_size, torch.device(f"cuda:{local_rank}" if use_cuda else "cpu"))
-
-
-def shard_model(model: torch.nn.Module, blocks: list[torch.nn.Module], *, mixed_precision: bool) -> None:
-    """FSDP2: shard each block, then the root (embeddings, final norm, head)."""
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed_precision else None
-    kwargs = {"mp_policy": policy} if policy is not None else {}
-    for block in blocks:
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
 
 
 def all_reduce_mean(value: torch.Tensor, env: Distributed) -> torch.Tensor:
     if env.enabled:
         value = value.detach().clone()
-        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        dist.all_reduce(value, op=dist.ReduceOp.SUM, group=env.group)
         value /= env.world_size
     return value
 
 
 def barrier(env: Distributed) -> None:
     if env.enabled:
-        dist.barrier()
+        dist.barrier(group=env.group)
 
 
 @contextlib.contextmanager
@@ -90,5 +85,6 @@ def from_main(value, env: Distributed):
     if not env.enabled:
         return value
     shared = [value]
-    dist.broadcast_object_list(shared, src=0)
+    dist.broadcast_object_list(shared, src=dist.get_global_rank(env.group, 0) if env.group is not None else 0,
+                               group=env.group)
     return shared[0]

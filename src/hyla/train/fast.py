@@ -32,20 +32,17 @@ EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_b
 
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
-                      micro_batch_size: int | None, device: torch.device, distributed: bool) -> FastPath:
+                      micro_batch_size: int | None, device: torch.device) -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
-    compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere).
-    Under FSDP the LM head's weight is sharded outside the model's forward, so the fused loss is not available
-    there: the default leaves it off and asking for it is an error."""
+    compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
+    part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
+    forward, where the LM head's weight is the gathered one under FSDP2)."""
     cuda = device.type == "cuda"
-    if fused_loss and distributed:
-        raise ValueError("fused_loss=true is not available under torchrun (FSDP shards the LM head's weight "
-                         "outside the model's forward); leave it unset")
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
     return FastPath(
         compile=cuda if compile is None else compile,
-        fused_loss=(not distributed) if fused_loss is None else fused_loss,
+        fused_loss=True if fused_loss is None else fused_loss,
         fused_optimizer=cuda if fused_optimizer is None else fused_optimizer,
         micro_batch_size=micro_batch_size,
     )

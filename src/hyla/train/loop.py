@@ -2,7 +2,8 @@
 
 The caller supplies the model (trainable parameters marked with requires_grad), a loss function
 `loss_fn(model, batch) -> (loss, metrics)`, and a resumable batch loader yielding the GLOBAL batch; each process
-takes its slice of rows, so a run gives the same batches at every step whatever the number of processes.
+takes its slice of rows, so a run gives the same batches at every step whatever the number of processes. Under
+torchrun the loss function is the data-parallel one (`hyla.train.parallel.data_parallel`), with its `sync`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from hyla.train.distributed import Distributed
 from hyla.train.divergence import DivergenceMonitor, TrainingDiverged
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.progress import StepLog, read_metrics
-from hyla.train.step import LossFn, TrainStep, training_autocast
+from hyla.train.step import GradientSync, LossFn, TrainStep, training_autocast
 
 __all__ = ["LoopSettings", "LossFn", "TrainResult", "TrainingDiverged", "run_training", "training_autocast"]
 
@@ -66,9 +67,11 @@ def run_training(
     out_dir: Path,
     env: Distributed = Distributed(),
     meta: dict | None = None,
+    sync: GradientSync = GradientSync(),
 ) -> TrainResult:
     """Train for `loop.steps` optimizer steps, resuming from the newest usable checkpoint in `out_dir/checkpoints`
-    (which must have been written with the same `meta["settings"]`)."""
+    (which must have been written with the same `meta["settings"]`); `sync`: how the steps defer gradient
+    synchronisation over micro-batches (`TrainStep`)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = out_dir / "checkpoints"
@@ -89,7 +92,7 @@ def run_training(
             print(f"[{loop.description}] {line}", flush=True)
 
     step_fn = TrainStep(model, loss_fn, optimizer, scheduler, optim, env, micro_batch_rows=loop.micro_batch_rows,
-                        log=note)
+                        log=note, sync=sync)
     try:
         for step in range(start, loop.steps):
             started = time.perf_counter()

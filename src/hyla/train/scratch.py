@@ -1,5 +1,5 @@
 """`hyla train`: train any HypeNet configuration from scratch on a prepared corpus, with the same loop,
-checkpoints, progress and FSDP2 support as `hyla convert`."""
+checkpoints, progress and data parallelism (DDP or FSDP2, `hyla.train.parallel`) as `hyla convert`."""
 
 from __future__ import annotations
 
@@ -15,11 +15,12 @@ from hyla.compile import compile_blocks
 from hyla.data.loader import TokenCorpus, TokenLoader
 from hyla.models import HypeNetConfig, HypeNetForCausalLM
 from hyla.train.activations import checkpoint_activations
-from hyla.train.distributed import exclusive_run_folder, init_distributed, shard_model
+from hyla.train.distributed import exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
 from hyla.train.loop import LoopSettings, run_training
 from hyla.train.losses import LOSSES, ce_loss, longce_loss
 from hyla.train.optim import SCHEDULES, OptimSettings
+from hyla.train.parallel import MODES, choose_data_parallel, data_parallel, device_memory_bytes, replica_bytes
 from hyla.validation import Rule, at_least, check_fields, coerce, did_you_mean, field_types, greater_than, one_of
 
 
@@ -44,13 +45,14 @@ class TrainRequest:
     device: str | None = None
     compile: bool = False  # torch.compile each block in place before training (speed only)
     checkpoint_activations: bool = False  # recompute block activations in the backward pass (memory only)
+    data_parallel: str = "auto"  # under torchrun: ddp, fsdp, fsdp-no-reshard, or auto (hyla.train.parallel)
 
 
 REQUEST_RULES: dict[str, Rule] = {
     "steps": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
     "min_lr": at_least(0), "warmup_steps": at_least(0), "schedule": one_of(*SCHEDULES), "weight_decay": at_least(0),
     "loss": one_of(*LOSSES), "longce_window": at_least(1), "longce_cap": greater_than(0),
-    "checkpoint_every": at_least(1), "seed": at_least(0),
+    "checkpoint_every": at_least(1), "seed": at_least(0), "data_parallel": one_of(*MODES),
 }
 CONFIG_RULES: dict[str, Rule] = {
     "vocab_size": at_least(1), "hidden_size": at_least(1), "intermediate_size": at_least(1),
@@ -58,7 +60,8 @@ CONFIG_RULES: dict[str, Rule] = {
     "head_dim": at_least(1), "max_position_embeddings": at_least(1), "rms_norm_eps": greater_than(0),
 }
 # Request fields a resume may change: where things are (the corpus and config are compared by content) and how fast.
-NOT_SETTINGS = ("config", "data", "out", "device", "compile", "checkpoint_activations", "checkpoint_every")
+NOT_SETTINGS = ("config", "data", "out", "device", "compile", "checkpoint_activations", "checkpoint_every",
+                "data_parallel")
 
 
 def config_fields() -> set[str]:
@@ -132,19 +135,21 @@ def _train(request: TrainRequest, corpus: TokenCorpus, config: HypeNetConfig, en
     torch.manual_seed(request.seed)
     model = HypeNetForCausalLM(config).to(env.device)
     num_params = sum(p.numel() for p in model.parameters())
+    choice = choose_data_parallel(request.data_parallel, world_size=env.world_size, replica=replica_bytes(model),
+                                  device_memory=device_memory_bytes(env.device))
     if env.is_main:
         print(f"hyla train: {num_params / 1e6:.1f}M params, layers {config.layer_types}, loss {request.loss}, "
               f"{request.steps} steps x {request.batch_size} x {request.seq_len} tokens, device {env.device} "
               f"x{env.world_size}" + (", activation checkpointing" if request.checkpoint_activations else ""))
+        print(f"hyla train: data parallel: {choice.describe()}")
     if request.compile:
         compile_blocks(model.model.layers)
     if request.checkpoint_activations:
         checkpoint_activations(model)
-    if env.enabled:
-        shard_model(model, list(model.model.layers), mixed_precision=env.device.type == "cuda")
     loss_fn = ce_loss if request.loss == "ce" else functools.partial(
         longce_loss, window=request.longce_window, cap=request.longce_cap
     )
+    parallel = data_parallel(model, loss_fn, list(model.model.layers), choice, env)
     loader = TokenLoader(corpus, seq_len=request.seq_len, batch_size=request.batch_size, seed=request.seed)
     optim = OptimSettings(lr=request.lr, min_lr=request.min_lr, warmup_steps=request.warmup_steps,
                           schedule=request.schedule, weight_decay=request.weight_decay)
@@ -153,7 +158,7 @@ def _train(request: TrainRequest, corpus: TokenCorpus, config: HypeNetConfig, en
                         vocab_size=config.vocab_size)
     out = Path(request.out)
     meta = {"request": _json_request(request), "settings": resume_settings(request, corpus, config)}
-    result = run_training(model, loss_fn, loader, optim, loop, out, env, meta=meta)
+    result = run_training(model, parallel, loader, optim, loop, out, env, meta=meta, sync=parallel.sync)
     if env.is_main:
         _export(model, out / "model", request, result.metrics, corpus.manifest.get("tokenizer", {}).get("spec"))
     return {"steps": result.steps, "resumed_from": result.resumed_from,

@@ -12,8 +12,10 @@ from hyla.outputs import write_atomic
 from hyla.train.distributed import Distributed, barrier
 
 
-def full_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+def full_state_dict(module: torch.nn.Module, *, everywhere: bool = False) -> dict[str, torch.Tensor]:
+    """The whole state of `module`, gathered to the main process's CPU (`everywhere`: on every process, on the
+    weights' device)."""
+    options = StateDictOptions(full_state_dict=True, cpu_offload=not everywhere)
     return {k: v.contiguous() for k, v in get_model_state_dict(module, options=options).items()}
 
 
@@ -39,10 +41,15 @@ def load_weights(model: torch.nn.Module, path: Path) -> None:
     """Load weights saved by `save_weights`; only the names of tied parameters may be absent."""
     from safetensors.torch import load_file
 
-    missing, unexpected = model.load_state_dict(load_file(str(path)), strict=False)
+    load_state(model, load_file(str(path)), str(path))
+
+
+def load_state(model: torch.nn.Module, state: dict[str, torch.Tensor], source: str = "the state") -> None:
+    """Load `state` into `model`; only the names of tied parameters may be absent."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
     tied = set(getattr(model, "_tied_weights_keys", None) or {}) if model.config.tie_word_embeddings else set()
     if unexpected or set(missing) - tied:
-        raise ValueError(f"{path} does not fit the model: missing {sorted(set(missing) - tied)}, "
+        raise ValueError(f"{source} does not fit the model: missing {sorted(set(missing) - tied)}, "
                          f"unexpected {sorted(unexpected)}")
 
 
