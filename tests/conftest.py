@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def smollm2_teacher():
     """The offline SmolLM2-135M teacher (de-quantized from its GGUF once per test session)."""
-    from hyla.convert.teacher import load_teacher
+    from hyla.models.loading import load_teacher
 
     try:
         teacher = load_teacher("smollm2-135m")

@@ -19,7 +19,7 @@ import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 from hyla.train.checkpoint import resume_checkpoint, save_checkpoint
 from hyla.train.distributed import init_distributed
 from hyla.train.divergence import DivergenceMonitor, TrainingDiverged

@@ -50,3 +50,9 @@ def test_every_declared_dependency_is_imported():
         module = MODULES.get(requirement.name, requirement.name.replace("-", "_"))
         pattern = re.compile(rf"^\s*(import|from) {module}(\.|\s|$)", re.MULTILINE)
         assert any(pattern.search(source) for source in sources), f"{requirement.name} is declared, never imported"
+
+
+def test_the_package_version_is_the_one_pyproject_declares():
+    from hyla.version import __version__
+
+    assert tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"] == __version__

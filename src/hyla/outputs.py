@@ -119,10 +119,10 @@ def git_sha() -> str | None:
 
 
 def package_versions() -> dict[str, str | None]:
-    import hyla
+    from hyla.version import __version__
 
     # hyla's own version from the package: also right when it runs from a source tree without being installed.
-    versions: dict[str, str | None] = {"python": platform.python_version(), "hyla": hyla.__version__}
+    versions: dict[str, str | None] = {"python": platform.python_version(), "hyla": __version__}
     for name in _VERSIONED_PACKAGES:
         try:
             versions[name] = importlib.metadata.version(name)

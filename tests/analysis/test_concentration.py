@@ -52,7 +52,7 @@ def jacobian_concentration(values_to_output, v: torch.Tensor, num_heads: int) ->
 def tiny_hypenet(seed: int) -> HypeNetForCausalLM:
     config = HypeNetConfig(
         vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"], attn_logits_scaling_a=16.0,
+        num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"], attention_logit_scaling_a=16.0,
         attention_qk_norm=True, attention_output_gate=True,
     )
     torch.manual_seed(seed)

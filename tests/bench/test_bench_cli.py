@@ -145,8 +145,8 @@ def test_qwen3_engine_passes_its_check_against_hf_in_bfloat16():
     sizes = dict(QWEN3_1P7B, num_hidden_layers=1, vocab_size=1024)
     qwen3 = hf_baseline.build_qwen3(Qwen3Config(**sizes, attn_implementation="sdpa"), device="cpu",
                                     dtype=torch.bfloat16)
-    engine_config = HypeNetConfig(**sizes, layer_types=["attention"], attention_rope=True, attention_qk_norm=True,
-                                  attention_output_gate=False, attn_logits_scaling_a=None)
+    engine_config = HypeNetConfig(**sizes, layer_types=["attention_rope"], attention_qk_norm=True,
+                                  attention_output_gate=False, attention_logit_scaling_a=None)
     engine_model = model.build_hypenet(engine_config, device="cpu", dtype=torch.bfloat16)
     hf_baseline.copy_qwen3_weights_into_hypenet(qwen3, engine_model)
     settings = model.ModelSettings(device="cpu", dtype="bfloat16", check_length=1024, attention_backend="torch",

@@ -13,7 +13,7 @@ from hyla.bench.train import TOY, training_flops_per_token
 from hyla.cli import main
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 
 
 def test_bench_train_toy_writes_both_paths_of_every_stage(tmp_path):
@@ -53,7 +53,7 @@ def counted_flops(fn) -> int:
 def attention_square_excess(model, length: int) -> float:
     """What the counter counts beyond the causal triangle per token: one more triangle, forward (2 T H D)."""
     return sum(2.0 * length * block.mixer.num_heads * block.mixer.head_dim for block in model.model.layers
-               if block.layer_type == "attention")
+               if block.layer_type in ("attention", "attention_rope"))
 
 
 def test_flops_per_token_match_torchs_flop_counter():

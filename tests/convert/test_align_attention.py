@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 from hyla.cli import main
 from hyla.convert.align_attention import AttentionAlignment, attention_alignment_loss
 from hyla.convert.distill import build_student
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 from test_convert_pipeline import convert_args, manifest
 
 

@@ -6,7 +6,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCau
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.calibrate import calibrate_twins, collect_output_stats
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 
 COMMON = dict(vocab_size=120, hidden_size=48, intermediate_size=80, num_hidden_layers=3, num_attention_heads=6,
               num_key_value_heads=2, max_position_embeddings=256)

@@ -71,7 +71,7 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     assert not (model_dir / "manifest.json").exists() and not (model_dir / "identity.json").exists()
     assert json.loads((out / "06-export.stage" / "manifest.json").read_text())["status"] == "complete"
     config = json.loads((model_dir / "config.json").read_text())
-    assert "sliding_window" not in config and "AutoModelForCausalLM" in config["auto_map"]
+    assert "swa_window" not in config and "AutoModelForCausalLM" in config["auto_map"]
     report = json.loads((model_dir / "conversion.json").read_text())
     assert report["total_training_tokens"] == 2048 + 2048 + 1024
     assert "HypeNet converted" in (model_dir / "README.md").read_text()
@@ -212,7 +212,8 @@ def test_student_design_options_reach_twins_and_export(tiny_teacher, tmp_path, c
     printed = capsys.readouterr().out
     assert "[align] complete" in printed and "[distill] start" in printed
     config = json.loads((out / "06-export" / "config.json").read_text())
-    assert (config["lightning_rope"], config["lightning_qk_norm"], config["attention_rope"]) == (False, False, True)
+    assert (config["lightning_rope"], config["lightning_qk_norm"]) == (False, False) and "attention_rope" not in config
+    assert "attention_rope" in config["layer_types"] and "attention" not in config["layer_types"]
     with pytest.raises(ValueError, match="sections: .*model"):
         from hyla.convert.presets import apply_overrides, make_plan
 

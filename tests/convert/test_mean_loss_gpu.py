@@ -15,7 +15,7 @@ def student() -> HypeNetForCausalLM:
     torch.manual_seed(0)
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
-        num_key_value_heads=2, head_dim=32, layer_types=["lightning", "attention"], attn_logits_scaling_a=500.0,
+        num_key_value_heads=2, head_dim=32, layer_types=["lightning", "attention"], attention_logit_scaling_a=500.0,
     )
     return HypeNetForCausalLM(config).to("cuda").float().eval()
 

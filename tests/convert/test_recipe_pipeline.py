@@ -118,9 +118,9 @@ def test_an_empty_list_switches_the_scaling_niah_off():
 
 
 def test_convert_cli_reports_a_bad_recipe_setting_in_one_line(tiny_teacher, tmp_path, capsys, monkeypatch):
-    import hyla.convert.teacher as teacher
+    import hyla.models.loading as loading
 
-    monkeypatch.setattr(teacher, "load_teacher", lambda *a, **k: pytest.fail("the teacher loaded first"))
+    monkeypatch.setattr(loading, "load_teacher", lambda *a, **k: pytest.fail("the teacher loaded first"))
     assert main(convert_args(tiny_teacher, tmp_path / "run", "--set", "model.twin_init=ones")) == 2
     assert "model.twin_init" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
@@ -128,12 +128,12 @@ def test_convert_cli_reports_a_bad_recipe_setting_in_one_line(tiny_teacher, tmp_
 
 
 def test_a_missing_offline_text_stops_before_the_teacher_loads(tiny_teacher, tmp_path, capsys, monkeypatch):
-    import hyla.convert.teacher as teacher
     import hyla.data.offline as offline
+    import hyla.models.loading as loading
 
     monkeypatch.setenv("HYLA_TEXT_DIR", str(tmp_path / "empty-cache"))
     monkeypatch.setattr(offline, "_installed_root", lambda text: None)  # nor installed on this machine
-    monkeypatch.setattr(teacher, "load_teacher", lambda *a, **k: pytest.fail("the teacher loaded first"))
+    monkeypatch.setattr(loading, "load_teacher", lambda *a, **k: pytest.fail("the teacher loaded first"))
     assert main(convert_args(tiny_teacher, tmp_path / "run", "--set", "data.long_sources=aa-lcr")) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "aa-lcr" in err

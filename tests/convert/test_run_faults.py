@@ -19,12 +19,12 @@ from test_convert_pipeline import convert_args, manifest
 @pytest.fixture
 def no_teacher_load(monkeypatch):
     """Fail the test if the teacher's weights are loaded."""
-    import hyla.convert.teacher as teacher
+    import hyla.models.loading as loading
 
     def refuse(*args, **kwargs):
         raise AssertionError("the teacher was loaded before the settings were checked")
 
-    monkeypatch.setattr(teacher, "load_teacher", refuse)
+    monkeypatch.setattr(loading, "load_teacher", refuse)
 
 
 @pytest.mark.parametrize("setting,message", [

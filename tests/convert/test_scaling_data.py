@@ -11,9 +11,9 @@ from test_convert_pipeline import convert_args, manifest
 
 from hyla.cli import main
 from hyla.convert.data import heldout_sequences, long_documents, longest_document_spans
-from hyla.convert.teacher import load_tokenizer
 from hyla.data.loader import TokenCorpus
 from hyla.data.tokenize import PrepareSettings, prepare_corpus
+from hyla.models.loading import load_tokenizer
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 

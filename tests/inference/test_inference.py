@@ -4,7 +4,7 @@ forward, its attention pieces against the written-out softmax reference, and its
 import pytest
 import torch
 
-from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.inference import InferenceEngine
 from hyla.ops.chunk_attention import attention_with_lse, chunk_attention
 from hyla.ops.decode_attention import decode_attention_reference
@@ -23,7 +23,7 @@ def tiny_model(**overrides):
     settings = dict(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, layer_types=["lightning", "attention", "lightning", "attention"],
-        attn_logits_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, attention_gate_init_bias=0.0,
+        attention_logit_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, attention_gate_init_bias=0.0,
     )
     settings.update(overrides)
     model = HypeNetForCausalLM(HypeNetConfig(**settings)).double().eval()
@@ -36,13 +36,13 @@ def tiny_model(**overrides):
 
 MODELS = {
     "hypenet": {},
-    "all-attention-rope": dict(layer_types=["attention"] * 4, attention_rope=True, attn_logits_scaling_a=None,
+    "all-attention-rope": dict(layer_types=["attention_rope"] * 4, attention_logit_scaling_a=None,
                                attention_output_gate=False),
     "rope-layers": dict(layer_types=["lightning", "attention_rope", "attention", "lightning"]),
 }
 
 
-MODELS["biases-no-gates"] = dict(attention_bias=True, attention_output_gate=False, lightning_output_gate=False)
+MODELS["biases-no-gates"] = dict(qkv_bias=True, attention_output_gate=False, lightning_output_gate=False)
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
@@ -65,6 +65,26 @@ def test_prefill_and_decode_match_model_forward(name, chunk, fused):
     for t in range(21, 29):
         logits.append(engine.decode(tokens[:, t : t + 1]))
     assert engine.num_cached == 29 and engine.cache.length.tolist() == [29, 29]
+    assert rel(torch.stack(logits, 1), full[:, 20:]) <= TOL
+
+
+@pytest.mark.parametrize("options", [
+    InferenceOptions(logit_scaling="off"), InferenceOptions(logit_scaling_a=50.0),
+    InferenceOptions(logit_scaling="per_length", logit_scaling_train_length=4),
+], ids=["off", "other-a", "per-length"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_engine_runs_under_the_inference_options_of_the_model_forward(options, fused):
+    model = tiny_model(layer_types=["lightning", "attention", "attention_rope", "attention"])
+    tokens = torch.randint(0, 101, (2, 29), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False, inference_options=options).logits
+        plain = model(tokens, use_cache=False).logits
+    assert rel(full, plain) > 1e-6  # the options change the logits
+    engine = InferenceEngine(model, batch_size=2, max_length=40, prefill_chunk=7, inference_options=options,
+                             decode_step="fused-projections" if fused else "eager")
+    logits = [engine.prefill(tokens[:, :21])]
+    for t in range(21, 29):
+        logits.append(engine.decode(tokens[:, t : t + 1]))
     assert rel(torch.stack(logits, 1), full[:, 20:]) <= TOL
 
 
@@ -93,7 +113,9 @@ def test_engine_refuses_overflow_and_unknown_layers():
     with pytest.raises(ValueError, match="swa"):
         InferenceEngine(model, batch_size=1, max_length=8)
     model.config.layer_types = ["lightning", "attention", "lightning", "attention"]
-    model.config.eme_window = 16
+    with pytest.raises(ValueError, match="EME"):
+        InferenceEngine(model, batch_size=1, max_length=8, inference_options=InferenceOptions(eme_window=16))
+    model.inference_options = InferenceOptions(eme_window=16)
     with pytest.raises(ValueError, match="EME"):
         InferenceEngine(model, batch_size=1, max_length=8)
 

@@ -98,7 +98,7 @@ def small_model(layer_types, **overrides):
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=len(layer_types),
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_types=layer_types,
-        attn_logits_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True, **overrides,
+        attention_logit_scaling_a=500.0, attention_output_gate=True, attention_qk_norm=True, **overrides,
     )
     return HypeNetForCausalLM(config).to("cuda", torch.float32).eval()
 
@@ -126,7 +126,7 @@ def _matvec_test_model(layer_types, spread_norms=False):
     torch.manual_seed(0)
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, head_dim=64, layer_types=layer_types, attn_logits_scaling_a=500.0,
+        num_key_value_heads=4, head_dim=64, layer_types=layer_types, attention_logit_scaling_a=500.0,
         attention_output_gate=True, attention_qk_norm=True,
     )
     model = HypeNetForCausalLM(config).to("cuda", torch.float32).eval()

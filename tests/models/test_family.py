@@ -1,28 +1,27 @@
 """The hybrid family (GLA, GDN, SWA, RoPE attention, head-wise layers, EME) under the model invariants of
 test_hypenet.py: chunked prefill + decode equals one forward, left-padded batched generation equals each prompt
-alone, packed documents equal separate forwards, save/load; plus layouts and the EME overrides."""
+alone, packed documents equal separate forwards, save/load; plus layouts and EME's inference options."""
 
 import pytest
 import torch
 from test_hypenet import ATOL, left_pad, make_model
 
-from hyla import HybridCache, HypeNetConfig
+from hyla import HybridCache, HypeNetConfig, InferenceOptions
 from hyla.models.configuration import default_layer_types
-from hyla.models.eme import apply_eme_overrides
 from hyla.models.layouts import headwise_layout, layerwise_layout
 
 NEW_TYPES = ["gla", "gdn", "swa", "attention_rope", "hh_lightning", "hh_gla", "hh_gdn", "hh_swa"]
 # A small SWA window so that 150 tokens cross it many times; EME windows likewise.
-FAMILY = dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=32, sliding_window=7, headwise_ratio="1:1")
-EME = dict(eme_window=24, eme_stride=8, logit_scaling="per_length", logit_scaling_train_length=16)
+FAMILY = dict(num_attention_heads=4, num_key_value_heads=2, hidden_size=32, swa_window=7, headwise_ratio="1:1")
+EME = InferenceOptions(eme_window=24, eme_stride=8, logit_scaling="per_length", logit_scaling_train_length=16)
 EME_TYPES = ["lightning", "gla", "gdn", "attention_rope", "hh_gla", "hh_swa"]
 
 
 def family_model(seed, layer_type, eme=False):
-    overrides = dict(FAMILY, num_hidden_layers=3, layer_types=[layer_type, "attention", layer_type])
+    model = make_model(seed, **dict(FAMILY, num_hidden_layers=3, layer_types=[layer_type, "attention", layer_type]))
     if eme:
-        overrides.update(EME)
-    return make_model(seed, **overrides)
+        model.inference_options = EME  # what forward and generate run with when a call passes no options
+    return model
 
 
 def chunked_logits(model, tokens, splits, decode_from):
@@ -80,24 +79,32 @@ def test_eme_changes_only_what_reaches_beyond_its_window():
     tokens = torch.randint(3, 97, (1, 60), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         plain = model(tokens, use_cache=False).logits
-        apply_eme_overrides(model, **EME)
-        eme = model(tokens, use_cache=False).logits
+        eme = model(tokens, use_cache=False, inference_options=EME).logits
+        model.inference_options = EME
+        assert torch.equal(model(tokens, use_cache=False).logits, eme)
     assert (eme[:, :16] - plain[:, :16]).abs().max().item() <= ATOL
     assert (eme[:, 24:] - plain[:, 24:]).abs().max().item() > 1e-3
 
 
-def test_save_load_keeps_family_fields(tmp_path):
+def test_save_load_keeps_family_fields_and_no_inference_options(tmp_path):
+    import json
+
     from transformers import AutoModelForCausalLM
 
     layer_types = ["hh_gdn", "swa", "gla", "attention"]
-    model = make_model(11, **dict(FAMILY, **EME, num_hidden_layers=4, layer_types=layer_types))
+    model = make_model(11, **dict(FAMILY, num_hidden_layers=4, layer_types=layer_types))
+    model.inference_options = EME
     model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert not {"eme_window", "eme_stride", "logit_scaling", "logit_scaling_train_length"} & set(saved)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
-    for field in ("layer_types", "headwise_ratio", "sliding_window", *EME):
+    for field in ("layer_types", "headwise_ratio", "swa_window"):
         assert getattr(loaded.config, field) == getattr(model.config, field), field
+    assert loaded.inference_options == InferenceOptions()
     tokens = torch.randint(3, 97, (2, 40))
     with torch.no_grad():
-        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+        assert torch.equal(model(tokens, inference_options=InferenceOptions()).logits, loaded(tokens).logits)
+        assert torch.equal(model(tokens).logits, loaded(tokens, inference_options=EME).logits)
 
 
 def test_layerwise_layouts():
@@ -121,16 +128,25 @@ def test_config_rejects_bad_family_settings():
     base = dict(num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2, hidden_size=32)
     with pytest.raises(errors, match="whole groups"):
         HypeNetConfig(**base, layer_types=["hh_gla"], headwise_ratio="3:1")  # 1 NoPE head, groups of 2
-    with pytest.raises(errors, match="per_length"):
-        HypeNetConfig(**base, layer_types=["gla"], logit_scaling="per_length")
-    with pytest.raises(errors, match="eme_stride"):
-        HypeNetConfig(**base, layer_types=["gla"], eme_window=8, eme_stride=9)
-    config = HypeNetConfig(**base, layer_types=["gla"])
-    with pytest.raises(ValueError, match="eme_stride"):
-        apply_eme_overrides(config, eme_window=8, eme_stride=9)
-    assert config.eme_window is None and config.eme_stride is None
-    with pytest.raises(ValueError, match="unknown EME"):
-        apply_eme_overrides(config, window=8)
+    with pytest.raises(errors, match="swa_window"):
+        HypeNetConfig(**base, layer_types=["swa"], swa_window=0)
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(logit_scaling="per_length"), "needs logit_scaling_train_length"),
+    (dict(logit_scaling_train_length=16), "the L0 of logit_scaling='per_length'"),
+    (dict(logit_scaling="per_length", logit_scaling_train_length=16, logit_scaling_a=500.0), "a of"),
+    (dict(logit_scaling_a=1.0), "must be > 1"),
+    (dict(logit_scaling="nope"), "must be one of per_query, per_length, off"),
+    (dict(eme_window=8, eme_stride=9), "1 <= eme_stride <= eme_window"),
+    (dict(eme_stride=4), "eme_stride needs eme_window"),
+])
+def test_inference_options_refuse_settings_that_do_not_go_together(options, message):
+    with pytest.raises(ValueError, match=message):
+        InferenceOptions(**options)
+    assert InferenceOptions(eme_window=8).swla_stride == 2 and InferenceOptions().swla_stride is None
+    assert EME.changes() == {"logit_scaling": "per_length", "logit_scaling_train_length": 16, "eme_window": 24,
+                             "eme_stride": 8}
 
 
 @pytest.mark.parametrize("layer_type", ["hh_lightning", "hh_gla"])

@@ -6,23 +6,26 @@ import copy
 import pytest
 import torch
 
-from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.ops.dispatch import use_backend
 
 pytestmark = pytest.mark.gpu
 
 LAYER_TYPES = ["gla", "attention", "gdn", "swa", "hh_gla", "attention_rope", "hh_gdn", "hh_lightning"]
-EME = dict(eme_window=128, eme_stride=32, logit_scaling="per_length", logit_scaling_train_length=128)
+EME = InferenceOptions(eme_window=128, eme_stride=32, logit_scaling="per_length", logit_scaling_train_length=128)
 
 
-def model(dtype, **overrides):
+def model(dtype, eme=False):
     torch.manual_seed(0)
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=len(LAYER_TYPES),
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_types=LAYER_TYPES, sliding_window=64,
-        headwise_ratio="1:1", attention_output_gate=True, **overrides,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_types=LAYER_TYPES, swa_window=64,
+        headwise_ratio="1:1", attention_output_gate=True,
     )
-    return HypeNetForCausalLM(config).to("cuda", dtype).eval()
+    hybrid = HypeNetForCausalLM(config).to("cuda", dtype).eval()
+    if eme:
+        hybrid.inference_options = EME
+    return hybrid
 
 
 # fp32: TF32 matmuls in the chunk kernels over 8 layers (the float32 torch path is the reference itself).
@@ -32,7 +35,7 @@ def model(dtype, **overrides):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("eme", [False, True])
 def test_fla_model_logits_match_reference(dtype, tol, eme):
-    m = model(dtype, **(EME if eme else {}))
+    m = model(dtype, eme)
     tokens = torch.randint(0, 1000, (2, 333), device="cuda")
     with torch.no_grad():
         with use_backend("torch"):
@@ -47,7 +50,7 @@ def test_fla_model_logits_match_reference(dtype, tol, eme):
 
 @pytest.mark.parametrize("eme", [False, True])
 def test_gpu_cached_decode_matches_full_forward(eme):
-    m = model(torch.float32, **(EME if eme else {}))
+    m = model(torch.float32, eme)
     tokens = torch.randint(0, 1000, (2, 200), device="cuda")
     with torch.no_grad():
         full = m(tokens, use_cache=False).logits

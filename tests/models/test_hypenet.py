@@ -30,10 +30,10 @@ def random_config(seed: int, **overrides) -> HypeNetConfig:
         num_key_value_heads=kv_heads,
         head_dim=8,
         layer_types=layer_types,
-        attn_logits_scaling_a=rng.choice([None, 16.0]),
+        attention_logit_scaling_a=rng.choice([None, 16.0]),
         attention_qk_norm=rng.random() < 0.5,
         attention_output_gate=rng.random() < 0.5,
-        attention_bias=rng.random() < 0.3,
+        qkv_bias=rng.random() < 0.3,
         tie_word_embeddings=rng.random() < 0.5,
         pad_token_id=0,
         eos_token_id=1,
@@ -120,12 +120,12 @@ def test_sampling_generation_is_seeded_and_batched():
 
 
 def test_save_load_round_trip_is_bit_exact(tmp_path):
-    model = make_model(11, attn_logits_scaling_a=500.0)
+    model = make_model(11, attention_logit_scaling_a=500.0)
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists()
     config = AutoConfig.from_pretrained(tmp_path)
     assert config.model_type == "hypenet" and config.layer_types == model.config.layer_types
-    assert config.attn_logits_scaling_a == 500.0
+    assert config.attention_logit_scaling_a == 500.0
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
     assert isinstance(loaded, HypeNetForCausalLM)
     tokens = torch.randint(3, 97, (2, 40))

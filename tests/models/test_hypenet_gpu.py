@@ -14,7 +14,7 @@ def model(dtype):
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, layer_types=["lightning", "attention", "lightning", "lightning"],
-        attn_logits_scaling_a=500.0, attention_output_gate=True,
+        attention_logit_scaling_a=500.0, attention_output_gate=True,
     )
     return HypeNetForCausalLM(config).to("cuda", dtype).eval()
 

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from hyla import HypeNetConfig, HypeNetForCausalLM
@@ -33,10 +34,10 @@ def test_the_saved_config_names_its_loader_and_only_the_windows_it_has(tmp_path)
     _save(tmp_path / "plain", ["lightning", "attention"])
     config = json.loads((tmp_path / "plain" / "config.json").read_text())
     assert config["auto_map"]["AutoModelForCausalLM"] == "hypenet_hyla.HypeNetForCausalLM"
-    assert "sliding_window" not in config
+    assert "swa_window" not in config
     assert (tmp_path / "plain" / "hypenet_hyla.py").exists()
     _save(tmp_path / "swa", ["swa", "attention"])
-    assert json.loads((tmp_path / "swa" / "config.json").read_text())["sliding_window"] == 128
+    assert json.loads((tmp_path / "swa" / "config.json").read_text())["swa_window"] == 128
 
 
 def test_a_saved_folder_loads_without_import_hyla_given_trust_remote_code(tmp_path):
@@ -85,3 +86,58 @@ def test_after_import_hyla_no_flag_is_needed(tmp_path):
     completed = _load_elsewhere(tmp_path / "model", tmp_path, code)
     assert completed.returncode == 0, completed.stderr[-2000:]
     assert completed.stdout.strip().splitlines()[-1] == "hyla.models.modeling"
+
+
+def _written_the_old_way(config: dict) -> dict:
+    """A config.json as hyla wrote it before RoPE attention had one spelling and before the mixer options had their
+    prefixes and the inference options left the config."""
+    old = {{"attention_logit_scaling_a": "attn_logits_scaling_a", "qkv_bias": "attention_bias",
+            "o_bias": "attention_out_bias", "swa_window": "sliding_window"}.get(key, key): value
+           for key, value in config.items()}
+    old["layer_types"] = ["attention" if kind == "attention_rope" else kind for kind in config["layer_types"]]
+    old.update(attention_rope=True, logit_scaling="per_query", logit_scaling_train_length=None, eme_window=None,
+               eme_stride=None)
+    return old
+
+
+def test_a_config_saved_by_an_earlier_version_loads_as_the_same_model(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                           num_attention_heads=4, num_key_value_heads=2, headwise_ratio="1:1",
+                           layer_types=["lightning", "attention_rope", "hh_gla", "swa"], swa_window=5,
+                           attention_logit_scaling_a=8.0, qkv_bias=True, o_bias=True, attention_output_gate=True)
+    model = HypeNetForCausalLM(config).eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias"):
+                parameter.normal_(0.0, 0.3)  # biases start at zero: make them count
+    model.save_pretrained(tmp_path / "model")
+    path = tmp_path / "model" / "config.json"
+    new = json.loads(path.read_text())
+    path.write_text(json.dumps(_written_the_old_way(new)))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "model").eval()
+    for field in ("layer_types", "attention_logit_scaling_a", "qkv_bias", "o_bias", "swa_window"):
+        assert getattr(loaded.config, field) == getattr(config, field), field
+    ids = torch.randint(0, 50, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
+    loaded.save_pretrained(tmp_path / "again")
+    assert json.loads((tmp_path / "again" / "config.json").read_text()) == new
+
+
+def test_old_configs_that_no_field_can_carry_now_are_refused_with_what_to_do():
+    base = dict(num_hidden_layers=2, num_attention_heads=4, hidden_size=32, attention_rope=False)
+    with pytest.raises(ValueError, match=r"pass hyla.InferenceOptions\(eme_window=64\) at inference"):
+        HypeNetConfig(**base, layer_types=["gla", "attention"], eme_window=64)
+    with pytest.raises(ValueError, match="'attention_rope' layers and attn_logits_scaling_a=8.0"):
+        HypeNetConfig(**base, layer_types=["lightning", "attention_rope"], attn_logits_scaling_a=8.0)
+
+
+def test_the_configs_of_the_shipped_results_still_load():
+    from pathlib import Path
+
+    for path in sorted((Path(__file__).resolve().parents[2] / "docs" / "results").rglob("config.json")):
+        config = HypeNetConfig.from_json_file(path)
+        assert len(config.layer_types) == config.num_hidden_layers, path

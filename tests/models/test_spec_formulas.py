@@ -26,7 +26,7 @@ def _model(layer_types):
     config = HypeNetConfig(
         vocab_size=50, hidden_size=32, intermediate_size=40, num_hidden_layers=len(layer_types),
         num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=layer_types,
-        attn_logits_scaling_a=8.0, attention_output_gate=True, attention_qk_norm=True,
+        attention_logit_scaling_a=8.0, attention_output_gate=True, attention_qk_norm=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000.0},
     )
     model = HypeNetForCausalLM(config).double().eval()

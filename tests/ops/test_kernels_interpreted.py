@@ -137,7 +137,7 @@ def test_engine_decode_with_hyla_kernels_matches_model_forward(step, bias):
     config = HypeNetConfig(
         vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=2,
         num_key_value_heads=1, head_dim=32, layer_types=["lightning", "attention", "lightning"],
-        attn_logits_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, attention_bias=bias,
+        attention_logit_scaling_a=5.0, attention_output_gate=True, attention_qk_norm=True, qkv_bias=bias,
     )
     model = HypeNetForCausalLM(config).float().eval()
     with torch.no_grad():

@@ -34,7 +34,7 @@ def test_checkpointed_blocks_give_the_same_gradients_and_keep_far_less():
     config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                            layer_types=["lightning", "attention", "lightning", "lightning"],
-                           attention_output_gate=True, attn_logits_scaling_a=5.0)
+                           attention_output_gate=True, attention_logit_scaling_a=5.0)
     plain = HypeNetForCausalLM(config).double().train()
     checkpointed = copy.deepcopy(plain)
     checkpoint_activations(checkpointed)

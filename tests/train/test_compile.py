@@ -22,7 +22,7 @@ def test_compiled_blocks_give_the_eager_loss_and_gradients():
     config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                            num_attention_heads=4, num_key_value_heads=2, head_dim=8,
                            layer_types=["lightning", "attention", "lightning"], attention_output_gate=True,
-                           attn_logits_scaling_a=5.0)
+                           attention_logit_scaling_a=5.0)
     eager = HypeNetForCausalLM(config).double().train()
     compiled = copy.deepcopy(eager)
     keys = list(compiled.state_dict())

@@ -51,7 +51,7 @@ def test_training_lowers_the_loss_and_exports_a_model(corpus, tmp_path):
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
     assert model.config.layer_types == CONFIG["layer_types"]
     # The corpus's tokenizer travels with the model, so `hyla eval` can load the folder as it is.
-    from hyla.evals.loading import load_model
+    from hyla.models.loading import load_model
     from offline_models import teacher_tokenizer
 
     _, tokenizer = load_model(str(tmp_path / "run" / "model"))

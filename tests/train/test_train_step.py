@@ -11,7 +11,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
-from hyla.convert.transfer import to_hypenet
+from hyla.models.transfer import to_hypenet
 from hyla.train.distributed import Distributed
 from hyla.train.fast import EAGER, resolve_fast_path
 from hyla.train.optim import OptimSettings, build_optimizer

@@ -4,8 +4,8 @@
 A head's slice is its `head_dim` rows of q_proj/k_proj/v_proj and its `head_dim` columns of o_proj. K and V have
 one slice per key/value head. When the second checkpoint has more heads in a projection than the first (a HypeNet
 Lightning layer's MHA keys made from a GQA teacher), its head j is compared with the first's head j // g, the head it
-was copied from. HF folders are read tensor by tensor from their safetensors files, without building a model; GGUF
-files and teacher aliases are loaded through `hyla.convert.teacher.load_teacher`.
+was copied from. Checkpoints are model specs (`hyla.models.loading`): local HF folders are read tensor by tensor from
+their safetensors files, without building a model; GGUF files, aliases and hub ids are loaded as models.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from hyla.models.loading import load_model, resolve_spec
 
 PROJECTIONS = ("q", "k", "v", "o")
 _PROJECTION_KEY = re.compile(r"(?:^|\.)layers\.(\d+)\.(?:self_attn|mixer)\.([qkvo])_proj\.weight$")
@@ -61,26 +63,20 @@ def _load_folder(folder: Path) -> Checkpoint:
     return Checkpoint(weights, json.loads((folder / "config.json").read_text()), str(folder))
 
 
-def _load_teacher(spec: str) -> Checkpoint:
-    from hyla.convert.teacher import load_teacher
-
-    model = load_teacher(spec).model
+def _load_model(spec: str) -> Checkpoint:
+    model = load_model(spec).model
     state = model.state_dict()
     weights = _projection_weights((name, lambda n=name: state[n]) for name in state)
     return Checkpoint(weights, model.config.to_dict(), spec)
 
 
 def load_checkpoint(spec: str | Path) -> Checkpoint:
-    """A HF folder (config.json + safetensors), a .gguf file or a teacher alias (e.g. smollm2-135m)."""
-    path = Path(spec)
-    if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{path} has no config.json (expected a HF model folder)")
-        checkpoint = _load_folder(path)
-    elif path.suffix == ".gguf" or (not path.exists() and "/" not in str(spec)):
-        checkpoint = _load_teacher(str(spec))
+    """A HF folder (config.json + safetensors), a .gguf file, an alias (e.g. smollm2-135m) or a hub id."""
+    source = resolve_spec(str(spec), role="checkpoint")
+    if source.gguf_file is None and Path(source.location).is_dir():
+        checkpoint = _load_folder(Path(source.location))
     else:
-        raise FileNotFoundError(f"checkpoint not found: {spec} (expected a HF model folder, a .gguf file or an alias)")
+        checkpoint = _load_model(str(spec))
     if not checkpoint.weights:
         raise ValueError(f"{spec} has no layers.N.(self_attn|mixer).(q|k|v|o)_proj.weight tensors")
     return checkpoint

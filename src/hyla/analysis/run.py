@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from hyla.analysis.plots import (
 )
 from hyla.analysis.probes import niah_probes, text_probes
 from hyla.evals.report import RESULTS_FILE
+from hyla.models.loading import load_model
 from hyla.outputs import run_metadata, write_json
 
 
@@ -41,31 +41,6 @@ class ProbeSettings:
     seed: int = 42
     num_depths: int | None = None
     text_file: str | None = None
-
-
-def load_analysis_model(spec: str, *, tokenizer: str | None = None, dtype: str = "float32", device: str = "cpu"):
-    """(model, tokenizer) for a HypeNet folder (loaded through transformers' Auto classes) or any teacher spec
-    (`hyla.convert.teacher.load_teacher`: HF folder, .gguf file, alias). `tokenizer` overrides where the tokenizer
-    is read from (a HypeNet folder saved without one)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    import hyla  # noqa: F401  (registers the hypenet model type)
-    from hyla.convert.teacher import load_teacher, load_tokenizer
-
-    path = Path(spec)
-    config_file = path / "config.json"
-    if config_file.is_file() and json.loads(config_file.read_text()).get("model_type") == "hypenet":
-        torch_dtype = getattr(torch, dtype, None)
-        if not isinstance(torch_dtype, torch.dtype):
-            raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
-        try:
-            return model, load_tokenizer(tokenizer or spec)
-        except FileNotFoundError as err:
-            raise FileNotFoundError(f"{err}; pass --tokenizer with the teacher spec") from None
-    model, own_tokenizer = load_teacher(spec, dtype=dtype, device=device)
-    return model, load_tokenizer(tokenizer) if tokenizer else own_tokenizer
 
 
 def build_probes(tokenizer: Any, settings: ProbeSettings, *, with_needles: bool):
@@ -108,7 +83,7 @@ def run_entropy(
                     dtype=dtype, device=device)
     _print_settings("entropy", settings)
     started = time.perf_counter()
-    model, loaded_tokenizer = load_analysis_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
+    model, loaded_tokenizer = load_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
     probes = build_probes(loaded_tokenizer, probe_settings, with_needles=False)
     per_probe = measure_probes(model, probes, progress=progress, num_query_positions=num_query_positions,
                                block_size=block_size, normalizer=normalizer)
@@ -149,7 +124,7 @@ def run_hitrate(
                     normalizer=normalizer, dtype=dtype, device=device)
     _print_settings("hitrate", settings)
     started = time.perf_counter()
-    model, loaded_tokenizer = load_analysis_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
+    model, loaded_tokenizer = load_model(model_spec, tokenizer=tokenizer, dtype=dtype, device=device)
     probes = build_probes(loaded_tokenizer, probe_settings, with_needles=True)
     per_probe = measure_probes(model, probes, progress=progress, num_query_positions=None, top_k=top_k,
                                normalizer=normalizer)

@@ -36,8 +36,8 @@ def hypenet_config(*, toy: bool = False) -> HypeNetConfig:
     attention = TOY_ATTENTION_LAYERS if toy else HYPENET_2B_ATTENTION_LAYERS
     layer_types = ["attention" if i in attention else "lightning" for i in range(sizes["num_hidden_layers"])]
     return HypeNetConfig(
-        **sizes, layer_types=layer_types, attention_rope=False, attention_qk_norm=True,
-        attention_output_gate=True, attn_logits_scaling_a=500.0,
+        **sizes, layer_types=layer_types, attention_qk_norm=True, attention_output_gate=True,
+        attention_logit_scaling_a=500.0,
     )
 
 
@@ -45,8 +45,8 @@ def qwen3_engine_config(*, toy: bool = False) -> HypeNetConfig:
     """The Qwen3-1.7B shape as a HypeNetConfig: every layer RoPE attention with q/k norms, no gate, no scaling."""
     sizes = TOY if toy else QWEN3_1P7B
     return HypeNetConfig(
-        **sizes, layer_types=["attention"] * sizes["num_hidden_layers"], attention_rope=True,
-        attention_qk_norm=True, attention_output_gate=False, attn_logits_scaling_a=None,
+        **sizes, layer_types=["attention_rope"] * sizes["num_hidden_layers"], attention_qk_norm=True,
+        attention_output_gate=False, attention_logit_scaling_a=None,
     )
 
 
@@ -64,6 +64,6 @@ def converted_135m_config(*, toy: bool = False) -> HypeNetConfig:
     attention = TOY_ATTENTION_LAYERS if toy else SMOLLM2_135M_ATTENTION_LAYERS
     layer_types = ["attention" if i in attention else "lightning" for i in range(sizes["num_hidden_layers"])]
     return HypeNetConfig(
-        **sizes, layer_types=layer_types, attention_rope=False, attention_qk_norm=False,
-        attention_output_gate=True, attn_logits_scaling_a=500.0,
+        **sizes, layer_types=layer_types, attention_qk_norm=False, attention_output_gate=True,
+        attention_logit_scaling_a=500.0,
     )

@@ -155,7 +155,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
 
     from hyla.convert.align import AlignmentTwins, alignment_loss
     from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
-    from hyla.convert.transfer import to_hypenet
+    from hyla.models.transfer import to_hypenet
 
     teacher = to_hypenet(hf_teacher, attention_rope=True).to(device).eval()
     if case.stage == "align":
@@ -315,7 +315,7 @@ def _fla_losses(hidden, weight, teacher_hidden, teacher_weight, labels) -> dict:
 
 def _teacher(settings: TrainBenchSettings, device: torch.device):
     if settings.teacher is not None:
-        from hyla.convert.teacher import load_teacher
+        from hyla.models.loading import load_teacher
 
         return load_teacher(settings.teacher, device=device)[0].eval()
     from transformers import LlamaConfig, LlamaForCausalLM

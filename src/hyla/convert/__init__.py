@@ -1,17 +1,21 @@
-"""Teacher import and HALO conversion. Names load on first use, so `import hyla.convert` stays light."""
+"""HALO conversion. Names load on first use, so `import hyla.convert` stays light.
+
+Teacher loading and weight transfer live below, in `hyla.models.loading` and `hyla.models.transfer` (the data,
+training, evaluation and analysis commands load models too); their names are exported here as well.
+"""
 
 import importlib
 
 _EXPORTS = {
-    "Teacher": "hyla.convert.teacher",
-    "load_teacher": "hyla.convert.teacher",
-    "load_teacher_config": "hyla.convert.teacher",
-    "load_tokenizer": "hyla.convert.teacher",
-    "teacher_fingerprint": "hyla.convert.teacher",
-    "SUPPORTED_FAMILIES": "hyla.convert.teacher",
-    "to_hypenet": "hyla.convert.transfer",
-    "lightning_from_attention": "hyla.convert.transfer",
-    "hypenet_config_from_teacher": "hyla.convert.transfer",
+    "LoadedModel": "hyla.models.loading",
+    "load_teacher": "hyla.models.loading",
+    "load_teacher_config": "hyla.models.loading",
+    "load_tokenizer": "hyla.models.loading",
+    "teacher_fingerprint": "hyla.models.loading",
+    "SUPPORTED_FAMILIES": "hyla.models.loading",
+    "to_hypenet": "hyla.models.transfer",
+    "lightning_from_attention": "hyla.models.transfer",
+    "hypenet_config_from_teacher": "hyla.models.transfer",
 }
 
 __all__ = sorted(_EXPORTS)

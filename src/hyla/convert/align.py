@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hyla.convert.transfer import lightning_from_attention
 from hyla.models import HypeNetForCausalLM
+from hyla.models.transfer import lightning_from_attention
 
 
 class MixerRecorder:

@@ -88,11 +88,12 @@ def align_attention_layers(run, stage, student: nn.Module) -> dict:
     """Train the student's attention layers to the teacher's RoPE attention outputs (budget `attn_align`), in
     `stage.path/attention-align`, and load the result into `student`; resumable, skipped once its output exists."""
     from hyla.convert.runners import stage_fast_path, train_budget
-    from hyla.convert.weights import full_state_dict, save_weights
+    from hyla.train.weights import full_state_dict, save_weights
 
     folder = stage.path / "attention-align"
     output = folder / OUTPUT
-    layers = [i for i, kind in enumerate(student.config.layer_types) if kind == "attention"]
+    # The student's softmax attention layers: NoPE, or RoPE under model.attention_rope.
+    layers = [i for i, kind in enumerate(student.config.layer_types) if kind in ("attention", "attention_rope")]
     summary = {"layers": layers, "skipped": output.exists()}
     if not output.exists():
         model = AttentionAlignment(run.teacher_equivalent(), student, layers).to(run.env.device)

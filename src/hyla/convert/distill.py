@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from hyla.convert.transfer import to_hypenet
 from hyla.models import HypeNetForCausalLM
+from hyla.models.transfer import to_hypenet
 from hyla.ops.linear_loss import linear_cross_entropy_chunked, linear_kl_divergence_chunked
 from hyla.train.loop import training_autocast
 

@@ -51,15 +51,15 @@ def model_card(report: dict) -> str:
 
 
 def run_export(run: Run, stage: Stage) -> dict:
-    student = load_student(run, "finetune")
-    student.config.attn_logits_scaling_a = run.stages["scaling"].read_manifest()["results"]["chosen_a"]
+    chosen_a = run.stages["scaling"].read_manifest()["results"]["chosen_a"]
+    student = load_student(run, "finetune", attention_logit_scaling_a=chosen_a)
     if run.env.is_main:
         student.save_pretrained(stage.path, safe_serialization=True)
         run.tokenizer.save_pretrained(stage.path)
         report = conversion_report(run)
         write_json(stage.path / "conversion.json", report)
         write_atomic(stage.path / "README.md", model_card(report).encode())
-    return {"model": stage.relative(stage.path), "attn_logits_scaling_a": student.config.attn_logits_scaling_a,
+    return {"model": stage.relative(stage.path), "attention_logit_scaling_a": student.config.attention_logit_scaling_a,
             "layer_types": student.config.layer_types}
 
 

@@ -128,7 +128,7 @@ def check_data_sources(plan: ConvertPlan, request: ConvertRequest) -> None:
 def convert(request: ConvertRequest) -> dict:
     """Run (or resume) a conversion; returns the results of every stage. Every setting is checked before the teacher
     loads, and the run folder is locked against a second writer."""
-    from hyla.convert.teacher import resolve_teacher
+    from hyla.models.loading import resolve_spec
 
     _check_stage_name(request.from_stage, "--from-stage")
     _check_stage_name(request.until_stage, "--until-stage")
@@ -137,14 +137,15 @@ def convert(request: ConvertRequest) -> dict:
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
     check_data_sources(early, request)
-    resolve_teacher(request.teacher)  # an unknown name fails here, before anything is written
+    resolve_spec(request.teacher, role="teacher")  # an unknown name fails here, before anything is written
     env = init_distributed(request.device)
     with exclusive_run_folder(Path(request.out), env):
         return _convert_locked(request, early, env)
 
 
 def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
-    from hyla.convert.teacher import check_full_attention, load_teacher, load_teacher_config, teacher_fingerprint
+    from hyla.models.loading import load_teacher, load_teacher_config, teacher_fingerprint
+    from hyla.models.transfer import check_full_attention
 
     teacher_config = load_teacher_config(request.teacher)
     check_full_attention(teacher_config, request.teacher)

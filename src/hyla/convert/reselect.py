@@ -62,9 +62,9 @@ def teacher_output_energy(teacher_spec: str, corpus: str, *, batches: int, batch
                           seq_len: int) -> list[float]:
     """Mean square of each layer's attention output of the teacher over `batches` windows of `corpus`."""
     from hyla.convert.align import MixerRecorder
-    from hyla.convert.teacher import load_teacher
-    from hyla.convert.transfer import to_hypenet
     from hyla.data.loader import TokenLoader
+    from hyla.models.loading import load_teacher
+    from hyla.models.transfer import to_hypenet
 
     hf_teacher, _ = load_teacher(teacher_spec)
     teacher = to_hypenet(hf_teacher, attention_rope=True).eval()

@@ -13,20 +13,20 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
+from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
-from hyla.compile import compile_blocks
 from hyla.convert.presets import ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
-from hyla.convert.transfer import to_hypenet
-from hyla.convert.weights import full_state_dict, load_weights, save_weights
+from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier
 from hyla.train.fast import FastPath, resolve_fast_path
 from hyla.train.parallel import (DataParallelChoice, choose_data_parallel, data_parallel, device_memory_bytes,
                                  replica_bytes)
+from hyla.train.weights import full_state_dict, load_weights, save_weights
 
 
 @dataclass
@@ -58,10 +58,10 @@ class Run:
             self.cache["twin_config"] = config
         return self.cache["twin_config"]
 
-    def build_student(self, attention_layers: list[int]):
+    def build_student(self, attention_layers: list[int], **config_fields):
         """The hybrid with attention at `attention_layers` and the stage-1 twins elsewhere (not yet on the device)."""
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
-                             **self.plan.student_options())
+                             **self.plan.student_options(), **config_fields)
 
     def _data_results(self) -> dict:
         data = self.stages["data"]
@@ -264,7 +264,7 @@ def initialise_twins(run: Run, twins: AlignmentTwins) -> dict:
 
 def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     """The aligned twins of stage 1, one LightningAttention per layer."""
-    from hyla.convert.transfer import lightning_from_attention
+    from hyla.models.transfer import lightning_from_attention
 
     weights = load_file(str(run.stages["align"].path / "twins.safetensors"))
     config = run.twin_config()
@@ -277,10 +277,11 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
     return twins
 
 
-def load_student(run: Run, weights_stage: str | None) -> Any:
-    """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins)."""
+def load_student(run: Run, weights_stage: str | None, **config_fields) -> Any:
+    """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins);
+    `config_fields` on top of the plan's (the export's chosen attention_logit_scaling_a)."""
     chosen = run.stages["select"].read_manifest()["results"]["chosen"]
-    student = run.build_student(chosen)
+    student = run.build_student(chosen, **config_fields)
     if weights_stage is not None:
         load_weights(student, run.stages[weights_stage].path / "student.safetensors")
     return student.to(run.env.device).float()

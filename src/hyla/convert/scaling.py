@@ -7,7 +7,9 @@ Where the documents come from, first found: `scaling.data` (a prepared corpus fo
 `a` candidates (the method chooses `a` by the lowest loss on long documents); c(L) and NIAH are reported beside it, not
 chosen from. A student whose every loss is non-finite or that of a uniform prediction stops the run (`TrainingDiverged`)
 instead of being exported. Losses are computed under the training loop's autocast, one document at a time, the LM head
-in row chunks (no [T, V] logits); NIAH runs after every loss, on the model cast to bfloat16 (as `hyla eval`).
+in row chunks (no [T, V] logits); NIAH runs after every loss, on the model cast to bfloat16 (as `hyla eval`). Each
+candidate is an `InferenceOptions` the student runs under; its config is left as loaded (the export writes the
+chosen a into it).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from hyla.convert.data import heldout_sequences, scaling_documents
+from hyla.models import InferenceOptions
 from hyla.train.divergence import UNIFORM_LOSS_TOLERANCE, TrainingDiverged
 
 PER_LENGTH = "c(L)"
@@ -27,15 +30,16 @@ HEAD_CHUNK_ROWS = 4096
 
 
 @torch.no_grad()
-def position_losses(model, sequences: torch.Tensor) -> torch.Tensor:
-    """Per-token next-token loss [N, T-1] (float32, on CPU) of [N, T] sequences, one at a time."""
+def position_losses(model, sequences: torch.Tensor, options: InferenceOptions | None = None) -> torch.Tensor:
+    """Per-token next-token loss [N, T-1] (float32, on CPU) of [N, T] sequences, one at a time, the model running
+    under `options` (None: its own)."""
     from hyla.train.loop import training_autocast
 
     rows = []
     for row in sequences:
         ids = row[None].to(model.device)
         with training_autocast(model.device):
-            hidden = model.model(ids, use_cache=False).last_hidden_state[0, :-1]
+            hidden = model.model(ids, use_cache=False, inference_options=options).last_hidden_state[0, :-1]
             targets = ids[0, 1:]
             losses = [F.cross_entropy(model.lm_head(hidden[start:start + HEAD_CHUNK_ROWS]).float(),
                                       targets[start:start + HEAD_CHUNK_ROWS], reduction="none")
@@ -44,18 +48,14 @@ def position_losses(model, sequences: torch.Tensor) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def candidate_settings(plan, train_length: int) -> dict[str, dict]:
-    """Label → the config fields each candidate sets: every `a` (per-query s_t; None = off), then c(L)."""
-    candidates = {str(a): {"logit_scaling": "per_query", "attn_logits_scaling_a": a} for a in plan.candidates}
+def candidate_options(plan, train_length: int) -> dict[str, InferenceOptions]:
+    """Label → how the student runs for each candidate: every `a` (per-query s_t with that a; None = off), then
+    c(L) with L0 = `train_length`."""
+    candidates = {str(a): InferenceOptions(logit_scaling="off") if a is None else InferenceOptions(logit_scaling_a=a)
+                  for a in plan.candidates}
     if plan.per_length:
-        candidates[PER_LENGTH] = {"logit_scaling": "per_length", "attn_logits_scaling_a": None,
-                                  "logit_scaling_train_length": train_length}
+        candidates[PER_LENGTH] = InferenceOptions(logit_scaling="per_length", logit_scaling_train_length=train_length)
     return candidates
-
-
-def _apply(config, settings: dict) -> None:
-    for name, value in settings.items():
-        setattr(config, name, value)
 
 
 def scaling_sequences(run, stage, plan):
@@ -103,13 +103,11 @@ def run_scaling(run, stage) -> dict:
         run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
                 f"choice sees no dependency longer than that; set data.scaling_sources to long documents")
     student = load_student(run, "finetune").eval()
-    candidates = candidate_settings(plan, run.plan.finetune.seq_len)
-    saved = {name: getattr(student.config, name) for settings in candidates.values() for name in settings}
+    candidates = candidate_options(plan, run.plan.finetune.seq_len)
     losses, curves = {}, {}
     edges = default_bucket_edges(plan.length)
-    for label, settings in candidates.items():
-        _apply(student.config, settings)
-        token_losses = position_losses(student, sequences)
+    for label, options in candidates.items():
+        token_losses = position_losses(student, sequences, options)
         losses[label] = token_losses.mean().item()
         curves[label] = bucket_means(token_losses, edges)
         run.log(f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
@@ -118,12 +116,13 @@ def run_scaling(run, stage) -> dict:
     if plan.niah_lengths and plan.niah_samples > 0:
         student.to(torch.bfloat16)
         samples_cache: dict = {}
-        for label, settings in candidates.items():
-            _apply(student.config, settings)
+        for label, options in candidates.items():
+            # the evaluation generates through the model's own options (the engine, or transformers' generate)
+            student.inference_options = options
             niah[label] = niah_scores(student, run.tokenizer, plan, samples_cache)
             run.log(f"[scaling] {label}: NIAH " + ", ".join(f"{key} {cell['score']:.2f}"
                                                              for key, cell in niah[label].items()))
-    _apply(student.config, saved)
+        student.inference_options = InferenceOptions()
     best = best_scaling(plan.candidates, losses, student.config.vocab_size)
     if run.env.is_main:
         plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length)

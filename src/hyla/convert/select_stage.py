@@ -65,7 +65,7 @@ def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
 
     from hyla.convert.distill import StudentWithTeacher, distill_loss, kl_divergence
     from hyla.convert.runners import stage_fast_path, train_budget
-    from hyla.convert.weights import full_state_dict, load_state
+    from hyla.train.weights import full_state_dict, load_state
 
     budget = dataclasses.replace(
         run.plan.distill, tokens=run.plan.selection.kl_ls_steps * run.plan.distill.seq_len * run.plan.distill.batch_size,

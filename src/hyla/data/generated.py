@@ -2,7 +2,7 @@
 
 Each document is a prompt followed by the teacher's continuation. Batch `b` samples under seed `(seed, b)`, so the
 same settings give the same documents on the same hardware and software. The teacher samples as its
-teacher-equivalent HypeNet (`hyla.convert.transfer.to_hypenet(..., attention_rope=True)`: the teacher's weights, RoPE
+teacher-equivalent HypeNet (`hyla.models.transfer.to_hypenet(..., attention_rope=True)`: the teacher's weights, RoPE
 attention in every layer, the teacher's logits), which generates on hyla's inference engine (`hyla.generate`); a
 teacher that does not convert samples through transformers' generate.
 """
@@ -72,7 +72,7 @@ def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_prog
     """Sample `settings.num_documents` documents from the teacher, `batch_size` prompts at a time."""
     from tqdm.auto import tqdm
 
-    from hyla.convert.teacher import load_teacher
+    from hyla.models.loading import load_teacher
 
     teacher = load_teacher(teacher_spec, dtype=settings.dtype, device=settings.device)
     model = generating_model(teacher.model)
@@ -88,7 +88,7 @@ def generating_model(teacher_model):
     itself when it does not convert (an architecture `to_hypenet` does not take)."""
     import torch
 
-    from hyla.convert.transfer import to_hypenet
+    from hyla.models.transfer import to_hypenet
 
     try:
         # building the HypeNet draws its (overwritten) initial weights: not from the caller's generator

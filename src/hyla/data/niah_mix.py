@@ -236,7 +236,7 @@ def write_mix(out: Path, settings: dict, corpus: TokenCorpus, stream: np.ndarray
 
 def build_niah_mix(options: NiahMixSettings, log=print) -> dict:
     """Build the mix (or find it built); returns its manifest."""
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     corpus = TokenCorpus(options.corpus)
     settings = settings_of(options, corpus)

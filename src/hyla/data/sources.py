@@ -78,8 +78,8 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
         description, documents = offline_documents(spec)
         return Source(spec, description, documents)
     if spec.startswith("teacher:"):
-        from hyla.convert.teacher import load_teacher_config
         from hyla.data.generated import teacher_documents
+        from hyla.models.loading import load_teacher_config
 
         settings = generation or GenerationSettings()
         teacher_spec = spec.removeprefix("teacher:")

@@ -94,7 +94,7 @@ class PreparedCorpus:
 def prepare_corpus(out_dir: str | Path, settings: PrepareSettings, *, show_progress: bool = True,
                    log: Callable[[str], None] = lambda line: None) -> PreparedCorpus:
     """Tokenize `settings.sources` into `out_dir` (see the module docstring for the layout)."""
-    from hyla.convert.teacher import load_tokenizer
+    from hyla.models.loading import load_tokenizer
 
     out_dir = Path(out_dir).expanduser()
     existing = read_existing_manifest(out_dir, settings)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 _DEFAULT_OUT_ROOT = Path("runs") / "eval"
-# CLI options passed to hyla.evals.overrides.apply_inference_overrides under the same names
+# CLI options passed to hyla.evals.overrides.apply_inference_overrides (hyla.InferenceOptions) under the same names
 _OVERRIDE_OPTIONS = ("logit_scaling_a", "logit_scaling", "logit_scaling_train_length", "eme_window", "eme_stride")
 
 
@@ -52,13 +52,13 @@ def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
-    overrides = parser.add_argument_group("inference overrides (hyla hybrid models)")
+    overrides = parser.add_argument_group("inference options (hyla hybrid models; the saved config is left as it is)")
     overrides.add_argument(
         "--logit-scaling-a", type=_scaling_a, default=None, metavar="A|off",
         help="per-query logit scaling s_t = log(t+a)/log(a) with this a; 'off' evaluates without scaling",
     )
-    overrides.add_argument("--logit-scaling", choices=["per_query", "per_length"], default=None,
-                           help="NoPE logit scaling mode (per_length: c(L) = log L / log L0)")
+    overrides.add_argument("--logit-scaling", choices=["per_query", "per_length", "off"], default=None,
+                           help="logit scaling mode (per_length: c(L) = log L / log L0 on NoPE attention)")
     overrides.add_argument("--logit-scaling-train-length", type=int, default=None, help="L0 of c(L)")
     overrides.add_argument("--eme-window", type=int, default=None, help="EME: SWLA / sliding window W")
     overrides.add_argument("--eme-stride", type=int, default=None, help="EME: SWLA stride S (default W // 4)")
@@ -174,7 +174,7 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     print_settings(kind, {**settings, "out": out_dir})
     overrides = {name: getattr(args, name) for name in _OVERRIDE_OPTIONS}
     model, tokenizer, applied = load_for_eval(args.model, dtype=args.dtype, device=args.device, **overrides)
-    return model, tokenizer, {**settings, "applied_overrides": applied}, out_dir
+    return model, tokenizer, {**settings, "inference_options": applied}, out_dir
 
 
 def _generation(args: argparse.Namespace, model: Any):

@@ -1,73 +1,51 @@
-"""Inference-time settings applied to a loaded model before an evaluation (logit scaling, EME).
+"""Inference options given to an evaluation (logit scaling, EME: `hyla.InferenceOptions`).
 
 `apply_inference_overrides(model, **overrides)` is the single place where evaluation options change how a model
-runs, so the teacher and its hybrid are measured by the same command with the same flags. Each override names a
-config field; a model that lacks the field cannot honour it, and that is an error rather than a silent no-op.
-- `logit_scaling_a` sets `attn_logits_scaling_a` (dynamic logit scaling s_t = log(t + a) / log(a), docs/method.md,
-  "Attention layer and logit scaling"); the value "off" sets it to None (no scaling);
-- the EME settings (`eme_window`, `eme_stride`, `logit_scaling`, `logit_scaling_train_length`, docs/method.md, "EME") go
-  through `hyla.models.eme.apply_eme_overrides`, which checks them together with the model config.
-A new override is a row of `OVERRIDE_FIELDS` (or of the EME table) plus a CLI option in `hyla.evals.cli`.
+runs, so the teacher and its hybrid are measured by one command with the same flags. It builds the
+`InferenceOptions` of the given options and makes them the model's inference options (`model.inference_options`,
+what its forward, `generate` and the inference engine run with); the model's config is left as it was loaded. A
+model without inference options (not a HypeNet) cannot honour them, and that is an error rather than a silent
+no-op. The names are InferenceOptions' fields; `logit_scaling_a="off"` evaluates without the scaling the model was
+saved with (logit_scaling "off").
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-# override name → (config field, what it means), for the error message and the results file
-OVERRIDE_FIELDS = {
-    "logit_scaling_a": ("attn_logits_scaling_a", "per-query logit scaling s_t = log(t + a) / log(a)"),
+from hyla.layers.context import InferenceOptions
+
+# override name -> what it means, for the error messages
+OVERRIDES = {
+    "logit_scaling_a": "per-query logit scaling s_t = log(t + a) / log(a)",
+    "logit_scaling": "logit scaling mode ('per_query', 'per_length' or 'off')",
+    "logit_scaling_train_length": "training length L0 of c(L) = log L / log L0",
+    "eme_window": "EME: SWLA window W of linear mixers and sliding window of RoPE attention",
+    "eme_stride": "EME: SWLA stride S (default W // 4)",
 }
 
 
-def _eme_override_names() -> set[str]:
-    from hyla.models.eme import EME_OVERRIDE_FIELDS
-
-    return set(EME_OVERRIDE_FIELDS)
-
-
 def apply_inference_overrides(model: Any, **overrides: Any) -> dict[str, Any]:
-    """Set each given (non-None) override on `model.config`; returns what was applied (config field → value).
+    """Make the given (non-None) overrides the model's inference options; returns them (option -> value).
 
-    Raises ValueError for an unknown override, a model whose config lacks the field, or a value the config rejects.
-    """
+    Raises ValueError for an unknown override, a model without inference options, or values that do not go
+    together (the model is then left as it was)."""
     given = {name: value for name, value in overrides.items() if value is not None}
     if not given:
         return {}
-    eme_names = _eme_override_names()
-    eme_overrides = {name: given.pop(name) for name in list(given) if name in eme_names}
-    applied: dict[str, Any] = {}
-    for name, value in given.items():
-        applied.update(_set_config_field(model, name, value))
-    if eme_overrides:
-        from hyla.models.eme import apply_eme_overrides
-
-        applied.update(apply_eme_overrides(model, **eme_overrides))
-    return applied
-
-
-def _set_config_field(model: Any, name: str, value: Any) -> dict[str, Any]:
-    if name not in OVERRIDE_FIELDS:
-        known = sorted(set(OVERRIDE_FIELDS) | _eme_override_names())
-        raise ValueError(f"unknown inference override {name!r}; known: {', '.join(known)}")
-    field, meaning = OVERRIDE_FIELDS[name]
-    if name == "logit_scaling_a" and value == "off":
-        value = None  # evaluate without the scaling the model was saved with
-    elif name == "logit_scaling_a" and not value > 1:
-        # s_t = log(t + a) / log(a) needs log(a) > 0.
-        raise ValueError(f"--logit-scaling-a must be > 1, got {value}")
-    config = getattr(model, "config", None)
-    if config is None or not hasattr(config, field):
-        model_type = getattr(config, "model_type", type(model).__name__)
-        raise ValueError(f"--{name.replace('_', '-')} needs a model with {meaning} ({model_type} has no {field})")
-    previous = getattr(config, field)
-    setattr(config, field, value)
-    # A hyla config checks its fields together; leave it unchanged when it rejects the value.
-    validate = getattr(config, "validate_family", None)
-    if callable(validate):
-        try:
-            validate()
-        except ValueError:
-            setattr(config, field, previous)
-            raise
-    return {field: value}
+    unknown = sorted(set(given) - set(OVERRIDES))
+    if unknown:
+        raise ValueError(f"unknown inference override(s) {unknown}; known: {', '.join(OVERRIDES)}")
+    if not hasattr(model, "inference_options"):
+        name = next(iter(given))
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"--{name.replace('_', '-')} needs a hyla HypeNet model, for its {OVERRIDES[name]} "
+                         f"({model_type} has no inference options)")
+    if given.get("logit_scaling_a") == "off":
+        del given["logit_scaling_a"]
+        if given.setdefault("logit_scaling", "off") != "off":
+            raise ValueError(f"--logit-scaling-a off turns the scaling off; --logit-scaling {given['logit_scaling']} "
+                             "asks for it")
+    options = InferenceOptions(**given)
+    model.inference_options = options
+    return options.changes()

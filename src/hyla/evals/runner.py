@@ -18,12 +18,13 @@ def model_label(spec: str) -> str:
 def load_for_eval(
     spec: str, *, dtype: str = "float32", device: str = "cpu", **overrides: Any
 ) -> tuple[Any, Any, dict[str, Any]]:
-    """(model, tokenizer, applied overrides) for a model spec, ready to evaluate.
+    """(model, tokenizer, the inference options given) for a model spec, ready to evaluate.
 
-    `overrides` are inference settings such as `logit_scaling_a` or `eme_window` (see `hyla.evals.overrides`).
+    `overrides` are inference options such as `logit_scaling_a` or `eme_window` (`hyla.evals.overrides`): the
+    loaded model runs with them, its config stays as saved.
     """
-    from hyla.evals.loading import load_model
     from hyla.evals.overrides import apply_inference_overrides
+    from hyla.models.loading import load_model
 
     model, tokenizer = load_model(spec, dtype=dtype, device=device)
     applied = apply_inference_overrides(model, **overrides)

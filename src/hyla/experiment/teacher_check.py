@@ -37,9 +37,8 @@ def check_teacher(spec: str, out: Path, *, device: str = "cpu", seq_len: int = 1
     the logits' scale."""
     import torch
 
-    from hyla.convert.teacher import load_teacher, teacher_fingerprint
-    from hyla.convert.transfer import to_hypenet
-    from hyla.evals.loading import load_model
+    from hyla.models.loading import load_model, load_teacher, teacher_fingerprint
+    from hyla.models.transfer import to_hypenet
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False

@@ -64,9 +64,9 @@ def run_generate(args: argparse.Namespace) -> int:
     import torch
     from transformers import TextStreamer
 
-    from hyla.evals.loading import load_model
     from hyla.inference.generate import GenerationSession, Sampling, generation_path, hf_generate
     from hyla.inference.settings import load_settings
+    from hyla.models.loading import load_model
 
     text = _prompt_text(args)
     if args.max_new_tokens < 1:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from hyla.compile import raise_recompile_limits
-from hyla.layers.context import MixerContext
+from hyla.layers.context import DEFAULT_OPTIONS, MixerContext
 from hyla.ops.matvec import NORM, PLAIN, SCALED, SIGMOID_GATE, interleave_glu
 
 _COMPILED: dict = {}
@@ -155,15 +155,17 @@ def decode_logits(model, lm_head, hidden, delta, linear=None):
     return (lm_head(x) if linear is None else linear(x, lm_head.weight, lm_head.bias))[:, 0]
 
 
-def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, fused=None,
+def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, options, fused=None,
                            linear=None):
     """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, written back in
     place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state:
-    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay). Returns (hidden after the mixer, the MLP's output): their sum is
-    the block's output."""
+    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay); options: the InferenceOptions (passed in, so that compiled the
+    context holds the caller's object). Returns (hidden after the mixer, the MLP's output): their sum is the block's
+    output."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
-    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused, linear)
+    context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
+    q, k, v, gate = _project(block.mixer, x, context, fused, linear)
     acc = state.dtype
     # Written as a product and a sum rather than a batched matrix-vector product, so that compiled, the update, its
     # write back and q S are one kernel that reads the state once.
@@ -174,14 +176,15 @@ def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, 
     return hidden, _mlp(block, hidden, fused, linear)
 
 
-def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, positions, fused=None,
-                               linear=None):
-    """On input `hidden + delta`: norm, projections (q/k norms, RoPE or logit scaling as the layer has them), cache
-    write at each row's position (`positions`: int64 [B] device tensor). Returns (the block's input hidden + delta,
-    mixer input x, q [B, H, D], output-gate pre-activation or None)."""
+def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, positions, options,
+                               fused=None, linear=None):
+    """On input `hidden + delta`: norm, projections (q/k norms, RoPE or logit scaling as the layer has them under the
+    InferenceOptions `options`), cache write at each row's position (`positions`: int64 [B] device tensor). Returns
+    (the block's input hidden + delta, mixer input x, q [B, H, D], output-gate pre-activation or None)."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
-    q, k, v, gate = _project(block.mixer, x, MixerContext(position_ids=position_ids, rope=(cos, sin)), fused, linear)
+    context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
+    q, k, v, gate = _project(block.mixer, x, context, fused, linear)
     write_kv(keys, values, k, v, positions)
     return hidden, x, q[:, 0].contiguous(), gate
 
@@ -197,8 +200,8 @@ class ModuleDecodeStep:
     None; linear: the products' function (None: F.linear)."""
 
     def __init__(self, model, *, name: str, fused: list, linear, decay, scale: float, compile_decode: bool,
-                 compile_mode: str):
-        self.name, self.model, self.fused, self.linear = name, model, fused, linear
+                 compile_mode: str, options):
+        self.name, self.model, self.fused, self.linear, self.options = name, model, fused, linear, options
         self.decay, self.scale, self.launch_pdl = decay, scale, False
         functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post, decode_embed,
                      decode_logits)
@@ -211,12 +214,12 @@ class ModuleDecodeStep:
         return (hidden, delta), cos, sin
 
     def lightning(self, index, block, stream, position_ids, cos, sin, state):
-        return self._lightning(block, *stream, position_ids, cos, sin, state, self.decay, self.scale,
+        return self._lightning(block, *stream, position_ids, cos, sin, state, self.decay, self.scale, self.options,
                                self.fused[index], self.linear)
 
     def attention_in(self, index, block, stream, position_ids, cos, sin, keys, values, positions):
         hidden, x, q, gate = self._attention_pre(block, *stream, position_ids, cos, sin, keys, values, positions,
-                                                 self.fused[index], self.linear)
+                                                 self.options, self.fused[index], self.linear)
         return hidden, q, (x, gate)
 
     def attention_out(self, index, block, stream, carry, attention_output):
@@ -262,7 +265,7 @@ def lightning_block_decode_kernels(block, hidden, cos, sin, state, decay, scale,
     return _mlp_kernels(block, hidden, folded, kernels)
 
 
-def attention_block_decode_pre_kernels(block, hidden, position_ids, cos, sin, keys, values, positions,
+def attention_block_decode_pre_kernels(block, hidden, position_ids, cos, sin, keys, values, positions, options,
                                        folded: FoldedWeights, kernels):
     """attention_block_decode_pre with the RMSNorm in the product's prologue. Returns (q [B, H, D], output-gate
     pre-activation or None). The one fused function torch.compile traces (q/k norms, RoPE or logit scaling and the
@@ -271,7 +274,7 @@ def attention_block_decode_pre_kernels(block, hidden, position_ids, cos, sin, ke
                       pdl=False)
     parts = y.split(folded.mixer_sizes, dim=-1)
     q, k, v = block.mixer.prepare_qkv(parts[0], parts[1], parts[2],
-                                      MixerContext(position_ids=position_ids, rope=(cos, sin)))
+                                      MixerContext(position_ids=position_ids, rope=(cos, sin), options=options))
     write_kv(keys, values, k, v, positions)
     return q[:, 0].contiguous(), parts[3] if len(parts) > 3 else None
 
@@ -296,8 +299,8 @@ class KernelDecodeStep:
     """The "triton-fused" decode step (module docstring)."""
 
     def __init__(self, model, *, kernels, decay, scale: float, compile_decode: bool, compile_mode: str,
-                 step_launch: tuple[int, int]):
-        self.name, self.model, self.kernels = "triton-fused", model, kernels
+                 step_launch: tuple[int, int], options):
+        self.name, self.model, self.kernels, self.options = "triton-fused", model, kernels, options
         self.folded = [fold_block_weights(block) for block in model.model.layers]
         self.decay, self.scale = decay.reshape(-1).contiguous(), scale
         self.step_launch, self.launch_pdl = step_launch, kernels.pdl
@@ -318,7 +321,7 @@ class KernelDecodeStep:
                                               self.folded[index], self.kernels, self.step_launch)
 
     def attention_in(self, index, block, stream, position_ids, cos, sin, keys, values, positions):
-        q, gate = self._attention_pre(block, stream, position_ids, cos, sin, keys, values, positions,
+        q, gate = self._attention_pre(block, stream, position_ids, cos, sin, keys, values, positions, self.options,
                                       self.folded[index], self.kernels)
         return stream, q, gate
 
@@ -330,8 +333,9 @@ class KernelDecodeStep:
         return decode_logits_kernels(self.model.model, self.model.lm_head, stream, self.kernels)
 
 
-def build_decode_step(model, settings, *, decay, scale: float, device: torch.device):
-    """The decode step `settings.decode_step` names (hyla.inference.settings.EngineSettings), with its kernels."""
+def build_decode_step(model, settings, *, decay, scale: float, device: torch.device, options=DEFAULT_OPTIONS):
+    """The decode step `settings.decode_step` names (hyla.inference.settings.EngineSettings), with its kernels, for
+    the InferenceOptions `options` (logit scaling)."""
     import os
 
     from hyla.ops.decode_attention import triton_available
@@ -354,7 +358,7 @@ def build_decode_step(model, settings, *, decay, scale: float, device: torch.dev
     elif settings.launch_pdl:
         raise ValueError(f"launch_pdl applies to decode_step='triton-fused', not {settings.decode_step!r}")
     common = dict(decay=decay, scale=scale, compile_decode=settings.compile_decode,
-                  compile_mode=settings.compile_mode)
+                  compile_mode=settings.compile_mode, options=options)
     if settings.decode_step == "triton-fused":
         return KernelDecodeStep(model, kernels=kernels, step_launch=tuple(settings.lightning_step), **common)
     layers = model.model.layers

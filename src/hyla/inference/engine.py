@@ -21,7 +21,7 @@ import torch
 from hyla.inference.cache import StaticHybridCache
 from hyla.inference.decode_step import build_decode_step, compiled
 from hyla.inference.settings import EngineSettings, fit_to_model, triton_fused_obstacles, tuned_settings, with_fields
-from hyla.layers.context import MixerContext
+from hyla.layers.context import DEFAULT_OPTIONS, InferenceOptions, MixerContext
 from hyla.ops.chunk_attention import chunk_attention, pick_attention_backend
 from hyla.ops.decode_attention import decode_attention, resolve_kernel
 from hyla.ops.lightning import lightning_attention
@@ -30,8 +30,8 @@ from hyla.ops.lightning import lightning_attention
 SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 
 
-def unsupported_reason(model) -> str | None:
-    """Why the engine cannot run `model` (None: it can)."""
+def unsupported_reason(model, options: InferenceOptions | None = None) -> str | None:
+    """Why the engine cannot run `model` under `options` (None: the model's own inference options), or None."""
     config = getattr(model, "config", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None or not hasattr(model, "model") or not hasattr(model.model, "layers"):
@@ -39,17 +39,18 @@ def unsupported_reason(model) -> str | None:
     unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
     if unsupported:
         return f"the inference engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers, not {unsupported}"
-    if getattr(config, "eme_window", None) is not None:
+    options = options if options is not None else getattr(model, "inference_options", DEFAULT_OPTIONS)
+    if options.eme_window is not None:
         return ("the inference engine runs global attention and full Lightning state: turn EME (eme_window) off or "
                 "use the model's own forward")
     return None
 
 
-def block_prefill_pre(block, hidden, position_ids, cos, sin):
+def block_prefill_pre(block, hidden, position_ids, cos, sin, options):
     """A prefill chunk's block input: norm, then the mixer's projections (q/k norms, RoPE or logit scaling as the
-    layer has them). Returns (mixer input x, q, k, v)."""
+    layer has them under the InferenceOptions `options`). Returns (mixer input x, q, k, v)."""
     x = block.input_layernorm(hidden)
-    q, k, v = block.mixer.project(x, MixerContext(position_ids=position_ids, rope=(cos, sin)))
+    q, k, v = block.mixer.project(x, MixerContext(position_ids=position_ids, rope=(cos, sin), options=options))
     return x, q, k, v
 
 
@@ -66,11 +67,13 @@ class InferenceEngine:
     settings: an EngineSettings (used as given); None: the tuned settings of the model's device
     (`hyla.inference.settings.tuned_settings`), fitted to this model and batch size (the triton-fused step needs
     batch 1, SiLU MLPs and Lightning heads of a multiple of 32: otherwise fused projections, reason in
-    `self.notes`). overrides: EngineSettings fields replaced on top, e.g. decode_step="eager", prefill_chunk=128."""
+    `self.notes`). overrides: EngineSettings fields replaced on top, e.g. decode_step="eager", prefill_chunk=128.
+    inference_options: how the model runs (logit scaling; None: the model's own `inference_options`)."""
 
     def __init__(self, model, *, batch_size: int, max_length: int, settings: EngineSettings | None = None,
-                 **overrides):
-        reason = unsupported_reason(model)
+                 inference_options: InferenceOptions | None = None, **overrides):
+        options = inference_options if inference_options is not None else model.inference_options
+        reason = unsupported_reason(model, options)
         if reason is not None:
             raise ValueError(reason)
         self.notes: list[str] = []
@@ -81,7 +84,7 @@ class InferenceEngine:
             problems = triton_fused_obstacles(model.config, batch_size)
             if problems:
                 raise ValueError(problems[0])
-        self.settings = settings
+        self.settings, self.options = settings, options
         self.model, self.config = model, model.config
         self.device, self.dtype = model.device, model.dtype
         self.attention_backend = pick_attention_backend(settings.attention_backend, self.device, self.dtype)
@@ -94,7 +97,8 @@ class InferenceEngine:
         state_dtype = torch.float64 if self.dtype == torch.float64 else torch.float32
         self.decay = (lightning[0].log_decay(self.device).exp().to(state_dtype)[:, None, None] if lightning
                       else torch.ones(1, 1, 1, device=self.device, dtype=state_dtype))
-        self.step = build_decode_step(model, settings, decay=self.decay, scale=self.scale, device=self.device)
+        self.step = build_decode_step(model, settings, decay=self.decay, scale=self.scale, device=self.device,
+                                      options=options)
         self.launch_pdl = self.step.launch_pdl
         self._prefill_blocks = (block_prefill_pre, block_prefill_post)
         if settings.compile_prefill:
@@ -179,7 +183,7 @@ class InferenceEngine:
         symbolic = self._symbolic_length if self.settings.compile_prefill else lambda *tensors: None
         for index, block in enumerate(model.layers):
             symbolic(hidden, position_ids, cos, sin)
-            x, q, k, v = pre(block, hidden, position_ids, cos, sin)
+            x, q, k, v = pre(block, hidden, position_ids, cos, sin, self.options)
             if block.layer_type == "lightning":
                 mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows])
             else:

@@ -29,11 +29,12 @@ GENERATION_PATHS = ("auto", "engine", "hf")
 _FINISHED_CHECK_EVERY = 8
 
 
-def generation_path(model, requested: str = "auto") -> tuple[str, str]:
-    """("engine" or "hf", why) for `model`: "auto" takes the engine wherever it runs the model."""
+def generation_path(model, requested: str = "auto", inference_options=None) -> tuple[str, str]:
+    """("engine" or "hf", why) for `model` under `inference_options` (None: the model's own): "auto" takes the
+    engine wherever it runs the model."""
     if requested not in GENERATION_PATHS:
         raise ValueError(f"generation path must be one of {', '.join(GENERATION_PATHS)}, got {requested!r}")
-    reason = unsupported_reason(model)
+    reason = unsupported_reason(model, inference_options)
     if requested == "hf":
         return "hf", "asked for transformers' generate"
     if reason is not None:
@@ -109,13 +110,15 @@ def _eos_ids(eos_token_id) -> list[int]:
 
 class GenerationSession:
     """Generation on the engine for one model, reusing the engine while batch size and buffer fit. settings: the
-    engine's (None: the tuned settings of the model's device); overrides: EngineSettings fields on top."""
+    engine's (None: the tuned settings of the model's device); inference_options: how the model runs (None: the
+    model's own, as they are when each engine is built); overrides: EngineSettings fields on top."""
 
-    def __init__(self, model, *, settings: EngineSettings | None = None, **overrides):
-        reason = unsupported_reason(model)
+    def __init__(self, model, *, settings: EngineSettings | None = None, inference_options=None, **overrides):
+        reason = unsupported_reason(model, inference_options)
         if reason is not None:
             raise ValueError(reason)
         self.model, self.settings, self.overrides = model, settings, overrides
+        self.inference_options = inference_options
         self.engine: InferenceEngine | None = None
         self._fingerprint = None
         self.stats = GenerationStats()
@@ -123,7 +126,11 @@ class GenerationSession:
     def _weights_fingerprint(self) -> tuple:
         # In-place updates (an optimizer step, load_state_dict) bump a tensor's version; a swapped module brings
         # other tensors: either way the engine's fused copies of the weights are stale.
-        return tuple((id(p), p._version) for p in self.model.parameters()) + (tuple(self.model.config.layer_types),)
+        return (tuple((id(p), p._version) for p in self.model.parameters()) + (tuple(self.model.config.layer_types),)
+                + (self._options(),))
+
+    def _options(self):
+        return self.inference_options if self.inference_options is not None else self.model.inference_options
 
     def _engine(self, batch_size: int, needed: int) -> InferenceEngine:
         fingerprint = self._weights_fingerprint()
@@ -138,7 +145,7 @@ class GenerationSession:
             if settings is None:
                 settings, notes = fit_to_model(tuned_settings(self.model.device), self.model, batch_size)
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
-                                     settings=settings, **self.overrides)
+                                     settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes
             self.engine, self._fingerprint = engine, fingerprint
             self.stats.engine_built_s = time.perf_counter() - started
@@ -233,26 +240,34 @@ def _synchronized(device: torch.device) -> float:
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
              max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
              top_p: float | None = None, eos_token_id=None, pad_token_id: int | None = None, streamer=None,
-             path: str = "auto", settings: EngineSettings | None = None, **engine_overrides) -> torch.Tensor:
+             path: str = "auto", settings: EngineSettings | None = None, inference_options=None,
+             **engine_overrides) -> torch.Tensor:
     """Generate for `model`: on the inference engine for HypeNet models (CPU or CUDA), else the model's own
     `generate`. input_ids [B, T] left-padded with attention_mask [B, T] (None: no padding). Returns [B, T + steps]
     as transformers does (`GenerationSession.generate`). path: "auto", "engine" (refused where it cannot run) or
-    "hf" (transformers' generate); settings / engine_overrides: the engine's (`hyla.inference.settings`)."""
-    chosen, _ = generation_path(model, path)
+    "hf" (transformers' generate); settings / engine_overrides: the engine's (`hyla.inference.settings`);
+    inference_options: how a HypeNet runs (`hyla.InferenceOptions`; None: the model's own)."""
+    chosen, _ = generation_path(model, path, inference_options)
     sampling = Sampling(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
     if chosen == "hf":
         return hf_generate(model, input_ids, attention_mask, max_new_tokens=max_new_tokens, sampling=sampling,
-                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, streamer=streamer)
-    session = GenerationSession(model, settings=settings, **engine_overrides)
+                           eos_token_id=eos_token_id, pad_token_id=pad_token_id, streamer=streamer,
+                           inference_options=inference_options)
+    session = GenerationSession(model, settings=settings, inference_options=inference_options, **engine_overrides)
     return session.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens, sampling=sampling,
                             eos_token_id=eos_token_id, pad_token_id=pad_token_id, streamer=streamer)
 
 
 def hf_generate(model, input_ids, attention_mask=None, *, max_new_tokens: int, sampling: Sampling = Sampling(),
-                eos_token_id=None, pad_token_id=None, streamer=None) -> torch.Tensor:
-    """transformers' generate with the same request (for models hyla does not own, and the "hf" path)."""
+                eos_token_id=None, pad_token_id=None, streamer=None, inference_options=None) -> torch.Tensor:
+    """transformers' generate with the same request (for models hyla does not own, and the "hf" path);
+    inference_options reach a HypeNet's forward (a model without them refuses any)."""
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=sampling.do_sample, num_beams=1, pad_token_id=pad_token_id,
                   streamer=streamer)
+    if inference_options is not None:
+        if not hasattr(model, "inference_options"):
+            raise ValueError(f"inference options need a HypeNet model, not {type(model).__name__}")
+        kwargs["inference_options"] = inference_options
     if eos_token_id is not None:
         kwargs["eos_token_id"] = eos_token_id
     if sampling.do_sample:
@@ -271,15 +286,15 @@ _GLOBAL_DEFAULTS = {"max_length": 20, "do_sample": False, "use_cache": True, "nu
                     "top_k": 50, "top_p": 1.0, "num_return_sequences": 1}
 
 
-def hf_request_to_engine(model, inputs, generation_config, kwargs: dict) -> dict | None:
+def hf_request_to_engine(model, inputs, generation_config, kwargs: dict, inference_options=None) -> dict | None:
     """The arguments of `GenerationSession.generate` for a `model.generate(inputs, generation_config, **kwargs)`
-    call the engine serves exactly as transformers would (CUDA, a supported HypeNet, greedy or plain sampling, one
-    beam and sequence), else None. `streamer` rides along."""
+    call the engine serves exactly as transformers would (CUDA, a supported HypeNet under `inference_options`,
+    greedy or plain sampling, one beam and sequence), else None. `streamer` rides along."""
     import copy
 
     from transformers import GenerationConfig
 
-    if model.device.type != "cuda" or unsupported_reason(model) is not None:
+    if model.device.type != "cuda" or unsupported_reason(model, inference_options) is not None:
         return None
     kwargs = dict(kwargs)
     streamer = kwargs.pop("streamer", None)

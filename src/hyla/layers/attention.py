@@ -1,6 +1,6 @@
-"""Softmax attention layer: GQA with the teacher's q/k norms, RoPE optional (HypeNet keeps these layers NoPE),
-an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = log(t + a) / log(a) (docs/method.md,
-"Attention layer and logit scaling")."""
+"""Softmax attention layer: GQA with the teacher's q/k norms, NoPE (the RoPE layers are its subclasses in
+hyla.layers.swa), an optional sigmoid output gate, and the per-query dynamic logit scaling s_t = log(t + a) / log(a)
+(docs/method.md, "Attention layer and logit scaling")."""
 
 from __future__ import annotations
 
@@ -9,23 +9,28 @@ import math
 import torch
 from torch import nn
 
-from hyla.layers.context import MixerContext
+from hyla.layers.context import InferenceOptions, MixerContext
 from hyla.layers.norm import RMSNorm
 from hyla.layers.rope import apply_rotary
 from hyla.ops.attention import softmax_attention
 from hyla.ops.scaling import attention_logit_scale
 
 
-def query_logit_scale(config, position_ids: torch.Tensor) -> torch.Tensor | None:
-    """float64 [B, T] factor for NoPE queries, or None: s_t = log(t + a) / log(a) ("per_query", when
-    attn_logits_scaling_a is set) or c(t + 1) = max(1, log(t + 1) / log L0) ("per_length", EME)."""
-    if config.logit_scaling == "per_length":
+def query_logit_scale(config, options: InferenceOptions, position_ids: torch.Tensor, *,
+                      nope: bool) -> torch.Tensor | None:
+    """float64 [B, T] factor for the queries of full attention, or None: s_t = log(t + a) / log(a) ("per_query",
+    a from `options` or else the config's attention_logit_scaling_a) or, for NoPE queries only,
+    c(t + 1) = max(1, log(t + 1) / log L0) ("per_length", EME)."""
+    if options.logit_scaling == "per_length":
+        if not nope:
+            return None
         # L = t + 1, the length the query sees: the same factor at prefill and decode, and c(L) at the last token
         lengths = position_ids.to(torch.float64) + 1
-        return (lengths.log() / math.log(config.logit_scaling_train_length)).clamp(min=1.0)
-    if config.attn_logits_scaling_a is not None:
-        return attention_logit_scale(position_ids, a=config.attn_logits_scaling_a)
-    return None
+        return (lengths.log() / math.log(options.logit_scaling_train_length)).clamp(min=1.0)
+    if options.logit_scaling == "off":
+        return None
+    a = options.logit_scaling_a if options.logit_scaling_a is not None else config.attention_logit_scaling_a
+    return attention_logit_scale(position_ids, a=a) if a is not None else None
 
 
 def packed_document_mask(cu_seqlens: torch.Tensor, length: int) -> torch.Tensor:
@@ -52,6 +57,9 @@ class OutputGate(nn.Linear):
 
 
 class Attention(nn.Module):
+    # RoPE on q and k: off here (NoPE, the HypeNet design), on in the subclasses of hyla.layers.swa.
+    use_rope = False
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.config = config
@@ -59,15 +67,11 @@ class Attention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.use_rope = config.attention_rope
-        # NoPE logit scaling (docs/method.md, "Attention layer and logit scaling", "EME"); the RoPE subclasses
-        # (hyla.layers.swa) turn it off.
-        self.scales_logits = True
         width = self.num_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
-        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.o_bias)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.attention_qk_norm else None
         self.g_proj = (
@@ -93,16 +97,20 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = apply_rotary(q, *context.rope), apply_rotary(k, *context.rope)
-        scale = query_logit_scale(self.config, context.position_ids) if self.scales_logits else None
+        scale = self.logit_scale(context)
         if scale is not None:
             # Queries are scaled, keys are cached unscaled: the same formula serves prefill and decode.
             q = q * scale[:, :, None, None].to(q.dtype)
         return q, k, v
 
-    def window(self) -> int | None:
-        """This layer's sliding window: EME limits RoPE attention to `eme_window` (docs/method.md, "EME"); NoPE stays
-        global. Read at every call, since EME is switched on in the config of a loaded model."""
-        return self.config.eme_window if self.use_rope else None
+    def logit_scale(self, context: MixerContext) -> torch.Tensor | None:
+        """float64 [B, T] factor of this call's queries, or None (`query_logit_scale`)."""
+        return query_logit_scale(self.config, context.options, context.position_ids, nope=not self.use_rope)
+
+    def window(self, options: InferenceOptions) -> int | None:
+        """This layer's sliding window under `options`: EME limits RoPE attention to `eme_window` (docs/method.md,
+        "EME"); NoPE stays global."""
+        return options.eme_window if self.use_rope else None
 
     def _mask(self, context: MixerContext, query_length: int) -> torch.Tensor | None:
         mask = None
@@ -116,7 +124,7 @@ class Attention(nn.Module):
         q, k, v = self.project(hidden_states, context)
         if context.cache is not None:
             k, v = context.cache.update_kv(self.layer_idx, k, v)
-        mask, window = self._mask(context, q.shape[1]), self.window()
+        mask, window = self._mask(context, q.shape[1]), self.window(context.options)
         if window is not None:
             # The cache holds every key; the queries reach only the last window + Tq - 1 of them.
             keep = window + q.shape[1] - 1

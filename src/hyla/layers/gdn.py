@@ -35,16 +35,16 @@ class GatedDeltaNet(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         width = self.num_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
         self.a_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
         self.b_proj = nn.Linear(config.hidden_size, self.num_heads, bias=False)
         self.A_log = nn.Parameter(torch.empty(self.num_heads))
         self.dt_bias = nn.Parameter(torch.empty(self.num_heads))
         self.g_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.o_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.o_bias)
         self.reset_gate_parameters()
 
     @torch.no_grad()
@@ -73,7 +73,7 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
         q, k, v, g, beta = self._project(hidden_states, context)
         output = run_linear_op(
-            gdn_attention, self.config, self.layer_idx, q, k, v, context,
+            gdn_attention, self.layer_idx, q, k, v, context,
             token_inputs=dict(g=g, beta=beta), scale=self.head_dim**-0.5,
         )
         output = self.o_norm(output) * F.silu(self.g_proj(hidden_states)).view(output.shape)

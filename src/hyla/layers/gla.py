@@ -26,16 +26,16 @@ class GatedLinearAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
         width = self.num_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
         self.gk_proj = nn.Sequential(
             nn.Linear(config.hidden_size, config.gla_gate_low_rank_dim, bias=False),
             nn.Linear(config.gla_gate_low_rank_dim, width, bias=True),
         )
         self.g_proj = nn.Linear(config.hidden_size, width, bias=False)
         self.o_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.o_bias)
 
     def _project(self, hidden_states: torch.Tensor, context: MixerContext):
         shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
@@ -53,7 +53,7 @@ class GatedLinearAttention(nn.Module):
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
         q, k, v, g = self._project(hidden_states, context)
         output = run_linear_op(
-            gla_attention, self.config, self.layer_idx, q, k, v, context,
+            gla_attention, self.layer_idx, q, k, v, context,
             token_inputs=dict(g=g), scale=self.head_dim**-0.5,
         )
         output = self.o_norm(output) * F.silu(self.g_proj(hidden_states)).view(output.shape)

@@ -5,8 +5,8 @@ The layer's heads split as `headwise_ratio` "E:N" says; each branch is the ordin
 the heads (the NoPE branch keeps the model's query-per-KV-head grouping) and the layer returns the sum of the two
 branch outputs. Summing two output projections over disjoint heads is one projection over the concatenated heads,
 so this is the usual "heads side by side" layer, and ratio 1:0 (0:1) is exactly the pure efficient mixer (pure
-NoPE attention). Each branch reads the live model config (EME and logit scaling switched on after loading reach
-them) with only its head counts replaced.
+NoPE attention). Each branch reads the model config with only its head counts replaced; the call's inference
+options (EME, logit scaling) reach both branches through the context.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from hyla.layers.gdn import GatedDeltaNet
 from hyla.layers.gla import GatedLinearAttention
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.swa import SlidingWindowAttention
-from hyla.models.cache import headwise_branch_index
 
 EFFICIENT_MIXERS = {
     "lightning": LightningAttention,
@@ -28,6 +27,13 @@ EFFICIENT_MIXERS = {
     "gdn": GatedDeltaNet,
     "swa": SlidingWindowAttention,
 }
+
+
+def headwise_branch_index(layer_types: list[str], layer_idx: int) -> int:
+    """Cache slot of the efficient branch of head-wise layer `layer_idx` (its NoPE branch uses slot layer_idx):
+    one extra slot per "hh_*" layer, after the per-layer slots."""
+    headwise = [i for i, kind in enumerate(layer_types) if kind.startswith("hh_")]
+    return len(layer_types) + headwise.index(layer_idx)
 
 
 class BranchConfig:
@@ -61,7 +67,7 @@ class HeadwiseHybrid(nn.Module):
         self.nope = None
         if nope_heads:
             branch = BranchConfig(
-                config, num_attention_heads=nope_heads, num_key_value_heads=nope_heads // group, attention_rope=False
+                config, num_attention_heads=nope_heads, num_key_value_heads=nope_heads // group
             )
             self.nope = Attention(branch, layer_idx)
 

@@ -25,10 +25,10 @@ class LightningAttention(nn.Module):
         self.head_dim = config.head_dim
         self.use_rope = config.lightning_rope
         width = self.num_heads * self.head_dim
-        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.attention_bias)
-        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.attention_out_bias)
+        self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(width, config.hidden_size, bias=config.o_bias)
         self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.lightning_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps) if config.lightning_qk_norm else None
         self.o_norm = RMSNorm(width, eps=config.rms_norm_eps)
@@ -77,7 +77,7 @@ class LightningAttention(nn.Module):
         q, k, v = self.project(hidden_states, context)
         # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
         output = run_linear_op(
-            lightning_attention, self.config, self.layer_idx, q, k, v, context,
+            lightning_attention, self.layer_idx, q, k, v, context,
             log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5, chunk_safe=self._chunk_safe,
         )
         return self.project_output(output, hidden_states)

@@ -1,5 +1,5 @@
 """The call path shared by the linear mixers (Lightning, GLA, GDN): the recurrent state in the cache, or SWLA's
-window states when EME is on (`config.eme_window`, docs/method.md, "EME")."""
+window states when the call's inference options turn EME on (`eme_window`, docs/method.md, "EME")."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from hyla.ops.swla import sliding_window_linear_attention
 
 def run_linear_op(
     op: Callable,
-    config,
     layer_idx: int,
     q: torch.Tensor,
     k: torch.Tensor,
@@ -29,13 +28,13 @@ def run_linear_op(
     # Under autocast the projections come out in bf16 but the q/k RMSNorms (float32 weights) in float32; the fused
     # kernels need one dtype: take the value projection's.
     q, k = q.to(v.dtype), k.to(v.dtype)
-    cache = context.cache
-    if config.eme_window is not None:
+    cache, options = context.cache, context.options
+    if options.eme_window is not None:
         if context.cu_seqlens is not None:
             raise ValueError("EME (SWLA) runs on unpacked batches: pass documents as rows, not with cu_seqlens")
         states = cache.swla_states(layer_idx, q.shape[0]) if cache is not None else None
         output, states = sliding_window_linear_attention(
-            op, q, k, v, window=config.eme_window, stride=config.swla_stride, token_inputs=token_inputs,
+            op, q, k, v, window=options.eme_window, stride=options.swla_stride, token_inputs=token_inputs,
             positions=context.position_ids, token_mask=context.token_mask, window_states=states, **constants,
         )
         if cache is not None:

@@ -17,13 +17,6 @@ def _cache_layer(kind: str):
     return DynamicLayer() if kind in KV_LAYER_TYPES else LinearAttentionLayer()
 
 
-def headwise_branch_index(layer_types: list[str], layer_idx: int) -> int:
-    """Cache slot of the efficient branch of head-wise layer `layer_idx` (its NoPE branch uses slot layer_idx):
-    one extra slot per "hh_*" layer, after the per-layer slots."""
-    headwise = [i for i, kind in enumerate(layer_types) if kind in HEADWISE_LAYER_TYPES]
-    return len(layer_types) + headwise.index(layer_idx)
-
-
 class HybridCache(Cache):
     def __init__(self, layer_types: list[str]):
         branches = [kind.removeprefix("hh_") for kind in layer_types if kind in HEADWISE_LAYER_TYPES]

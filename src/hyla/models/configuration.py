@@ -6,16 +6,27 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 from transformers.modeling_rope_utils import RopeParameters
 
-# Mixers a layer may use (docs/family.md): efficient mixers, softmax attention (NoPE unless `attention_rope`; always
-# RoPE for "attention_rope" and "swa"), and head-wise hybrids "hh_<efficient>" whose heads split between an
-# efficient mixer and NoPE attention in the ratio `headwise_ratio`.
+# Mixers a layer may use (docs/family.md): efficient mixers, softmax attention (NoPE "attention", RoPE
+# "attention_rope" and "swa"), and head-wise hybrids "hh_<efficient>" whose heads split between an efficient mixer
+# and NoPE attention in the ratio `headwise_ratio`.
 EFFICIENT_LAYER_TYPES = ("lightning", "gla", "gdn", "swa")
 LINEAR_LAYER_TYPES = ("lightning", "gla", "gdn")
 HEADWISE_LAYER_TYPES = tuple(f"hh_{kind}" for kind in EFFICIENT_LAYER_TYPES)
 LAYER_TYPES = ("lightning", "attention", "attention_rope", "swa", "gla", "gdn", *HEADWISE_LAYER_TYPES)
 # Layer types that keep a key/value cache (all but the pure recurrent ones).
 KV_LAYER_TYPES = ("attention", "attention_rope", "swa", *HEADWISE_LAYER_TYPES)
-LOGIT_SCALING_MODES = ("per_query", "per_length")
+
+# Fields of configs saved by earlier versions, read at load: old name -> its name now.
+RENAMED_FIELDS = {
+    "attn_logits_scaling_a": "attention_logit_scaling_a",
+    "attention_bias": "qkv_bias",
+    "attention_out_bias": "o_bias",
+    "sliding_window": "swa_window",
+}
+# Inference options that earlier versions kept in the config (now hyla.layers.context.InferenceOptions), with the
+# value that ran the model as saved.
+MOVED_TO_INFERENCE_OPTIONS = {"logit_scaling": "per_query", "logit_scaling_train_length": None, "eme_window": None,
+                              "eme_stride": None}
 
 
 def parse_ratio(ratio: str) -> tuple[int, int]:
@@ -35,33 +46,36 @@ def default_layer_types(num_layers: int) -> list[str]:
 @strict
 class HypeNetConfig(PreTrainedConfig):
     r"""
+    Fields without a prefix apply to every layer; a mixer's own options start with its layer type (`attention_`,
+    `lightning_`, `gla_`, `swa_`, `headwise_`). How the model runs at inference (logit scaling mode, EME) is not
+    part of the config: it is passed per call as `hyla.InferenceOptions`.
+
     layer_types (`list[str]`): the mixer of each layer, one of LAYER_TYPES: "lightning", "gla", "gdn", "swa",
-        "attention" (NoPE unless attention_rope), "attention_rope", or a head-wise hybrid "hh_<lightning|gla|gdn|swa>"
+        "attention" (NoPE), "attention_rope" (RoPE), or a head-wise hybrid "hh_<lightning|gla|gdn|swa>"
         (docs/family.md; hyla.models.layouts builds LH/YOCO-like/HH lists). Default: 3 Lightning then 1 attention,
         repeated.
-    attn_logits_scaling_a (`float`, *optional*): the constant a of the per-query logit scaling
-        s_t = log(t + a) / log(a) in attention layers; None turns scaling off.
-    attention_rope (`bool`): RoPE in attention layers (False = NoPE, the HypeNet design).
+    qkv_bias (`bool`): biases on every mixer's q/k/v projections (Qwen2 style); o_bias on its o_proj.
+    attention_logit_scaling_a (`float`, *optional*): the constant a of the per-query logit scaling
+        s_t = log(t + a) / log(a) in full softmax attention layers ("attention", "attention_rope", the NoPE heads of
+        "hh_*"); None turns scaling off. The conversion chooses it (docs/method.md, "Attention layer and logit
+        scaling"); `InferenceOptions` may override it for a call.
     attention_qk_norm (`bool`): per-head RMSNorm on q and k in attention layers (as the teacher has them).
     attention_output_gate (`bool`): sigmoid(x W_g + b_g) gate on the attention output, before o_proj.
     attention_gate_init_bias (`float`): initial b_g of a new gate (W_g starts at 0), so the gate starts at
         sigmoid(b_g) and a converted model starts close to its teacher.
     lightning_rope, lightning_qk_norm, lightning_output_gate (`bool`): the Lightning layer's RoPE, q/k RMSNorm and
         sigmoid output gate (each on in HypeNet; off for ablations).
-    attention_bias (`bool`): biases on q/k/v projections (Qwen2 style); attention_out_bias on o_proj.
-    sliding_window (`int`): the window W of "swa" layers (a query sees itself and the W - 1 keys before it).
     gla_gate_low_rank_dim, gla_gate_logit_normalizer: GLA's gate alpha_t = exp(logsigmoid(x W1 W2 + b) / n), as
         fla's GLA layer (rank 16, n = 16).
+    swa_window (`int`): the window W of "swa" layers (a query sees itself and the W - 1 keys before it).
     headwise_ratio (`str`): "E:N", how the heads of an "hh_*" layer split between the efficient mixer (E parts) and
         NoPE attention (N parts), e.g. "3:1", "1:1"; "1:0" and "0:1" give the pure mixers.
-    logit_scaling (`str`): how NoPE attention logits are scaled at inference: "per_query" multiplies the query at
-        position t by s_t = log(t + a) / log(a) when `attn_logits_scaling_a` is set (docs/method.md, "Attention layer
-        and logit scaling"); "per_length" multiplies it by c(L) = max(1, log L / log L0) with L = t + 1 the length it
-        sees and L0 = `logit_scaling_train_length` (docs/method.md, "EME").
-    eme_window, eme_stride (`int`, *optional*): EME at inference. With `eme_window` W set, every linear mixer
-        (Lightning, GLA, GDN, also inside "hh_*" layers) runs as SWLA with windows of W tokens every `eme_stride`
-        S (default W // 4), and RoPE full attention ("attention_rope", or "attention" with `attention_rope`) becomes
-        sliding-window attention with window W. None (default) = off.
+
+    Configs saved by earlier versions load to the same model: the old names of RENAMED_FIELDS are read under
+    their new names, `attention_rope=True` turns every "attention" layer into "attention_rope", and the inference
+    options they carried (MOVED_TO_INFERENCE_OPTIONS) are dropped when they hold the value that ran the model as
+    saved; any other value is refused with the `InferenceOptions` to pass instead. One combination has no
+    equivalent and is refused: "attention_rope" layers together with a logit-scaling a (those layers ignored a).
     """
 
     model_type = "hypenet"
@@ -85,26 +99,21 @@ class HypeNetConfig(PreTrainedConfig):
     eos_token_id: int | list[int] | None = 2
     tie_word_embeddings: bool = False
     rope_parameters: RopeParameters | dict | None = None
-    attention_bias: bool = False
-    attention_out_bias: bool = False
-    mlp_bias: bool = False
     layer_types: list[str] | None = None
-    attn_logits_scaling_a: float | None = None
-    attention_rope: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    attention_logit_scaling_a: float | None = None
     attention_qk_norm: bool = False
     attention_output_gate: bool = False
     attention_gate_init_bias: float = 4.0
     lightning_rope: bool = True
     lightning_qk_norm: bool = True
     lightning_output_gate: bool = True
-    sliding_window: int = 128
     gla_gate_low_rank_dim: int = 16
     gla_gate_logit_normalizer: float = 16.0
+    swa_window: int = 128
     headwise_ratio: str = "3:1"
-    logit_scaling: str = "per_query"
-    logit_scaling_train_length: int | None = None
-    eme_window: int | None = None
-    eme_stride: int | None = None
 
     def __post_init__(self, **kwargs):
         if self.head_dim is None:
@@ -115,11 +124,31 @@ class HypeNetConfig(PreTrainedConfig):
             self.layer_types = default_layer_types(self.num_hidden_layers)
         if self.rope_parameters is None:
             self.rope_parameters = {"rope_type": "default", "rope_theta": 10000.0}
+        self._read_earlier_fields(kwargs)
         layer_types = list(self.layer_types)
         super().__post_init__(**kwargs)
         # transformers >= 5.18 renames its legacy layer type "attention" to "full_attention" in every config;
         # hyla's layer types are its own names (LAYER_TYPES), so they are put back.
         self.layer_types = layer_types
+
+    def _read_earlier_fields(self, kwargs: dict) -> None:
+        """Map (and remove from `kwargs`) what configs saved by earlier versions spell differently."""
+        for old, new in RENAMED_FIELDS.items():
+            if old in kwargs:
+                setattr(self, new, kwargs.pop(old))
+        # Every config an earlier version saved has the flag; there, "attention_rope" layers scaled no logits.
+        if "attention_rope" in kwargs and "attention_rope" in self.layer_types and self.attention_logit_scaling_a:
+            raise ValueError("this config, saved by an earlier hyla, has 'attention_rope' layers and "
+                             f"attn_logits_scaling_a={self.attention_logit_scaling_a}: those layers did not scale "
+                             "their logits then and do now (every full attention layer does), so it cannot load as "
+                             "the same model")
+        if kwargs.pop("attention_rope", False):
+            self.layer_types = ["attention_rope" if kind == "attention" else kind for kind in self.layer_types]
+        for name, neutral in MOVED_TO_INFERENCE_OPTIONS.items():
+            value = kwargs.pop(name, neutral)
+            if value != neutral:
+                raise ValueError(f"this config sets {name}={value!r}, an inference option now: remove it from the "
+                                 f"config and pass hyla.InferenceOptions({name}={value!r}) at inference")
 
     def validate_layer_type(self):
         # transformers' check only knows its own layer names; ours are validated in validate_architecture.
@@ -139,36 +168,17 @@ class HypeNetConfig(PreTrainedConfig):
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
-        if self.attn_logits_scaling_a is not None and self.attn_logits_scaling_a <= 1:
-            raise ValueError(f"attn_logits_scaling_a must be > 1 or None, got {self.attn_logits_scaling_a}")
+        a = self.attention_logit_scaling_a
+        if a is not None and a <= 1:
+            raise ValueError(f"attention_logit_scaling_a must be > 1 or None, got {a}")
         self.validate_family()
 
     def validate_family(self):
-        """The GLA/GDN/SWA, head-wise and EME settings (docs/family.md)."""
-        if self.sliding_window < 1:
-            raise ValueError(f"sliding_window must be >= 1, got {self.sliding_window}")
+        """The GLA/GDN/SWA and head-wise settings (docs/family.md)."""
+        if self.swa_window < 1:
+            raise ValueError(f"swa_window must be >= 1, got {self.swa_window}")
         if any(kind.startswith("hh_") for kind in self.layer_types):
             self.headwise_split()
-        if self.logit_scaling not in LOGIT_SCALING_MODES:
-            modes = ", ".join(LOGIT_SCALING_MODES)
-            raise ValueError(f"logit_scaling must be one of {modes}, got {self.logit_scaling!r}")
-        if self.logit_scaling == "per_length" and (
-            self.logit_scaling_train_length is None or self.logit_scaling_train_length < 2
-        ):
-            raise ValueError("logit_scaling='per_length' needs logit_scaling_train_length L0 >= 2")
-        if self.eme_window is not None:
-            stride = self.swla_stride
-            if self.eme_window < 1 or not 1 <= stride <= self.eme_window:
-                raise ValueError(
-                    f"EME needs 1 <= eme_stride <= eme_window, got eme_window={self.eme_window}, eme_stride={stride}"
-                )
-
-    @property
-    def swla_stride(self) -> int | None:
-        """The SWLA stride S in use: `eme_stride`, else W // 4 (at least 1); None when EME is off."""
-        if self.eme_window is None:
-            return None
-        return self.eme_stride if self.eme_stride is not None else max(1, self.eme_window // 4)
 
     def headwise_split(self) -> tuple[int, int]:
         """(efficient heads, NoPE heads) of an "hh_*" layer from `headwise_ratio` "E:N" and num_attention_heads;

@@ -16,7 +16,7 @@ AUTO_MAP = {
     "AutoModel": f"{REMOTE_CODE_MODULE}.HypeNetModel",
     "AutoModelForCausalLM": f"{REMOTE_CODE_MODULE}.HypeNetForCausalLM",
 }
-# Layer types that use `sliding_window`; other models leave the field out of config.json.
+# Layer types that use `swa_window`; other models leave the field out of config.json.
 SLIDING_WINDOW_LAYER_TYPES = ("swa", "hh_swa")
 
 # transformers copies this file out of the folder and imports it. Its import of hyla sits in a try block, which
@@ -59,7 +59,7 @@ def register() -> None:
 
 def complete_folder(folder: Path) -> None:
     """What `HypeNetPreTrainedModel.save_pretrained` adds to transformers' folder: `auto_map` and `hypenet_hyla.py`,
-    so that the folder loads without `import hyla`; and no `sliding_window` for a model without sliding-window
+    so that the folder loads without `import hyla`; and no `swa_window` for a model without sliding-window
     layers (the field would describe a window the model does not have)."""
     from hyla.outputs import write_atomic
 
@@ -68,6 +68,6 @@ def complete_folder(folder: Path) -> None:
     config = json.loads(config_path.read_text())
     config["auto_map"] = AUTO_MAP
     if not set(config.get("layer_types") or ()) & set(SLIDING_WINDOW_LAYER_TYPES):
-        config.pop("sliding_window", None)
+        config.pop("swa_window", None)
     write_atomic(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     write_atomic(folder / f"{REMOTE_CODE_MODULE}.py", REMOTE_CODE.encode())

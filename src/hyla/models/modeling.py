@@ -1,5 +1,9 @@
 """HypeNet: a decoder stack `x += Mixer(RMSNorm(x)); x += SwiGLU(RMSNorm(x))` whose mixer is chosen per layer
-(Lightning RNN or softmax attention), with an LM head; HF-compatible (save/load, generate) on CPU and GPU."""
+(Lightning RNN or softmax attention), with an LM head; HF-compatible (save/load, generate) on CPU and GPU.
+
+How the model runs at inference (logit scaling, EME) is an `InferenceOptions` given to `forward` or `generate`
+(`inference_options=`), or set for every later call as `model.inference_options`; it is never part of the config, so
+a saved model is the model as trained."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from hyla.layers.attention import Attention, OutputGate
-from hyla.layers.context import MixerContext
+from hyla.layers.context import DEFAULT_OPTIONS, InferenceOptions, MixerContext
 from hyla.layers.gdn import GatedDeltaNet
 from hyla.layers.gla import GatedLinearAttention
 from hyla.layers.headwise import headwise_mixer
@@ -94,6 +98,12 @@ def _one_cache(past_key_values: HybridCache | None, cache: HybridCache | None) -
     return past_key_values if past_key_values is not None else cache
 
 
+def _checked_options(options) -> InferenceOptions:
+    if not isinstance(options, InferenceOptions):
+        raise TypeError(f"inference_options must be a hyla.InferenceOptions, got {type(options).__name__}")
+    return options
+
+
 def positions_from_mask(attention_mask: torch.Tensor, length: int) -> torch.Tensor:
     """Per-row positions of the last `length` tokens: the count of real tokens before each (padding excluded)."""
     positions = attention_mask.long().cumsum(-1) - 1
@@ -115,9 +125,12 @@ class HypeNetModel(HypeNetPreTrainedModel):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config)
         self.gradient_checkpointing = False
+        # What a call that passes no inference options runs with (not saved: the config holds none).
+        self.inference_options = DEFAULT_OPTIONS
         self.post_init()
 
-    def _context(self, hidden_states, attention_mask, position_ids, cache, cu_seqlens) -> MixerContext:
+    def _context(self, hidden_states, attention_mask, position_ids, cache, cu_seqlens,
+                 options: InferenceOptions = DEFAULT_OPTIONS) -> MixerContext:
         batch, length = hidden_states.shape[:2]
         past = cache.get_seq_length() if cache is not None else 0
         if attention_mask is not None and attention_mask.shape[-1] != past + length:
@@ -140,6 +153,7 @@ class HypeNetModel(HypeNetPreTrainedModel):
             key_mask=key_mask,
             cu_seqlens=cu_seqlens,
             cache=cache,
+            options=options,
         )
 
     def forward(
@@ -152,9 +166,11 @@ class HypeNetModel(HypeNetPreTrainedModel):
         use_cache: bool | None = None,
         cu_seqlens: torch.LongTensor | None = None,
         cache: HybridCache | None = None,
+        inference_options: InferenceOptions | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        """past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD)."""
+        """past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD).
+        inference_options: how to run this call (None: `self.inference_options`)."""
         past_key_values = _one_cache(past_key_values, cache)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
@@ -163,7 +179,8 @@ class HypeNetModel(HypeNetPreTrainedModel):
         if use_cache and past_key_values is None and not self.training:
             past_key_values = HybridCache(self.config.layer_types)
         cache = past_key_values if use_cache else None
-        context = self._context(hidden_states, attention_mask, position_ids, cache, cu_seqlens)
+        options = self.inference_options if inference_options is None else _checked_options(inference_options)
+        context = self._context(hidden_states, attention_mask, position_ids, cache, cu_seqlens, options)
         for block in self.layers:
             if self.gradient_checkpointing and self.training:
                 hidden_states = self._gradient_checkpointing_func(block.__call__, hidden_states, context)
@@ -188,17 +205,30 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
         # The model builds its own HybridCache on the first forward.
         return False
 
+    @property
+    def inference_options(self) -> InferenceOptions:
+        """The inference options of calls that pass none (default: the model as its config describes it)."""
+        return self.model.inference_options
+
+    @inference_options.setter
+    def inference_options(self, options: InferenceOptions) -> None:
+        self.model.inference_options = _checked_options(options)
+
     def generate(self, inputs=None, generation_config=None, **kwargs):
         """transformers' `generate`; on CUDA, the requests the inference engine serves alike (greedy or sampling
         with temperature / top-k / top-p, one beam, EOS and padding; `hyla.inference.generate.hf_request_to_engine`)
         run on it: static cache, chunked prefill, graph-captured decode. `hyla.generate` is the same engine
-        generation on any device; `hf_generate` is transformers' alone."""
+        generation on any device; `hf_generate` is transformers' alone. `inference_options=` applies to the whole
+        generation on either path."""
         from hyla.inference.generate import GenerationSession, hf_request_to_engine
 
-        request = hf_request_to_engine(self, inputs, generation_config, kwargs)
+        options = kwargs.pop("inference_options", None)
+        options = self.inference_options if options is None else _checked_options(options)
+        request = hf_request_to_engine(self, inputs, generation_config, kwargs, options)
         if request is None:
-            return self.hf_generate(inputs, generation_config, **kwargs)
-        return GenerationSession(self).generate(request.pop("input_ids"), request.pop("attention_mask"), **request)
+            return self.hf_generate(inputs, generation_config, inference_options=options, **kwargs)
+        session = GenerationSession(self, inference_options=options)
+        return session.generate(request.pop("input_ids"), request.pop("attention_mask"), **request)
 
     def hf_generate(self, inputs=None, generation_config=None, **kwargs):
         """transformers' own `generate` (HybridCache, eager forward), whatever the device."""
@@ -216,11 +246,13 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
         cu_seqlens: torch.LongTensor | None = None,
         logits_to_keep: int = 0,
         cache: HybridCache | None = None,
+        inference_options: InferenceOptions | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """labels: [B, T] next-token targets already aligned with input_ids (HF convention: shifted inside),
         -100 ignored. logits_to_keep: compute logits for the last N positions only (0 = all).
-        past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD)."""
+        past_key_values, cache: the HybridCache to continue, under either of transformers' names (CACHE_FIELD).
+        inference_options: how to run this call (None: `self.inference_options`)."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -229,6 +261,7 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             cu_seqlens=cu_seqlens,
+            inference_options=inference_options,
         )
         hidden_states = outputs.last_hidden_state
         if logits_to_keep:

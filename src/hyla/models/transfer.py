@@ -11,9 +11,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hyla.convert.teacher import SUPPORTED_FAMILIES, teacher_layer_windows
 from hyla.layers.lightning import LightningAttention
-from hyla.models import HypeNetConfig, HypeNetForCausalLM
+from hyla.models.configuration import HypeNetConfig
+from hyla.models.loading import SUPPORTED_FAMILIES, check_supported
+from hyla.models.modeling import HypeNetForCausalLM
 
 # Student layer types whose weights come from the teacher's attention: copied, or a Lightning twin built from it.
 COPIED_LAYER_TYPES = ("attention", "attention_rope", "swa")
@@ -27,22 +28,62 @@ def _check_family(config) -> None:
         )
 
 
-def student_layer_types(windows: list[int | None], layer_types: list[str] | None) -> list[str]:
+def teacher_layer_windows(config) -> list[int | None]:
+    """The key window of each teacher layer as the family's transformers code applies it: None for full causal
+    attention, W for sliding-window attention (a query sees itself and the W - 1 keys before it).
+
+    Llama ignores `layer_types` (full attention everywhere); Mistral applies `sliding_window`, when set, in every
+    layer; Qwen2 and Qwen3 apply it in the layers their `layer_types` name "sliding_attention".
+    """
+    check_supported(config.model_type)
+    num_layers = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    if config.model_type == "llama":
+        return [None] * num_layers
+    if config.model_type == "mistral":
+        return [window] * num_layers
+    windows = []
+    for index, kind in enumerate(getattr(config, "layer_types", None) or ["full_attention"] * num_layers):
+        if kind not in ("full_attention", "sliding_attention"):
+            raise ValueError(f"teacher layer {index} is {kind!r}; hyla converts 'full_attention' and "
+                             "'sliding_attention' layers")
+        if kind == "sliding_attention" and window is None:
+            raise ValueError(f"teacher layer {index} is 'sliding_attention' but its config sets no sliding_window "
+                             "(use_sliding_window is off)")
+        windows.append(window if kind == "sliding_attention" else None)
+    return windows
+
+
+def check_full_attention(config, spec: str = "teacher") -> None:
+    """Raise one clear `ValueError` unless every teacher layer has full attention (what HALO conversion needs)."""
+    windows = teacher_layer_windows(config)
+    windowed = [index for index, window in enumerate(windows) if window is not None]
+    if windowed:
+        raise ValueError(
+            f"teacher {spec} has sliding-window attention (window {windows[windowed[0]]}) in layers {windowed}; "
+            "HALO conversion needs full attention in every layer (to_hypenet keeps such layers as 'swa')"
+        )
+
+
+def student_layer_types(windows: list[int | None], layer_types: list[str] | None, *,
+                        attention_rope: bool = False) -> list[str]:
     """The student's layer types: by default the teacher's own ("swa" where it has a window, else "attention");
-    a given list may replace any layer by Lightning but never turns a sliding-window layer into full attention."""
+    a given list may replace any layer by Lightning but never turns a sliding-window layer into full attention.
+    With `attention_rope`, the "attention" layers are "attention_rope" (they keep the teacher's RoPE)."""
     if layer_types is None:
-        return ["swa" if window is not None else "attention" for window in windows]
+        layer_types = ["swa" if window is not None else "attention" for window in windows]
     for index, (kind, window) in enumerate(zip(layer_types, windows)):
         if window is not None and kind in ("attention", "attention_rope"):
             raise ValueError(f"teacher layer {index} is sliding-window attention (window {window}); give it 'swa' "
                              f"(the same window) or 'lightning', not {kind!r}")
-    return list(layer_types)
+    return ["attention_rope" if attention_rope and kind == "attention" else kind for kind in layer_types]
 
 
 def hypenet_config_from_teacher(
     teacher: nn.Module, layer_types: list[str] | None = None, *, attention_rope: bool = False, **overrides
 ) -> HypeNetConfig:
-    """A HypeNet config with the teacher's sizes, norms, biases, RoPE, head tying and attention windows."""
+    """A HypeNet config with the teacher's sizes, norms, biases, RoPE, head tying and attention windows; with
+    `attention_rope`, its "attention" layers are "attention_rope"."""
     config = teacher.config
     _check_family(config)
     windows = teacher_layer_windows(config)
@@ -64,18 +105,17 @@ def hypenet_config_from_teacher(
         rms_norm_eps=config.rms_norm_eps,
         tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         rope_parameters=dict(config.rope_parameters),
-        attention_bias=attn.q_proj.bias is not None,
-        attention_out_bias=attn.o_proj.bias is not None,
+        qkv_bias=attn.q_proj.bias is not None,
+        o_bias=attn.o_proj.bias is not None,
         mlp_bias=mlp.gate_proj.bias is not None,
         attention_qk_norm=getattr(attn, "q_norm", None) is not None,
-        layer_types=student_layer_types(windows, layer_types),
-        attention_rope=attention_rope,
+        layer_types=student_layer_types(windows, layer_types, attention_rope=attention_rope),
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
     if teacher_window is not None:
-        kwargs["sliding_window"] = teacher_window
+        kwargs["swa_window"] = teacher_window
     kwargs.update(overrides)
     return HypeNetConfig(**kwargs)
 
@@ -132,7 +172,8 @@ def to_hypenet(
     layer_types: one of TRANSFER_LAYER_TYPES per layer ("attention", "attention_rope" and "swa" copy the teacher's
         attention, "lightning" builds its twin); None keeps the teacher's attention in every layer, "swa" where the
         teacher has sliding-window attention. A sliding-window teacher layer may not become full attention.
-    attention_rope: keep RoPE in attention layers (the teacher-equivalent configuration); HypeNet drops it.
+    attention_rope: the "attention" layers keep the teacher's RoPE ("attention_rope": the teacher-equivalent
+        configuration); HypeNet drops it.
     """
     config = hypenet_config_from_teacher(teacher, layer_types, attention_rope=attention_rope, **config_overrides)
     other = [(index, kind) for index, kind in enumerate(config.layer_types) if kind not in TRANSFER_LAYER_TYPES]

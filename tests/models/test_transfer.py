@@ -7,8 +7,7 @@ from transformers import (
     Qwen3Config, Qwen3ForCausalLM,
 )
 
-from hyla.convert import to_hypenet
-from hyla.convert.transfer import expand_kv_heads, lightning_from_attention, hypenet_config_from_teacher
+from hyla.models.transfer import expand_kv_heads, hypenet_config_from_teacher, lightning_from_attention, to_hypenet
 
 # float32 end to end; the same ops in the same order except RoPE tables: 1e-5 is the issue's bound.
 ATOL = 1e-5
@@ -61,7 +60,7 @@ def test_teacher_equivalent_hypenet_reproduces_logits(name, teacher):
 def test_qwen2_biases_and_qwen3_norms_are_carried():
     qwen2 = Qwen2ForCausalLM(Qwen2Config(**COMMON))
     config = hypenet_config_from_teacher(qwen2)
-    assert config.attention_bias and not config.attention_out_bias and not config.attention_qk_norm
+    assert config.qkv_bias and not config.o_bias and not config.attention_qk_norm
     qwen3 = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16))
     assert hypenet_config_from_teacher(qwen3).attention_qk_norm
 
@@ -95,7 +94,7 @@ def test_mixed_layer_types_copy_everything_but_build_twins():
     teacher = Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16)).eval()
     student = to_hypenet(teacher, ["lightning", "attention", "lightning"])
     assert [b.layer_type for b in student.model.layers] == ["lightning", "attention", "lightning"]
-    assert not student.config.attention_rope
+    assert "attention_rope" not in student.config.layer_types
     assert torch.equal(student.model.layers[1].mixer.q_norm.weight, teacher.model.layers[1].self_attn.q_norm.weight)
     assert torch.equal(student.model.layers[0].mixer.k_norm.weight, teacher.model.layers[0].self_attn.k_norm.weight)
     tokens = torch.randint(0, 120, (1, 20))
@@ -126,24 +125,24 @@ WINDOW = 16  # shorter than the test sequences, so that the window changes the l
 
 def teachers_with_their_own_layer_types():
     full = ["full_attention"] * 3
-    yield pytest.param(LlamaForCausalLM(LlamaConfig(**COMMON, layer_types=full)), ["attention"] * 3, id="llama")
+    yield pytest.param(LlamaForCausalLM(LlamaConfig(**COMMON, layer_types=full)), ["attention_rope"] * 3, id="llama")
     yield pytest.param(MistralForCausalLM(MistralConfig(**COMMON, sliding_window=WINDOW)), ["swa"] * 3,
                        id="mistral-sliding")
     yield pytest.param(Qwen2ForCausalLM(Qwen2Config(
         **COMMON, use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1,
-    )), ["attention", "swa", "swa"], id="qwen2-sliding")
+    )), ["attention_rope", "swa", "swa"], id="qwen2-sliding")
     yield pytest.param(Qwen3ForCausalLM(Qwen3Config(
         **COMMON, head_dim=16, use_sliding_window=True, sliding_window=WINDOW,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-    )), ["swa", "attention", "swa"], id="qwen3-sliding")
-    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, layer_types=full)), ["attention"] * 3,
+    )), ["swa", "attention_rope", "swa"], id="qwen3-sliding")
+    yield pytest.param(Qwen3ForCausalLM(Qwen3Config(**COMMON, head_dim=16, layer_types=full)), ["attention_rope"] * 3,
                        id="qwen3")
 
 
 @pytest.mark.parametrize("teacher,expected_types", list(teachers_with_their_own_layer_types()))
 def test_teacher_configs_with_their_own_layer_types_convert(teacher, expected_types, tmp_path):
-    """transformers' own layer types ("full_attention", "sliding_attention") become hyla's ("attention", "swa" with
-    the teacher's window); the converted model keeps the teacher's logits and greedy continuation through
+    """transformers' own layer types ("full_attention", "sliding_attention") become hyla's ("attention_rope" here,
+    "swa" with the teacher's window); the converted model keeps the teacher's logits and greedy continuation through
     save/load, on every transformers version CI tests."""
     from hyla.models import HypeNetForCausalLM
 
@@ -153,7 +152,7 @@ def test_teacher_configs_with_their_own_layer_types_convert(teacher, expected_ty
     student = to_hypenet(teacher, attention_rope=True)
     assert student.config.layer_types == expected_types
     if "swa" in expected_types:
-        assert student.config.sliding_window == WINDOW
+        assert student.config.swa_window == WINDOW
     student.save_pretrained(tmp_path)
     loaded = HypeNetForCausalLM.from_pretrained(tmp_path).eval()
     assert loaded.config.layer_types == expected_types
@@ -172,7 +171,7 @@ def test_sliding_window_teacher_layers_never_become_full_attention():
     with pytest.raises(ValueError, match=r"teacher layer 1 is sliding-window attention \(window 16\); give it 'swa'"):
         to_hypenet(teacher, ["attention", "attention", "lightning"])
     student = to_hypenet(teacher, ["attention", "lightning", "swa"])
-    assert student.config.layer_types == ["attention", "lightning", "swa"] and student.config.sliding_window == WINDOW
+    assert student.config.layer_types == ["attention", "lightning", "swa"] and student.config.swa_window == WINDOW
 
 
 def test_teacher_layer_types_hyla_cannot_convert_are_one_clear_error():
