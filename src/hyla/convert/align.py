@@ -57,21 +57,24 @@ class AlignmentTwins(nn.Module):
         return {f"{i}.{k}": v for i, twin in enumerate(self.twins) for k, v in twin.state_dict().items()}
 
 
+def record_mixers(teacher: HypeNetForCausalLM, input_ids: torch.Tensor):
+    """One no-grad pass of the teacher's decoder stack (the recorded mixers are all the alignment needs; the LM
+    head's logits would be the largest tensor of the step): the recorder with every mixer's input and output, and
+    the mixers' context for the same tokens."""
+    recorder = MixerRecorder(teacher)
+    try:
+        with torch.no_grad():
+            teacher.model(input_ids, use_cache=False)
+    finally:
+        recorder.close()
+    return recorder, teacher.model._context(recorder.inputs[0], None, None, None, None)
+
+
 def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
     """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics (tensors: the training
     step reads them back once), with the teacher's output energy (mean square) of each layer beside them, so that
     `mse_i / energy_i` is the fraction of the output the twin misses."""
-    teacher = model.teacher[0]
-    recorder = MixerRecorder(teacher)
-    try:
-        with torch.no_grad():
-            # The decoder stack only: the recorded mixers are all the stage needs, the LM head's logits would be
-            # the largest tensor of the step.
-            teacher.model(batch["input_ids"], use_cache=False)
-    finally:
-        recorder.close()
-    first_input = recorder.inputs[0]
-    context = teacher.model._context(first_input, None, None, None, None)
+    recorder, context = record_mixers(model.teacher[0], batch["input_ids"])
     losses, energies = [], []
     for i, twin in enumerate(model.twins):
         prediction = twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)

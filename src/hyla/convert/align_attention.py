@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file
 from torch import nn
 
-from hyla.convert.align import MixerRecorder
+from hyla.convert.align import record_mixers
 
 OUTPUT = "attention.safetensors"
 
@@ -47,14 +47,7 @@ class AttentionAlignment(nn.Module):
 def attention_alignment_loss(model: AttentionAlignment, batch: dict) -> tuple[torch.Tensor, dict]:
     """Sum over the kept layers of MSE(NoPE attention_i(x_i), teacher RoPE attention_i(x_i)); per layer in the
     metrics, with the teacher's output energy beside each."""
-    teacher = model.teacher[0]
-    recorder = MixerRecorder(teacher)
-    try:
-        with torch.no_grad():
-            teacher.model(batch["input_ids"], use_cache=False)
-    finally:
-        recorder.close()
-    context = teacher.model._context(recorder.inputs[0], None, None, None, None)
+    recorder, context = record_mixers(model.teacher[0], batch["input_ids"])
     losses, metrics = [], {}
     for layer, mixer in zip(model.layers, model.mixers):
         target = recorder.outputs[layer].float()
