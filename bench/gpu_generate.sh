@@ -5,8 +5,8 @@
 #      decode-step tests after the refactor (tests/inference/test_inference_gpu.py). A failure stops the script.
 #   2. `hyla bench generate`: NIAH prompts through the engine and through transformers' generate, side by side, at
 #      4K, 16K and 64K on the converted 135M shape (random bf16 weights): seconds per prompt and the speedup.
-#   3. `hyla bench model`, the ratio re-measurement of docs/results/speed.md's fifth run (stage g of
-#      bench/h200_speed.sh, which now needs no flags: its settings ship as hyla/inference/tuned/nvidia-h200.json):
+#   3. `hyla bench model`, the ratio re-measurement of docs/results/speed.md's fifth run (its settings
+#      now ship as hyla/inference/tuned/nvidia-h200.json, so it needs no flags):
 #      HypeNet-2B and the Qwen3-1.7B shape at 512K, prefill and decode, when the time left allows it (~200 s);
 #      otherwise decode only over synthetic caches (and the log says so).
 # Run from the repository root on the GPU machine with $OUT set; carry [".whl"] (the fla 0.6.0 wheels), and
