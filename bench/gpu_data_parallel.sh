@@ -16,18 +16,8 @@ set -uo pipefail
 keep=/root/keep-dp
 wait_s=${WAIT_S:-540}
 
-collect() {
-  local start=$SECONDS
-  while [ $((SECONDS - start)) -lt "$wait_s" ] && [ ! -f $keep/done ]; do
-    sleep 10
-    if [ $(( (SECONDS - start) % 60 )) -lt 10 ]; then tail -n 2 $keep/bench.log 2>/dev/null; fi
-  done
-  [ -f $keep/done ] && echo "finished: $(cat $keep/done)" || echo "still running after ${wait_s}s"
-  cp $keep/tests.txt $keep/bench.log "$OUT/" 2>/dev/null
-  tail -n 30 $keep/tests.txt 2>/dev/null | grep -E "passed|failed|error" | tail -n 3
-  cp $keep/out/data-parallel.json $keep/out/data-parallel.md $keep/out/data-parallel.png "$OUT/" 2>/dev/null
-  tail -n 60 $keep/bench.log 2>/dev/null
-}
+# shellcheck source=bench/gpu_background.sh
+source "$(dirname "$0")/gpu_background.sh"
 
 case ${1:-} in
 start)
@@ -47,9 +37,9 @@ start)
     > /dev/null 2>&1 < /dev/null &
   echo $! > $keep/pid
   sleep 5
-  collect
+  collect $keep/out/data-parallel.json $keep/out/data-parallel.md $keep/out/data-parallel.png
   ;;
-wait) collect ;;
+wait) collect $keep/out/data-parallel.json $keep/out/data-parallel.md $keep/out/data-parallel.png ;;
 stop) kill -- -"$(cat $keep/pid)" && echo "stopped" ;;  # the whole session started by `start`
 *) echo "usage: bash bench/gpu_data_parallel.sh start|wait|stop" >&2; exit 2 ;;
 esac

@@ -14,18 +14,8 @@ set -uo pipefail
 keep=/root/keep
 wait_s=${WAIT_S:-540}
 
-collect() {
-  local start=$SECONDS
-  while [ $((SECONDS - start)) -lt "$wait_s" ] && [ ! -f $keep/done ]; do
-    sleep 10
-    if [ $(( (SECONDS - start) % 60 )) -lt 10 ]; then tail -n 2 $keep/bench.log 2>/dev/null; fi
-  done
-  [ -f $keep/done ] && echo "finished: $(cat $keep/done)" || echo "still running after ${wait_s}s"
-  cp $keep/tests.txt $keep/bench.log "$OUT/" 2>/dev/null
-  cp $keep/bench-train/train.json $keep/bench-train/train.md $keep/bench-train/train.png "$OUT/" 2>/dev/null
-  tail -n 30 $keep/tests.txt 2>/dev/null | grep -E "passed|failed|error" | tail -n 3
-  tail -n 60 $keep/bench.log 2>/dev/null
-}
+# shellcheck source=bench/gpu_background.sh
+source "$(dirname "$0")/gpu_background.sh"
 
 case ${1:-} in
 start)
@@ -43,9 +33,9 @@ start)
     echo \"exit \$?\" > $keep/done" > /dev/null 2>&1 < /dev/null &
   echo $! > $keep/pid
   sleep 5
-  collect
+  collect $keep/bench-train/train.json $keep/bench-train/train.md $keep/bench-train/train.png
   ;;
-wait) collect ;;
+wait) collect $keep/bench-train/train.json $keep/bench-train/train.md $keep/bench-train/train.png ;;
 stop) kill -- -"$(cat $keep/pid)" && echo "stopped" ;;  # the whole session started by `start`
 *) echo "usage: bash bench/gpu_train.sh start|wait|stop" >&2; exit 2 ;;
 esac
