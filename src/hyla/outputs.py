@@ -105,6 +105,23 @@ def _acquire(path: Path):
     raise FolderInUse(f"could not lock {path}")
 
 
+def process_alive(pid: int | None) -> bool:
+    """Whether process `pid` is running on this machine (None or 0: no); a zombie (ended, not yet reaped by its
+    parent) is not. For the pid files and pid-named folders of run bookkeeping."""
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
+    except OSError:
+        return True
+
+
 def git_sha() -> str | None:
     """The commit of the hyla source tree, or None outside a git checkout."""
     source_dir = Path(__file__).resolve().parent

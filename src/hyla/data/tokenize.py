@@ -29,7 +29,7 @@ import numpy as np
 
 from hyla.data.generated import GenerationSettings
 from hyla.data.sources import Source, interleave, open_source
-from hyla.outputs import git_sha
+from hyla.outputs import git_sha, process_alive
 
 FORMAT = "hyla.token-corpus"
 FORMAT_VERSION = 1
@@ -268,7 +268,7 @@ def remove_stale_staging(out_dir: Path) -> None:
     """Remove staging folders left by killed runs (their process is gone)."""
     for staging in out_dir.parent.glob(f"{out_dir.name}.tmp-*"):
         pid = staging.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(staging, ignore_errors=True)
 
 
@@ -332,13 +332,3 @@ def _batches(documents: Iterable[tuple[int, str]]) -> Iterator[list[tuple[int, s
             batch, num_characters = [], 0
     if batch:
         yield batch
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

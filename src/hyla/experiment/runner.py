@@ -27,6 +27,7 @@ from hyla.experiment import actions
 from hyla.experiment.plan import Job, Plan
 from hyla.experiment.substitution import PlanError, finish
 from hyla.outputs import git_sha, package_versions, write_json
+from hyla.outputs import process_alive as outputs_process_alive
 
 STATES = ("waiting", "running", "done", "failed", "skipped")
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
@@ -64,19 +65,8 @@ def _utc(stamp: float | None = None) -> str:
 
 
 def process_alive(pid: int | None) -> bool:
-    if not pid or pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie (ended, not yet reaped by its parent) is not running.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ")[-1][:1] != "Z"
-    except OSError:
-        return True
+    """A runner's or job's recorded pid is running (never this process: a pid file reused after a restart)."""
+    return pid != os.getpid() and outputs_process_alive(pid)
 
 
 def command_line(job: Job, run_dir: Path) -> list[str]:
