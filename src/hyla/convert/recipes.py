@@ -2,7 +2,9 @@
 
 `halo-smollm2` is the recipe for SmolLM2-135M on one H200: ~20 minutes of training at the fast path's measured
 throughput (`hyla bench train`, 2026-12-01: align 165K tokens/s at 64×512, distill 217K at 16×4096, fine-tune 216K
-at 4×16384: 303 + 692 + 231 s for 50M + 150M + 50M tokens). What it changes against run 2 (docs/results/smollm2-135m.md):
+at 4×16384: 303 + 692 + 231 s for 50M + 150M + 50M tokens). Alignment runs at 128×512: its 64×512 step was
+launch-bound (104 ms of kernels in a 198 ms step, docs/results/train-speed.md), so twice the tokens a step cost little
+more time. What it changes against run 2 (docs/results/smollm2-135m.md):
 
 - selection: recall on 3 × 34 NIAH prompts at 4K (SK1-SK3), CSR on 3 × 500 documents, gaps below 2 standard errors
   count as zero, equal scores ordered by the stage-1 alignment error (`hyla.convert.noise_select`);
@@ -41,7 +43,7 @@ HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
 def halo_smollm2() -> ConvertPlan:
     return ConvertPlan(
         "halo-smollm2",
-        align=StageBudget(50_000_000, 512, 64, 1e-3, 1e-5, warmup_steps=50, checkpoint_every=250),
+        align=StageBudget(50_000_000, 512, 128, 1e-3, 1e-5, warmup_steps=50, checkpoint_every=250),
         distill=StageBudget(150_000_000, 4096, 16, 1e-4, 1e-5, warmup_steps=50, checkpoint_every=250,
                             align_documents=True),
         finetune=StageBudget(50_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
