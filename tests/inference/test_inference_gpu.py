@@ -4,7 +4,7 @@ each against its pure-torch reference."""
 import pytest
 import torch
 
-from hyla import HypeNetConfig, HypeNetForCausalLM
+from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.inference import InferenceEngine
 from hyla.ops.chunk_attention import chunk_attention
 from hyla.ops.decode_attention import decode_attention, decode_attention_reference
@@ -117,6 +117,28 @@ def test_graph_decode_matches_model_forward(batch, compile_decode):
     for t in range(250, 300):
         pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
     # fp32 model; fla's chunk kernel runs its matmuls in TF32 (~1.5e-3, docs/method.md, "Kernel notes").
+    assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
+
+
+@pytest.mark.parametrize("options", [None, InferenceOptions(logit_scaling_a=50.0),
+                                     InferenceOptions(logit_scaling="per_length", logit_scaling_train_length=64)],
+                         ids=["default", "per-query-a50", "per-length-L0-64"])
+def test_compiled_prefill_and_decode_match_model_forward_under_inference_options(options):
+    # The engine's shipped path on CUDA (compiled prefill with the chunk length symbolic, compiled graph-captured
+    # decode), prompts of two lengths, under each kind of inference option: what the evaluations and the
+    # conversion's selection and scaling stages run.
+    model = small_model(["lightning", "attention", "attention_rope", "lightning"])
+    tokens = torch.randint(0, 1000, (1, 300), device="cuda")
+    with torch.no_grad():
+        full = model(tokens, use_cache=False, inference_options=options).logits
+    engine = InferenceEngine(model, batch_size=1, max_length=320, prefill_chunk=128, decode_step="eager",
+                             compile_decode=True, compile_prefill=True, inference_options=options)
+    assert rel(engine.prefill(tokens[:, :190]), full[:, 189]) <= 3e-3
+    engine.reset()
+    pieces = [engine.prefill(tokens[:, :250])]
+    engine.capture_graph()
+    for t in range(250, 300):
+        pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
     assert rel(torch.stack(pieces, 1), full[:, 249:]) <= 3e-3
 
 

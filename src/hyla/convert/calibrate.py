@@ -128,7 +128,7 @@ def output_scale(stats: OutputStats, metric: torch.Tensor, mode: str) -> torch.T
                            torch.ones_like(twin_square))
     normal = stats.b_outer * metric
     ridge = RIDGE * normal.diagonal().mean().clamp(min=1e-300)
-    return torch.linalg.solve(normal + ridge * torch.eye(normal.shape[0], dtype=normal.dtype), stats.b_a_metric)
+    return torch.linalg.solve(normal + ridge * torch.eye(normal.shape[0], dtype=normal.dtype, device=normal.device), stats.b_a_metric)
 
 
 @torch.no_grad()

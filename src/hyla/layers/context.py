@@ -85,7 +85,7 @@ class MixerContext:
     key_mask: bool [B, Tk], False at padding over cached + current keys; None when there is no padding.
     cu_seqlens: [N + 1] boundaries of packed documents (batch of one), or None.
     cache: the hybrid cache to read and update, or None.
-    options: the inference options of the call (logit scaling, EME)."""
+    options: the inference options of the call (logit scaling, EME); None: the default options."""
 
     position_ids: torch.Tensor
     rope: tuple[torch.Tensor, torch.Tensor]
@@ -93,4 +93,10 @@ class MixerContext:
     key_mask: torch.Tensor | None = None
     cu_seqlens: torch.Tensor | None = None
     cache: HybridCache | None = None
-    options: InferenceOptions = DEFAULT_OPTIONS
+    # None, not DEFAULT_OPTIONS, as the field's default: torch.compile (2.11) cannot trace a dataclass constructed
+    # inside a compiled function whose field default is another dataclass instance (pytorch/pytorch#154009).
+    options: InferenceOptions | None = None
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            self.options = DEFAULT_OPTIONS
