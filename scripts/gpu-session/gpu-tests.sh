@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests on this project's GPU machine (no internet): one device call with carry [".whl"] (the fla wheels and
-# what else the image lacks; add ".gpu-inputs/cache" when an earlier session saved its compiled kernels with
-# `bash bench/gpu_cache.sh save`).
+# what else the image lacks; add ".gpu-inputs/b" for RULER's data, which the NIAH tests need, and ".gpu-inputs/cache"
+# when an earlier session saved its compiled kernels with `bash bench/gpu_cache.sh save`).
 #   bash scripts/gpu-session/gpu-tests.sh
 # TESTS: the test files (default: every file with GPU tests); TEST_WORKERS (8) xdist workers; at most
 # TESTS_TIMEOUT_S (540) seconds. $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens
@@ -11,6 +11,8 @@ site=/root/keep-tests/site
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p $site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl || exit 1
+# RULER's data package (NIAH), when .gpu-inputs/b (scripts/gpu-session/pack_inputs.sh) is carried too.
+if [ -f .gpu-inputs/b/evaldata.tar.xz ]; then tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $site || exit 1; fi
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried
 nvidia-smi -L
 export PYTHONPATH=$site:$PWD/src

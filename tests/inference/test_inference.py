@@ -300,3 +300,17 @@ def test_prefill_attention_backend_follows_device_and_dtype():
         pick_attention_backend("cudnn", cuda, torch.float32)
     with pytest.raises(ValueError, match="must be auto or one of"):
         pick_attention_backend("sdpa", cpu, torch.float32)
+
+
+def test_decode_attention_takes_triton_only_for_heads_its_tiles_fit():
+    from hyla.ops.decode_attention import resolve_kernel, triton_available
+
+    cuda = torch.device("cuda")  # a device object only: nothing runs on it
+    if triton_available():
+        assert resolve_kernel("auto", cuda, 64) == "triton"
+        assert resolve_kernel("auto", cuda, None) == "triton"
+        # tl.dot needs an inner dimension >= 16; tl.arange a power of two
+        assert resolve_kernel("auto", cuda, 8) == "torch" and resolve_kernel("auto", cuda, 80) == "torch"
+        with pytest.raises(ValueError, match="power of two >= 16, got 8"):
+            resolve_kernel("triton", cuda, 8)
+    assert resolve_kernel("auto", torch.device("cpu"), 64) == "torch"

@@ -88,7 +88,7 @@ class InferenceEngine:
         self.model, self.config = model, model.config
         self.device, self.dtype = model.device, model.dtype
         self.attention_backend = pick_attention_backend(settings.attention_backend, self.device, self.dtype)
-        self.decode_kernel = resolve_kernel(settings.decode_attention, self.device)
+        self.decode_kernel = resolve_kernel(settings.decode_attention, self.device, self.config.head_dim)
         self.cache = StaticHybridCache.allocate(self.config, batch_size=batch_size, max_length=max_length,
                                                 device=self.device, dtype=self.dtype)
         self._lengths = [0] * batch_size  # host copy of cache.length

@@ -42,14 +42,24 @@ def triton_available() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def resolve_kernel(kernel: str, device: torch.device) -> str:
-    """"triton" or "torch" for `kernel` ("auto": Triton on CUDA when it is importable)."""
+def triton_head_dim(head_dim: int | None) -> bool:
+    """Whether the Triton kernel takes heads of `head_dim` (None: unknown, taken): its tiles span the head
+    (`tl.arange` needs a power of two) and `tl.dot` needs an inner dimension of at least 16."""
+    return head_dim is None or (head_dim >= 16 and head_dim & (head_dim - 1) == 0)
+
+
+def resolve_kernel(kernel: str, device: torch.device, head_dim: int | None = None) -> str:
+    """"triton" or "torch" for `kernel` ("auto": Triton on CUDA when it is importable and takes `head_dim`)."""
     if kernel not in KERNELS:
         raise ValueError(f"decode attention kernel must be one of {', '.join(KERNELS)}, got {kernel!r}")
     if kernel == "auto":
-        return "triton" if device.type == "cuda" and triton_available() else "torch"
+        usable = device.type == "cuda" and triton_available() and triton_head_dim(head_dim)
+        return "triton" if usable else "torch"
     if kernel == "triton" and not (device.type == "cuda" and triton_available()):
         raise ValueError(f"the Triton decode attention kernel needs CUDA and triton; the cache is on {device}")
+    if kernel == "triton" and not triton_head_dim(head_dim):
+        raise ValueError(f"the Triton decode attention kernel needs a head dimension that is a power of two >= 16, "
+                         f"got {head_dim}")
     return kernel
 
 
@@ -59,7 +69,7 @@ def decode_attention(
 ) -> torch.Tensor:
     """Same contract as `decode_attention_reference`; `kernel` "auto" runs the Triton split-K kernel on CUDA.
     config: the kernel's launch settings (`gpu.DecodeKernelConfig`; None: its default)."""
-    if resolve_kernel(kernel, q.device) == "triton":
+    if resolve_kernel(kernel, q.device, q.shape[-1]) == "triton":
         from hyla.ops.decode_attention.gpu import DEFAULT_CONFIG, decode_attention_triton
 
         return decode_attention_triton(q, keys, values, length, scale=scale, config=config or DEFAULT_CONFIG)
