@@ -181,4 +181,4 @@ def test_teacher_layer_types_hyla_cannot_convert_are_one_clear_error():
         to_hypenet(no_window)
     with pytest.raises(ValueError, match="layer 0 is 'hh_gla'; to_hypenet builds attention, attention_rope, swa, "
                                          "lightning, gla, gdn layers"):
-        to_hypenet(LlamaForCausalLM(LlamaConfig(**COMMON)), ["hh_gla", "attention", "attention"])
+        to_hypenet(LlamaForCausalLM(LlamaConfig(**COMMON)), ["hh_gla", "attention", "attention"], headwise_ratio="1:1")
