@@ -33,12 +33,14 @@ def test_set_values_are_parsed_as_their_fields_type():
     plan = apply_overrides(make_plan("smoke", 0), [
         "align.tokens=1e6", "distill.lr=1", "selection.niah_lengths=2048,4096", "scaling.candidates=none,20",
         "selection.k=none", "selection.method=3,7", "scaling.data=off", "model.attention_rope=true", "seed=3",
+        "model.rnn_mixer=gdn", "model.swa_window=64",
     ])
     assert plan.align.tokens == 1_000_000 and isinstance(plan.align.tokens, int)
     assert plan.distill.lr == 1  # kept as written: the settings hash of earlier runs stays
     assert plan.selection.niah_lengths == [2048, 4096] and plan.scaling.candidates == [None, 20]
     assert plan.selection.k is None and plan.selection.method == "3,7" and plan.scaling.data is None
     assert plan.model.attention_rope is True and plan.seed == 3
+    assert plan.model.rnn_mixer == "gdn" and plan.model.swa_window == 64
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -55,6 +57,8 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("scaling.candidates=none,1", "scaling.candidates: item 1 must be > 1"),
     ("scaling.candidates=", "scaling.candidates: must not be empty"),
     ("modle.attention_rope=true", "unknown setting 'modle.attention_rope' (did you mean 'model.attention_rope'?)"),
+    ("model.rnn_mixer=mamba2", "model.rnn_mixer must be one of lightning, gla, gdn, swa, got 'mamba2'"),
+    ("model.swa_window=0", "model.swa_window must be >= 1, got 0"),
     ("preset=paper", "unknown setting 'preset'"),
     ("distill.lr", "is not of the form section.field=value"),
 ])

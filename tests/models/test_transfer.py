@@ -179,6 +179,6 @@ def test_teacher_layer_types_hyla_cannot_convert_are_one_clear_error():
                                              layer_types=["full_attention", "sliding_attention", "full_attention"]))
     with pytest.raises(ValueError, match="layer 1 is 'sliding_attention' but its config sets no sliding_window"):
         to_hypenet(no_window)
-    with pytest.raises(ValueError, match="layer 0 is 'gla'; to_hypenet builds attention, attention_rope, swa, "
-                                         "lightning layers"):
-        to_hypenet(LlamaForCausalLM(LlamaConfig(**COMMON)), ["gla", "attention", "attention"])
+    with pytest.raises(ValueError, match="layer 0 is 'hh_gla'; to_hypenet builds attention, attention_rope, swa, "
+                                         "lightning, gla, gdn layers"):
+        to_hypenet(LlamaForCausalLM(LlamaConfig(**COMMON)), ["hh_gla", "attention", "attention"], headwise_ratio="1:1")

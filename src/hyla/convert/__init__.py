@@ -15,6 +15,9 @@ _EXPORTS = {
     "SUPPORTED_FAMILIES": "hyla.models.loading",
     "to_hypenet": "hyla.models.transfer",
     "lightning_from_attention": "hyla.models.transfer",
+    "gla_from_attention": "hyla.models.transfer",
+    "gdn_from_attention": "hyla.models.transfer",
+    "swa_from_attention": "hyla.models.transfer",
     "hypenet_config_from_teacher": "hyla.models.transfer",
 }
 

@@ -1,6 +1,7 @@
-"""Stage 1, alignment: every layer gets a Lightning twin built from its attention weights, trained with MSE against
-the attention output on the teacher's own input to that layer. All twins train in one pass while the teacher's
-activations flow on unchanged; only the twins have gradients."""
+"""Stage 1, alignment: every layer gets a twin built from its attention weights (Lightning, or the plan's
+`model.rnn_mixer`: GLA, GDN, SWA), trained with MSE against the attention output on the teacher's own input to that
+layer. All twins train in one pass while the teacher's activations flow on unchanged; only the twins have
+gradients."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.models import HypeNetForCausalLM
-from hyla.models.transfer import lightning_from_attention
+from hyla.models.transfer import TWIN_BUILDERS
 
 
 class MixerRecorder:
@@ -36,19 +37,21 @@ class MixerRecorder:
 class AlignmentTwins(nn.Module):
     """The trainable twins, one per layer (a ModuleList so that optimizer, checkpoint and FSDP treat them as a model)."""
 
-    def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config=None):
-        """`config`: what the twins are built with (default: the teacher-equivalent's, Lightning defaults)."""
+    def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config=None, *,
+                 rnn_mixer: str = "lightning"):
+        """`config`: what the twins are built with (default: the teacher-equivalent's, Lightning defaults);
+        `rnn_mixer`: their kind, a key of `hyla.models.transfer.TWIN_BUILDERS`."""
         super().__init__()
         self.teacher = [teacher]  # not a submodule: frozen, not saved with the twins
         config = config if config is not None else teacher.config
-        self.twins = nn.ModuleList(
-            lightning_from_attention(layer.self_attn, config, i) for i, layer in enumerate(hf_teacher.model.layers)
-        )
+        build = TWIN_BUILDERS[rnn_mixer]
+        self.twins = nn.ModuleList(build(layer.self_attn, config, i) for i, layer in enumerate(hf_teacher.model.layers))
 
     @classmethod
-    def for_training(cls, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config, device) -> AlignmentTwins:
+    def for_training(cls, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config, device, *,
+                     rnn_mixer: str = "lightning") -> AlignmentTwins:
         """The twins as stage 1 trains them: on `device`, float32 master weights."""
-        twins = cls(teacher, hf_teacher, config).to(device)
+        twins = cls(teacher, hf_teacher, config, rnn_mixer=rnn_mixer).to(device)
         for param in twins.parameters():
             param.data = param.data.float()
         return twins

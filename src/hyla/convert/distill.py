@@ -16,24 +16,29 @@ from hyla.train.loop import training_autocast
 
 def build_student(
     hf_teacher: nn.Module, attention_layers: list[int], twins_path=None, *, attention_rope: bool = False,
-    **config_overrides,
+    rnn_mixer: str = "lightning", **config_overrides,
 ) -> HypeNetForCausalLM:
     """The hybrid: teacher weights everywhere, attention (NoPE unless `attention_rope`, with a new output gate) at
-    `attention_layers`, aligned Lightning twins from stage 1 everywhere else (None: the twins as transferred from
-    the attention weights, before alignment). `config_overrides` must match what the twins were built with
-    (lightning_rope, lightning_qk_norm)."""
+    `attention_layers`, the aligned `rnn_mixer` twins from stage 1 everywhere else (None: the twins as transferred
+    from the attention weights, before alignment). `config_overrides` must match what the twins were built with
+    (lightning_rope, lightning_qk_norm; swa_window). "swa" layers are attention layers and get the new output gate
+    too."""
     num_layers = hf_teacher.config.num_hidden_layers
-    layer_types = ["attention" if i in attention_layers else "lightning" for i in range(num_layers)]
+    layer_types = ["attention" if i in attention_layers else rnn_mixer for i in range(num_layers)]
     student = to_hypenet(hf_teacher, layer_types, attention_rope=attention_rope, attention_output_gate=True,
                          **config_overrides)
     if twins_path is None:
         return student
     twins = load_file(str(twins_path))
     for i, block in enumerate(student.model.layers):
-        if block.layer_type != "lightning":
+        if block.layer_type != rnn_mixer:
             continue
         prefix = f"{i}."
-        block.mixer.load_state_dict({k[len(prefix):]: v for k, v in twins.items() if k.startswith(prefix)})
+        state = {k[len(prefix):]: v for k, v in twins.items() if k.startswith(prefix)}
+        # The stage-2 output gate of an "swa" layer is not in its twin (the teacher's attention): it keeps its init.
+        own_gate = ({k: v for k, v in block.mixer.state_dict().items() if k.startswith("g_proj.")}
+                    if rnn_mixer == "swa" else {})
+        block.mixer.load_state_dict({**own_gate, **state})
     return student
 
 

@@ -37,6 +37,7 @@ def model_card(report: dict) -> str:
         "`from_pretrained(folder, trust_remote_code=True)` (hyla must be installed).", "",
         f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
+        f"- the other layers: `{report['plan']['model']['rnn_mixer']}` (`model.rnn_mixer`)",
         f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
         "| stage | steps | tokens | first loss | last loss |", "|---|---|---|---|---|",
     ]

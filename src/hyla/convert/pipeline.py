@@ -55,10 +55,13 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
     data.update(plan.data.settings())
     if plan.data.long_sources:
         data["long_tokens"] = plan.long_data_tokens
+    align = {"budget": plan.align.settings(), "twins": plan.twin_options(),
+             "init": {"mode": plan.model.twin_init, "batches": plan.model.twin_init_batches}}
+    if plan.model.rnn_mixer != "lightning":  # Lightning runs keep their hash
+        align["rnn_mixer"] = plan.model.rnn_mixer
     own = {
         "data": data,
-        "align": {"budget": plan.align.settings(), "twins": plan.twin_options(),
-                  "init": {"mode": plan.model.twin_init, "batches": plan.model.twin_init_batches}},
+        "align": align,
         "select": {"plan": plan.selection.__dict__},
         "distill": {"budget": plan.distill.settings(), "attention_rope": plan.model.attention_rope,
                     **({"align_attention": plan.attn_align.settings()} if plan.model.align_attention else {})},
@@ -96,8 +99,7 @@ def print_plan(run: Run, num_params: int) -> None:
     console.print(table)
     s = plan.selection
     model = plan.model
-    console.print(f"student: Lightning RoPE {'on' if model.lightning_rope else 'off'}, Lightning q/k norm "
-                  f"{'on' if model.lightning_qk_norm else 'off'}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
+    console.print(f"student: {student_mixer_text(model)}, attention {'RoPE' if model.attention_rope else 'NoPE'}")
     scaling_on = plan.scaling.data or ", ".join(plan.data.scaling_sources) or "the held-out tail"
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
                   f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit}, gaps below "
@@ -106,6 +108,16 @@ def print_plan(run: Run, num_params: int) -> None:
                   + (" | attention alignment before distillation" if model.align_attention else ""))
     if plan.data.long_sources:
         console.print(f"stage 3 data: {', '.join(plan.data.long_sources)}")
+
+
+def student_mixer_text(model) -> str:
+    """The non-attention layers as `print_plan` names them."""
+    if model.rnn_mixer == "lightning":
+        return (f"Lightning RoPE {'on' if model.lightning_rope else 'off'}, Lightning q/k norm "
+                f"{'on' if model.lightning_qk_norm else 'off'}")
+    if model.rnn_mixer == "swa":
+        return f"SWA layers (the teacher's attention, RoPE, window {model.swa_window}; no alignment)"
+    return f"{model.rnn_mixer.upper()} layers (gates start at Lightning's decay)"
 
 
 def check_data_sources(plan: ConvertPlan, request: ConvertRequest) -> None:

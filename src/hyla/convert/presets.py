@@ -19,6 +19,11 @@ PAPER_TEACHER_PARAMS = 1.7e9
 # `hyla --help` reads this module (a test keeps them equal).
 SCHEDULES = ("cosine", "constant")
 DATA_PARALLEL_MODES = ("auto", "ddp", "fsdp", "fsdp-no-reshard")
+# The mixers the layers not kept as attention may have (`model.rnn_mixer`): the keys of
+# hyla.models.transfer.TWIN_BUILDERS, not imported from there for the same reason (a test keeps them equal).
+RNN_MIXERS = ("lightning", "gla", "gdn", "swa")
+# Mixers whose twins are the teacher's own attention: nothing to align, stage 1 only measures them.
+UNALIGNED_MIXERS = ("swa",)
 
 
 @dataclass
@@ -137,6 +142,11 @@ class ArchitecturePlan:
     """The student's design choices (docs/method.md, "HypeNet" defaults); the ablations of seed 000's Tables 3-4 flip
     them."""
 
+    # The mixer of every layer not kept as attention (docs/convert.md, "RNN mixer"): lightning (HypeNet), gla, gdn,
+    # or swa (the teacher's own attention restricted to `swa_window` tokens, RoPE kept: the baseline without
+    # alignment). The lightning_* fields below apply to lightning only, swa_window to swa only.
+    rnn_mixer: str = "lightning"
+    swa_window: int = 128
     lightning_rope: bool = True  # RoPE on the Lightning layers' q/k
     lightning_qk_norm: bool = True  # RMSNorm on the Lightning layers' q/k
     attention_rope: bool = False  # keep RoPE in the attention layers (HypeNet: NoPE)
@@ -186,11 +196,16 @@ class ConvertPlan:
     def heldout_tokens(self) -> int:
         return self.scaling.length * self.scaling.num_docs + 1
 
-    def twin_options(self) -> dict[str, bool]:
-        """The Lightning layers' config fields (what the aligned twins are built with)."""
-        return {"lightning_rope": self.model.lightning_rope, "lightning_qk_norm": self.model.lightning_qk_norm}
+    def twin_options(self) -> dict[str, bool | int]:
+        """The config fields the stage-1 twins are built with: the Lightning layers' options, and the window of SWA
+        twins (only then: earlier runs keep their hash)."""
+        options: dict[str, bool | int] = {"lightning_rope": self.model.lightning_rope,
+                                          "lightning_qk_norm": self.model.lightning_qk_norm}
+        if self.model.rnn_mixer == "swa":
+            options["swa_window"] = self.model.swa_window
+        return options
 
-    def student_options(self) -> dict[str, bool]:
+    def student_options(self) -> dict[str, bool | int]:
         """Config fields of the hybrid beyond the teacher's sizes."""
         return {**self.twin_options(), "attention_rope": self.model.attention_rope}
 
@@ -314,6 +329,12 @@ def _twin_init(value: str) -> str | None:
     return one_of(*TWIN_INITS)(value)
 
 
+def _rnn_mixer(value: str) -> str | None:
+    if value in RNN_MIXERS:
+        return None
+    return f"must be one of {', '.join(RNN_MIXERS)}{did_you_mean(value, RNN_MIXERS)}"
+
+
 def _tie_break(value: str) -> str | None:
     from hyla.convert.noise_select import TIE_BREAKS
 
@@ -333,7 +354,8 @@ RULES: dict[str, Rule] = {
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
     "selection.noise_z": at_least(0), "selection.tie_break": _tie_break,
-    "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1),
+    "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1), "model.rnn_mixer": _rnn_mixer,
+    "model.swa_window": at_least(1),
     # Data sources are checked to exist before the data stage runs (`hyla.convert.pipeline.check_data_sources`).
     "data.weights": each(greater_than(0), allow_empty=True),
     "data.long_weights": each(greater_than(0), allow_empty=True), "data.long_tokens": at_least(1),

@@ -17,7 +17,7 @@ from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
-from hyla.convert.presets import ConvertPlan, StageBudget
+from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.models.transfer import to_hypenet
 from hyla.train import LoopSettings, OptimSettings, run_training
@@ -50,7 +50,7 @@ class Run:
         return self.cache["teacher_eq"]
 
     def twin_config(self):
-        """The config the Lightning twins are built with: the teacher's sizes, the plan's Lightning options."""
+        """The config the stage-1 twins are built with: the teacher's sizes, the plan's twin options."""
         if "twin_config" not in self.cache:
             config = copy.deepcopy(self.teacher_equivalent().config)
             for name, value in self.plan.twin_options().items():
@@ -61,7 +61,7 @@ class Run:
     def build_student(self, attention_layers: list[int], **config_fields):
         """The hybrid with attention at `attention_layers` and the stage-1 twins elsewhere (not yet on the device)."""
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
-                             **self.plan.student_options(), **config_fields)
+                             rnn_mixer=self.plan.model.rnn_mixer, **self.plan.student_options(), **config_fields)
 
     def _data_results(self) -> dict:
         data = self.stages["data"]
@@ -233,7 +233,11 @@ def prepare_conversion_corpus(run: Run, folder: Path, sources: list[str], weight
 
 
 def run_align(run: Run, stage: Stage) -> dict:
-    twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device)
+    rnn_mixer = run.plan.model.rnn_mixer
+    twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device,
+                                        rnn_mixer=rnn_mixer)
+    if rnn_mixer in UNALIGNED_MIXERS:
+        return measure_unaligned_twins(run, stage, twins)
     init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
@@ -244,6 +248,33 @@ def run_align(run: Run, stage: Stage) -> dict:
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
     first = {k: v for k, v in summary["first"].items() if k.startswith("mse_")}
     return {**summary, "mse_first": first, "mse_last": per_layer, "init": init}
+
+
+def measure_unaligned_twins(run: Run, stage: Stage, twins: AlignmentTwins) -> dict:
+    """Stage 1 for twins that are the teacher's own attention (SWA): no training, no output-scale init. The twins
+    are saved as built and their alignment error is measured on `model.twin_init_batches` batches of the stage's
+    shape (the fraction of each layer's output energy that the window loses; 0 on sequences within the window):
+    the selection's tie-break reads it."""
+    budget = run.plan.align
+    loader = training_loader(run.corpus()[0], seq_len=budget.seq_len, batch_size=budget.batch_size,
+                             seed=run.plan.seed + 1)
+    num_layers = len(twins.twins)
+    mse, energy = torch.zeros(num_layers, dtype=torch.float64), torch.zeros(num_layers, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(run.plan.model.twin_init_batches):
+            batch = next(loader)
+            _, metrics = alignment_loss(twins, {"input_ids": batch["input_ids"].to(run.env.device)})
+            mse += torch.tensor([metrics[f"mse_{i:02d}"].item() for i in range(num_layers)], dtype=torch.float64)
+            energy += torch.tensor([metrics[f"energy_{i:02d}"].item() for i in range(num_layers)], dtype=torch.float64)
+    relative = (mse / energy.clamp(min=1e-30)).tolist()
+    run.log(f"[align] {run.plan.model.rnn_mixer} twins are the teacher's attention (window "
+            f"{run.plan.model.swa_window}): no alignment; error / teacher output energy on "
+            f"{run.plan.model.twin_init_batches} x {budget.batch_size} x {budget.seq_len} tokens, median over layers "
+            f"{statistics.median(relative):.3g}")
+    save_weights(twins.twin_state_dict(), stage.path / "twins.safetensors", run.env)
+    mse_by_layer = {f"mse_{i:02d}": value / run.plan.model.twin_init_batches for i, value in enumerate(mse.tolist())}
+    return {"steps": 0, "tokens": 0, "aligned": False, "first": {}, "last": {}, "mse": mse_by_layer,
+            "relative_error": relative}
 
 
 def initialise_twins(run: Run, twins: AlignmentTwins) -> dict:
@@ -263,14 +294,15 @@ def initialise_twins(run: Run, twins: AlignmentTwins) -> dict:
 
 
 def load_twins(run: Run) -> dict[int, torch.nn.Module]:
-    """The aligned twins of stage 1, one LightningAttention per layer."""
-    from hyla.models.transfer import lightning_from_attention
+    """The aligned twins of stage 1, one mixer of the plan's `model.rnn_mixer` per layer."""
+    from hyla.models.transfer import TWIN_BUILDERS
 
     weights = load_file(str(run.stages["align"].path / "twins.safetensors"))
     config = run.twin_config()
+    build = TWIN_BUILDERS[run.plan.model.rnn_mixer]
     twins = {}
     for i, layer in enumerate(run.hf_teacher.model.layers):
-        twin = lightning_from_attention(layer.self_attn, config, i)
+        twin = build(layer.self_attn, config, i)
         prefix = f"{i}."
         twin.load_state_dict({k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)})
         twins[i] = twin.to(run.env.device).eval()

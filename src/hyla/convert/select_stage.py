@@ -49,12 +49,16 @@ def run_select(run: Run, stage: Stage) -> dict:
 
 
 def _alignment_errors(run: Run, num_layers: int) -> dict[int, float] | None:
-    """Stage 1's per-layer alignment error (the noise-aware rule's tie-break), from its metrics."""
+    """Stage 1's per-layer alignment error (the noise-aware rule's tie-break), from its metrics; for twins stage 1
+    does not train (SWA), the error it measured."""
     from hyla.convert.noise_select import alignment_errors_from_metrics
     from hyla.train.progress import read_metrics
 
     path = run.stages["align"].path / "metrics.jsonl"
-    return alignment_errors_from_metrics(read_metrics(path), num_layers) if path.exists() else None
+    if path.exists():
+        return alignment_errors_from_metrics(read_metrics(path), num_layers)
+    measured = (run.stages["align"].read_manifest() or {}).get("results", {}).get("relative_error")
+    return dict(enumerate(measured)) if measured is not None else None
 
 
 def kl_ls_scores(run: Run, stage: Stage) -> dict[int, float]:
