@@ -63,7 +63,8 @@ class Case:
         return cls(stage, batch, seq_len)
 
 
-DEFAULT_CASES = (Case("align", 64, 512), Case("distill", 16, 4096), Case("finetune", 4, 16384))
+# Each stage at the halo-smollm2 recipe's shape (hyla.convert.recipes).
+DEFAULT_CASES = (Case("align", 128, 512), Case("distill", 16, 4096), Case("finetune", 4, 16384))
 
 
 @dataclass(frozen=True)
