@@ -109,8 +109,10 @@ part1)
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
   ;;
-stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep
+stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .gpu-inputs/cache: an earlier
+        # sitting's compiled kernels and autotuning choices (`bash bench/gpu_cache.sh save` as its last call)
   mkdir -p $keep || exit 1
+  bash bench/gpu_cache.sh restore
   for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do
     if [ -f $file ]; then cp $file $keep/ || exit 1; fi
   done
