@@ -172,3 +172,13 @@ def test_the_example_plan_of_the_docs_loads(tmp_path):
     assert list(plan.jobs) == ["corpus", "convert", "niah-teacher", "niah-main", "report"]
     assert plan.jobs["niah-main"].needs == ("convert",) and plan.jobs["niah-teacher"].needs == ()
     assert plan.jobs["convert"].run[-2:] == ("--device", "cpu")
+
+
+def test_the_recipe_plan_takes_a_fractional_token_scale(tmp_path):
+    # A sitting too short for the whole budget scales it down (docs/results/smollm2-135m.md, "Next run").
+    from hyla.convert.recipes import scale_tokens
+
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["token_scale=0.6"])
+    command = plan.jobs["convert"].run
+    assert command[command.index("--set", command.index("selection.method=halo")) + 1] == "token_scale=0.6"
+    assert scale_tokens(_sets(command)).distill.tokens == 90_000_000
