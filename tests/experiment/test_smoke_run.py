@@ -48,15 +48,21 @@ def test_the_smoke_profile_runs_the_headline_plan_on_cpu(tmp_path, capsys):
     assert (run / "logs" / "report.log").read_text().count("attempt 1") == 2
 
 
-@pytest.mark.slow
-def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
+def recipe_smoke_argv(tmp_path: Path, only: str, *sets: str) -> list[str]:
+    """`hyla experiment run` of the recipe plan's smoke profile into tmp_path/run, on a tiny random teacher and this
+    repository's docs as text; `sets`: more NAME=VALUE variables."""
     teacher = save_tiny_teacher(tmp_path / "teacher")
     text = docs_text(tmp_path / "text")
     plan = next(path for path in PLANS if path.stem == "halo-smollm2")
+    variables = [f"text={text}", f"teacher={teacher}", f"text_cache={tmp_path / 'no-cache'}", *sets]
+    return ["experiment", "run", str(plan), "--out", str(tmp_path / "run"), "--profile", "smoke",
+            *[arg for item in variables for arg in ("--set", item)], "--only", only, "--poll", "0.5"]
+
+
+@pytest.mark.slow
+def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     run = tmp_path / "run"
-    argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
-            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
-            "--only", "niah-*-SK1-short,csr-main,report", "--poll", "0.5"]
+    argv = recipe_smoke_argv(tmp_path, "niah-*-SK1-short,csr-main,report")
     assert hyla_main(argv) == 0, (run / "runner.log").read_text()
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {

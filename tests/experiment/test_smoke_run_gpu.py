@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from experiment_helpers import PLANS
-from offline_models import save_tiny_teacher
-from test_smoke_run import docs_text
+from test_smoke_run import recipe_smoke_argv
 
 from hyla.cli import main as hyla_main
 
@@ -21,15 +19,8 @@ pytestmark = pytest.mark.gpu
 
 
 def test_the_recipe_plan_runs_on_cuda(tmp_path):
-    teacher = save_tiny_teacher(tmp_path / "teacher")
-    text = docs_text(tmp_path / "text")
-    plan = next(path for path in PLANS if path.stem == "halo-smollm2")
     run = tmp_path / "run"
-    argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
-            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
-            "--set", "device=cuda", "--set", "dtype=bfloat16",
-            "--only", "niah-main-SK1-short,report", "--poll", "0.5"]
-    code = hyla_main(argv)
+    code = hyla_main(recipe_smoke_argv(tmp_path, "niah-main-SK1-short,report", "device=cuda", "dtype=bfloat16"))
     logs = "\n".join(path.read_text()[-6000:] for path in sorted((run / "logs").glob("*.log")))
     assert code == 0, logs
     status = json.loads((run / "status.json").read_text())
