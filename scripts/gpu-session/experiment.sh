@@ -84,11 +84,20 @@ launch() {
     echo "distillation budget: $tokens tokens (${DISTILL_SECONDS} s at part1's measured tokens/s)"
     args="$args --set distill_tokens=$tokens"
   fi
+  runner_alive || rm -f $run/runner.pid  # a stale lock would end `collect` at once
   cd $keep/repo || exit 1
   # shellcheck disable=SC2086
   setsid nohup python3 -m hyla.cli experiment run "$plan" --out $run $args >> $keep/runner.out 2>&1 < /dev/null &
+  local pid=$!
   cd - >/dev/null || exit 1
-  sleep 10; tail -n 3 $keep/runner.out
+  # The runner takes its lock (runner.pid) only after its imports, which can take more than 10 s; until then
+  # `collect` would see no runner and return at once.
+  for _ in $(seq 180); do
+    [ -f $run/runner.pid ] && break
+    kill -0 $pid 2>/dev/null || break
+    sleep 1
+  done
+  tail -n 3 $keep/runner.out
 }
 
 copy_repository() {
