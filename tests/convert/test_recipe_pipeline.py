@@ -64,6 +64,42 @@ def test_stage_three_and_scaling_read_corpora_of_their_own(tiny_teacher, tmp_pat
     assert manifest(moved, "scaling")["results"]["source"] == "../00-data/scaling"
 
 
+def test_zero_finetune_tokens_pass_the_distilled_weights_on_unchanged(tiny_teacher, tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    out = tmp_path / "run"
+    extra = ["--set", "finetune.tokens=0", "--set", "scaling.per_length=true"]
+    assert main(convert_args(tiny_teacher, out, *extra, select="1")) == 0
+    printed = capsys.readouterr().out
+    assert "[finetune] skipped (finetune.tokens=0)" in printed
+    finetune = manifest(out, "finetune")
+    assert finetune["status"] == "complete" and finetune["settings"]["budget"]["tokens"] == 0
+    assert {k: finetune["results"][k] for k in ("skipped", "steps", "tokens", "weights_from")} == {
+        "skipped": True, "steps": 0, "tokens": 0, "weights_from": "../03-distill/student.safetensors"}
+    assert not (out / "04-finetune" / "checkpoints").exists() and not (out / "04-finetune" / "metrics.jsonl").exists()
+    distilled = load_file(str(out / "03-distill" / "student.safetensors"))
+    passed = load_file(str(out / "04-finetune" / "student.safetensors"))
+    assert passed.keys() == distilled.keys() and all(passed[k].equal(distilled[k]) for k in distilled)
+    exported = load_file(str(out / "06-export" / "model.safetensors"))
+    assert all(exported[k].equal(distilled[k]) for k in distilled if k in exported) and exported.keys() & distilled
+    report = json.loads((out / "06-export" / "conversion.json").read_text())
+    assert report["total_training_tokens"] == 2048 + 2048  # align + distill: no stage 3
+    # c(L) takes the distillation's window as L0 when stage 3 is skipped.
+    assert manifest(out, "scaling")["results"]["per_length_train_length"] == 64
+    plan = apply_overrides(make_plan("smoke", 1), ["finetune.tokens=0", "distill.seq_len=64"])
+    assert plan.trained_seq_len == 64 and plan.finetune.steps == 0
+    assert apply_overrides(make_plan("smoke", 1), ["distill.seq_len=64"]).trained_seq_len == 1024
+    assert scale_tokens(apply_overrides(make_plan("smoke", 1), ["finetune.tokens=0", "token_scale=2"])).finetune.tokens \
+        == 0
+
+
+def test_zero_finetune_tokens_with_long_sources_is_one_clear_error():
+    with pytest.raises(ValueError) as error:
+        apply_overrides(make_plan("halo-smollm2", 1), ["finetune.tokens=0"])
+    assert "set data.long_sources= (empty) too" in str(error.value) and "\n" not in str(error.value)
+    assert apply_overrides(make_plan("halo-smollm2", 1), ["finetune.tokens=0", "data.long_sources="]).finetune_skipped
+
+
 def test_the_recipe_preset_is_sized_as_documented():
     plan = make_plan("halo-smollm2", 135_000_000)
     check_plan(plan)

@@ -81,6 +81,45 @@ def test_ablations_get_their_table_and_plot(tmp_path):
     assert {path.name for path in written} == {"niah.png", "ablations.png"}
 
 
+def niah_result(by_task: dict, **options) -> dict:
+    """A `hyla eval niah` result: accuracy by task and length, and the inference options its settings record."""
+    return {"kind": "niah", "records": [], "settings": {"model": "m", "lengths": [4096], **options},
+            "tasks": {task: {"by_length": by_length} for task, by_length in by_task.items()}}
+
+
+def test_the_wide_niah_table_has_a_row_per_mode_with_its_options_and_a_column_per_task_and_length(tmp_path):
+    swla = {"eme_window": 4096, "eme_stride": 1024}
+    log = {"logit_scaling": "per_length", "logit_scaling_train_length": 4096}
+    for mode, options, accuracy in (("direct", {"logit_scaling": "off"}, 0.1), ("swla+log", {**swla, **log}, 0.9)):
+        write_result(tmp_path, f"niah-gla-{mode}-short", niah_result(
+            {"SK1": {"4096": accuracy}, "SK2": {"4096": accuracy / 2}}, **options))
+        write_result(tmp_path, f"niah-gla-{mode}-long", niah_result({"SK1": {"65536": accuracy / 4}}, **options))
+    # Two evaluations under different options written to one label: the row says so.
+    write_result(tmp_path, "niah-gdn-x-SK1-short", niah_result({"SK1": {"4096": 1.0}}))
+    write_result(tmp_path, "niah-gdn-x-SK2-short", niah_result({"SK2": {"4096": 0.0}}, logit_scaling="off"))
+    jobs = [{"name": name} for name in ("teacher-check", "niah-gla-swla+log-short", "niah-gla-direct-short",
+                                        "niah-gla-direct-long")]
+    reference = {"columns": ["SK1"], "rows": {"GLA": [0]}, "GLA by mode": {"columns": ["SK1", "SK2"], "SWLA": [97, 0]}}
+    (tmp_path / "plan.json").write_text(json.dumps({"name": "p", "jobs": jobs,
+                                                    "report": {"niah_table": "wide", "reference": reference}}))
+    summary = report.summarize(tmp_path)
+    assert summary["niah_options"]["gla-swla+log"] == [{**log, **swla}]
+    lines = report.markdown(summary).splitlines()
+    table = lines[lines.index("## NIAH accuracy") + 2:]
+    assert table[0] == "| model | inference options | SK1 4K | SK1 64K | SK2 4K |"
+    # The plan's order first (swla+log before direct), then the labels it does not name.
+    assert table[2] == ("| gla-swla+log | logit_scaling=per_length, logit_scaling_train_length=4096, eme_window=4096, "
+                        "eme_stride=1024 | 0.90 | 0.23 | 0.45 |")
+    assert table[3] == "| gla-direct | logit_scaling=off | 0.10 | 0.03 | 0.05 |"
+    assert table[4] == "| gdn-x | mixed: as saved / logit_scaling=off | 1.00 | - | 0.00 |"
+    assert any(line.startswith("A row marked mixed") for line in lines)
+    # A captioned table of the reference is a table too.
+    assert lines[lines.index("GLA by mode:") + 2:][:3] == ["|  | SK1 | SK2 |", "|---|---|---|", "| SWLA | 97 | 0 |"]
+    # Without the plan's setting: the long table, a row per label and task.
+    del summary["niah_table"]
+    assert "| model | task | 4K | 64K |" in report.markdown(summary)
+
+
 def test_trainings_and_the_plans_reference_reach_the_report(tmp_path, capsys):
     train = tmp_path / "gla-nope" / "train"
     (train / "model").mkdir(parents=True)

@@ -1,6 +1,7 @@
 """The plans' smoke profiles end to end on CPU with a tiny random teacher (a subset of their evaluations, ~2 minutes
 each): the headline plan (teacher check, corpus with recall documents, conversion through every stage, evaluations,
-report) and the halo-smollm2 recipe's plan (the recipe's conversion on stand-in texts, evaluations, report)."""
+report), the halo-smollm2 recipe's plan (the recipe's conversion on stand-in texts, evaluations, report) and the
+converted seed-003 plan (three mixers at one budget and one data stage, stage 3 skipped, NIAH modes, one table)."""
 
 from __future__ import annotations
 
@@ -80,3 +81,45 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     assert set(summary["niah"]) == {"teacher", "main"} and "main" in summary["csr"]
     assert summary["alignment"]["main"]["twin_init"] == "lstsq"
     assert (run / "report" / "align.png").is_file()
+
+
+@pytest.mark.slow
+def test_the_smoke_profile_runs_the_converted_seed_003_plan_on_cpu(tmp_path):
+    teacher = save_tiny_teacher(tmp_path / "teacher")
+    text = docs_text(tmp_path / "text")
+    plan = next(path for path in PLANS if path.stem == "seed-003-converted")
+    run = tmp_path / "run"
+    evals = ["niah-lightning-per-query-short", "niah-gla-swla+log-long", "niah-gdn-log-short"]
+    argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
+            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
+            "--only", ",".join(["convert-*", *evals, "report"]), "--poll", "0.5"]
+    assert hyla_main(argv) == 0, (run / "runner.log").read_text()
+    status = json.loads((run / "status.json").read_text())
+    assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
+        "teacher-check", "data", "copy-gla", "copy-gdn", "convert-lightning", "convert-gla", "convert-gdn", *evals,
+        "report"}
+    data = json.loads((run / "lightning" / "00-data" / "manifest.json").read_text())
+    assert sorted(data["results"]["corpora"]) == ["main", "scaling"]  # no stage-3 corpus
+    for mixer in ("lightning", "gla", "gdn"):
+        # Every conversion used the one data stage, trained at the 256-token window and skipped stage 3.
+        assert "[data] complete" in (run / "logs" / f"convert-{mixer}.log").read_text()
+        assert json.loads((run / mixer / "00-data" / "manifest.json").read_text()) == data
+        distill = json.loads((run / mixer / "03-distill" / "manifest.json").read_text())
+        assert distill["settings"]["budget"]["seq_len"] == 256 and distill["results"]["tokens"] == 2048
+        finetune = json.loads((run / mixer / "04-finetune" / "manifest.json").read_text())["results"]
+        assert finetune["skipped"] and finetune["tokens"] == 0
+        scaling = json.loads((run / mixer / "05-scaling" / "manifest.json").read_text())["results"]
+        assert scaling["chosen_a"] in (20, 500) and scaling["per_length_train_length"] == 256
+        config = json.loads((run / mixer / "06-export" / "config.json").read_text())
+        assert config["layer_types"][1] == "attention" and config["layer_types"].count(mixer) == 3
+    summary = json.loads((run / "report" / "summary.json").read_text())
+    assert summary["niah_options"] == {
+        "lightning-per-query": [{"logit_scaling": "per_query"}],
+        "gla-swla+log": [{"logit_scaling": "per_length", "logit_scaling_train_length": 256, "eme_window": 256,
+                          "eme_stride": 64}],
+        "gdn-log": [{"logit_scaling": "per_length", "logit_scaling_train_length": 256}]}
+    lines = (run / "report" / "report.md").read_text().splitlines()
+    table = lines[lines.index("## NIAH accuracy") + 2:]
+    assert table[0] == "| model | inference options | SK1 512 | SK1 1K | SK2 512 | SK2 1K | SK3 512 | SK3 1K |"
+    assert [row.split(" | ")[0] for row in table[2:5]] == ["| lightning-per-query", "| gla-swla+log", "| gdn-log"]
+    assert "| GDN-NoPE-LH | 99 | 100 | 90 | 53 |" in lines and "| SWLA + Log | 100 | 59 | 64 |" in lines

@@ -88,6 +88,9 @@ def print_plan(run: Run, num_params: int) -> None:
         if name == "attn_align" and not plan.model.align_attention:
             continue
         b = getattr(plan, name)
+        if name == "finetune" and plan.finetune_skipped:
+            table.add_row(name, "0 (skipped)", "0", "-", "-", "-")
+            continue
         table.add_row(name, f"{b.steps * b.seq_len * b.batch_size:,}", str(b.steps), str(b.seq_len),
                       str(b.batch_size), f"{b.lr:g}->{b.min_lr:g} {b.schedule}")
     console = Console(stderr=True)
@@ -225,7 +228,9 @@ def print_summary(results: dict, stages: dict[str, Stage]) -> None:
     table.add_column("stage")
     table.add_column("result")
     for name, result in results.items():
-        if name in ("align", "distill", "finetune"):
+        if result.get("skipped"):
+            text = f"skipped: the weights of {result['weights_from']} unchanged"
+        elif name in ("align", "distill", "finetune"):
             text = (f"{result['steps']} steps, {result['tokens']:,} tokens, loss "
                     f"{result['first'].get('loss', float('nan')):.4g} -> {result['last'].get('loss', float('nan')):.4g}")
         elif name == "select":

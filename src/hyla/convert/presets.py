@@ -54,6 +54,9 @@ class StageBudget:
 
     @property
     def steps(self) -> int:
+        # 0 tokens (allowed for finetune only: the stage is skipped) is 0 steps; any other budget at least one.
+        if self.tokens == 0:
+            return 0
         return max(1, self.tokens // (self.seq_len * self.batch_size))
 
     def settings(self) -> dict[str, Any]:
@@ -118,7 +121,7 @@ class ScalingPlan:
     # prepared corpus folder: the first `length` tokens of its first `num_docs` documents of at least `length`
     # tokens (`a` is chosen on long documents: docs/method.md, "Attention layer and logit scaling").
     data: str | None = None
-    per_length: bool = False  # also report EME's c(L) = log L / log L0 (L0: stage 3's length), not chosen from
+    per_length: bool = False  # also report EME's c(L) = log L / log L0 (L0: `trained_seq_len`), not chosen from
     # NIAH for every candidate (hyla.convert.scaling), e.g. niah_lengths=32768,65536; [] = off.
     niah_lengths: list[int] = field(default_factory=list)
     niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
@@ -191,6 +194,16 @@ class ConvertPlan:
         """Tokens of stage 3's own corpus: `data.long_tokens`, or stage 3's draw."""
         b = self.finetune
         return self.data.long_tokens or b.steps * b.seq_len * b.batch_size + 1
+
+    @property
+    def finetune_skipped(self) -> bool:
+        """`finetune.tokens=0`: stage 3 trains nothing and passes the distilled weights on unchanged."""
+        return self.finetune.tokens == 0
+
+    @property
+    def trained_seq_len(self) -> int:
+        """The longest window the student trained on: stage 3's, or stage 2's when stage 3 is skipped (L0 of c(L))."""
+        return self.distill.seq_len if self.finetune_skipped else self.finetune.seq_len
 
     @property
     def heldout_tokens(self) -> int:
@@ -345,6 +358,8 @@ RULES: dict[str, Rule] = {
     "tokens": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
     "min_lr": at_least(0), "schedule": one_of(*SCHEDULES), "warmup_steps": at_least(0),
     "checkpoint_every": at_least(1), "data_parallel": _data_parallel_mode,
+    # 0 skips stage 3: the distilled weights go on to the scaling stage unchanged (a 4K-only conversion).
+    "finetune.tokens": at_least(0),
     "selection.method": _selection_method, "selection.k": at_least(1), "selection.niah_tasks": each(_niah_task),
     "selection.niah_lengths": each(at_least(1)), "selection.niah_samples": at_least(1),
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
@@ -373,6 +388,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).checkpoint_activations:
             raise ValueError(f"{name}.checkpoint_activations: the alignment trains each layer pair on its own and "
                              f"keeps little; set it for distill or finetune")
+    if plan.finetune_skipped and plan.data.long_sources:
+        raise ValueError("finetune.tokens=0 skips stage 3, the only reader of data.long_sources "
+                         f"({', '.join(plan.data.long_sources)}); set data.long_sources= (empty) too")
     for name, weights, sources in (("data.weights", plan.data.weights, plan.data.sources),
                                    ("data.long_weights", plan.data.long_weights, plan.data.long_sources)):
         if weights and len(weights) != len(sources):

@@ -69,7 +69,9 @@ def scale_tokens(plan: ConvertPlan) -> ConvertPlan:
     for name in ("align", "distill", "finetune", "attn_align"):
         budget = getattr(plan, name)
         minimum = budget.seq_len * budget.batch_size
-        setattr(plan, name, dataclasses.replace(budget, tokens=max(minimum, int(budget.tokens * plan.token_scale))))
+        # A skipped stage (0 tokens) stays skipped.
+        tokens = 0 if budget.tokens == 0 else max(minimum, int(budget.tokens * plan.token_scale))
+        setattr(plan, name, dataclasses.replace(budget, tokens=tokens))
     if plan.data.long_tokens is not None:
         plan.data.long_tokens = int(plan.data.long_tokens * plan.token_scale)
     plan.token_scale = 1.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import os
+import shutil
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -347,5 +349,25 @@ def run_distill(run: Run, stage: Stage) -> dict:
 
 
 def run_finetune(run: Run, stage: Stage) -> dict:
+    if run.plan.finetune_skipped:
+        return pass_distilled_weights(run, stage)
     return _train_student(run, stage, "distill", finetune_loss, run.plan.finetune, None, cross_entropy=True,
                           corpus="long")
+
+
+def pass_distilled_weights(run: Run, stage: Stage) -> dict:
+    """Stage 3 with `finetune.tokens=0`: no training; the distilled weights become the stage's output unchanged
+    (a hard link where the file system allows, else a copy), so the later stages read them as usual."""
+    source = run.stages["distill"].path / "student.safetensors"
+    target = stage.path / "student.safetensors"
+    run.log(f"[finetune] skipped (finetune.tokens=0): the distilled weights {source} go on unchanged")
+    if run.env.is_main:
+        partial = target.with_name(target.name + ".partial")
+        partial.unlink(missing_ok=True)
+        try:
+            os.link(source, partial)
+        except OSError:
+            shutil.copyfile(source, partial)
+        os.replace(partial, target)
+    barrier(run.env)
+    return {"skipped": True, "steps": 0, "tokens": 0, "weights_from": stage.relative(source), "first": {}, "last": {}}

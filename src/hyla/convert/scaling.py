@@ -96,14 +96,16 @@ def run_scaling(run, stage) -> dict:
     from hyla.evals.ppl import bucket_means, default_bucket_edges
 
     plan = run.plan.scaling
-    if plan.length <= run.plan.finetune.seq_len:
-        run.log(f"[scaling] note: held-out length {plan.length} is not beyond stage 3's {run.plan.finetune.seq_len}")
+    trained = run.plan.trained_seq_len
+    if plan.length <= trained:
+        run.log(f"[scaling] note: held-out length {plan.length} is not beyond the {trained} tokens the student "
+                f"trained on")
     sequences, spans, source = scaling_sequences(run, stage, plan)
     if max(spans) < plan.length // 4:
         run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
                 f"choice sees no dependency longer than that; set data.scaling_sources to long documents")
     student = load_student(run, "finetune").eval()
-    candidates = candidate_options(plan, run.plan.finetune.seq_len)
+    candidates = candidate_options(plan, trained)
     losses, curves = {}, {}
     edges = default_bucket_edges(plan.length)
     for label, options in candidates.items():
@@ -127,7 +129,8 @@ def run_scaling(run, stage) -> dict:
     if run.env.is_main:
         plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length)
     return {"chosen_a": best, "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
-            "loss_per_length": losses.get(PER_LENGTH), "loss_by_position": curves, "niah": niah,
+            "loss_per_length": losses.get(PER_LENGTH), "per_length_train_length": trained if plan.per_length else None,
+            "loss_by_position": curves, "niah": niah,
             "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans}
 
 

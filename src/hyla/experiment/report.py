@@ -5,7 +5,8 @@ It reads what the jobs wrote, by convention of the hyla commands: evaluations in
 conversions as folders of `RUN` holding `00-data/` (their stage manifests; their stage-1 alignment curves:
 `hyla.experiment.alignment`), trainings as folders holding
 `metrics.jsonl` and `model/` (`hyla train`), the teacher check's `teacher-check.json`, the corpus manifest, the run's
-`status.json`, and the plan's `report.reference` (published numbers to read beside the measured ones). Works on a
+`status.json`, and the plan's `report.reference` (published numbers to read beside the measured ones) and
+`report.niah_table` ("wide": NIAH as one table, a row per label, a column per task and length). Works on a
 partial run: what is missing is missing, never filled in; and on any folder of `hyla convert` run folders (e.g.
 `runs/init/none` and `runs/init/lstsq`: `hyla experiment report runs/init` compares their alignment).
 """
@@ -24,6 +25,8 @@ from hyla.outputs import write_atomic, write_json
 
 CSR_METRIC = {"hellaswag": "acc_norm", "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm",
               "winogrande": "acc", "lambada": "acc"}
+# The settings of `hyla eval` that change how a hybrid runs (hyla.evals.cli's inference options).
+INFERENCE_SETTINGS = ("logit_scaling", "logit_scaling_a", "logit_scaling_train_length", "eme_window", "eme_stride")
 STAGES = ["00-data", "01-align", "02-select", "03-distill", "04-finetune", "05-scaling", "06-export"]
 # The small files of a run that the tarball keeps (no weights, no corpora).
 TARBALL_PATTERNS = [
@@ -52,6 +55,13 @@ def label_of(folder: str) -> str:
     return name
 
 
+def niah_options(result: dict) -> dict:
+    """The inference options a NIAH result was run under, as its settings record them (`hyla eval niah`'s
+    --logit-scaling* and --eme-* flags; {}: none given, the model as saved)."""
+    settings = result.get("settings") or {}
+    return {name: settings[name] for name in INFERENCE_SETTINGS if settings.get(name) is not None}
+
+
 def _niah_cells(result: dict, niah: dict, label: str) -> None:
     records = result.get("records", [])
     graded = grade(records)
@@ -69,6 +79,7 @@ def _niah_cells(result: dict, niah: dict, label: str) -> None:
 
 def collect_evals(run: Path) -> dict:
     niah: dict = defaultdict(lambda: defaultdict(dict))
+    options: dict = defaultdict(list)
     csr, ppl = {}, {}
     for path in sorted((run / "evals").glob("*/results.json")):
         result = read_json(path)
@@ -77,6 +88,8 @@ def collect_evals(run: Path) -> dict:
         label = label_of(path.parent.name)
         if result.get("kind") == "niah":
             _niah_cells(result, niah, label)
+            if niah_options(result) not in options[label]:
+                options[label].append(niah_options(result))
         elif result.get("kind") == "csr":
             tasks = {}
             for task, values in result["tasks"].items():
@@ -88,7 +101,7 @@ def collect_evals(run: Path) -> dict:
                           "limit": result.get("settings", {}).get("limit")}
         elif result.get("kind") == "ppl":
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
-    return {"niah": {k: dict(v) for k, v in niah.items()}, "csr": csr, "ppl": ppl}
+    return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl}
 
 
 def collect_conversion(folder: Path) -> dict | None:
@@ -150,6 +163,10 @@ def summarize(run: Path) -> dict:
     plan = read_json(run / "plan.json") or {}
     summary["plan"] = {k: plan.get(k) for k in ("name", "source", "profile", "command", "git_sha")}
     summary["reference"] = (plan.get("report") or {}).get("reference")
+    summary["niah_table"] = (plan.get("report") or {}).get("niah_table")
+    # The plan's NIAH jobs are named as their result folders: their order is the rows' order.
+    order = [label_of(job["name"]) for job in plan.get("jobs") or [] if job.get("name", "").startswith("niah-")]
+    summary["niah_order"] = list(dict.fromkeys(order))
     summary["status"] = read_json(run / "status.json")
     return summary
 
@@ -198,10 +215,13 @@ def markdown(summary: dict) -> str:
                   f"{counts['skipped']} skipped, {counts['waiting'] + counts['running']} running or waiting.", ""]
     niah = summary["niah"]
     lengths = sorted({n for by_task in niah.values() for cells in by_task.values() for n in cells})
-    if niah:
+    if niah and summary.get("niah_table") == "wide":
+        lines += _niah_wide_lines(summary)
+    elif niah:
         rows = [[label, task, *(_cell(niah[label][task].get(n, {}).get("accuracy")) for n in lengths)]
                 for label in sorted(niah) for task in sorted(niah[label])]
         lines += ["## NIAH accuracy", "", *_table(["model", "task", *map(_length, lengths)], rows), ""]
+    if niah:
         graded = [[label, task, *(f"{c['number_answers']:.2f} / {c['near_misses']:.2f}" if "number_answers" in
                                   (c := niah[label][task].get(n, {})) else "-" for n in lengths)]
                   for label in sorted(niah) for task in sorted(niah[label])
@@ -227,8 +247,34 @@ def markdown(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _options_text(options: list[dict]) -> str:
+    def one(option: dict) -> str:
+        return ", ".join(f"{name}={value}" for name, value in option.items()) or "as saved"
+
+    return one(options[0]) if len(options) == 1 else "mixed: " + " / ".join(map(one, options))
+
+
+def _niah_wide_lines(summary: dict) -> list[str]:
+    """The plan's `report.niah_table: "wide"`: one NIAH table, a row per label (in the order of the plan's NIAH
+    jobs), a column per task and length, and the inference options the row's results record."""
+    niah, options = summary["niah"], summary.get("niah_options") or {}
+    order = summary.get("niah_order") or []
+    labels = [label for label in order if label in niah] + sorted(set(niah) - set(order))
+    columns = sorted({(task, n) for by_task in niah.values() for task, cells in by_task.items() for n in cells})
+    rows = [[label, _options_text(options.get(label) or [{}]),
+             *(_cell(niah[label].get(task, {}).get(n, {}).get("accuracy")) for task, n in columns)]
+            for label in labels]
+    header = ["model", "inference options", *(f"{task} {_length(n)}" for task, n in columns)]
+    lines = ["## NIAH accuracy", "", *_table(header, rows), ""]
+    if any(len(options.get(label) or []) > 1 for label in labels):
+        lines += [("A row marked mixed holds results run under different inference options (two evaluations "
+                   "wrote to one label): its cells may come from either."), ""]
+    return lines
+
+
 def _reference_lines(reference: dict) -> list[str]:
-    """Published numbers the plan quotes: a table of `rows` under `columns`, then its other fields."""
+    """Published numbers the plan quotes: a table of `rows` under `columns`, the tables of other fields under their
+    names, then the notes and what else it holds."""
     lines = ["## Reference (published; other scale and training, for direction only)", ""]
     rest = dict(reference)
     for key in ("source", "setting"):
@@ -237,6 +283,12 @@ def _reference_lines(reference: dict) -> list[str]:
     if isinstance(rest.get("rows"), dict) and isinstance(rest.get("columns"), list):
         columns, rows = rest.pop("columns"), rest.pop("rows")
         lines += ["", *_table(["", *columns], [[name, *map(str, values)] for name, values in rows.items()])]
+    # Other tables: {"columns": [...], "row name": [values], ...} under their caption.
+    for caption, table in [(key, value) for key, value in rest.items() if isinstance(value, dict)
+                           and isinstance(value.get("columns"), list)]:
+        rows = {name: values for name, values in rest.pop(caption).items() if name != "columns"}
+        lines += ["", f"{caption}:", "", *_table(["", *table["columns"]], [[name, *map(str, values)]
+                                                                          for name, values in rows.items()])]
     notes = rest.pop("notes", [])
     lines += ["", *(f"- {note}" for note in notes)]
     if rest:
