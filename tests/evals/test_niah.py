@@ -140,6 +140,39 @@ def test_needle_sits_at_requested_depth(smollm2_tokenizer, task_name):
         assert abs(needle_index - (len(units) - 1) * sample.depth_percent / 100) <= 1
 
 
+@pytest.mark.parametrize("task_name", sorted(TASKS))
+def test_each_sample_is_the_one_the_search_without_a_guess_fits(smollm2_tokenizer, task_name):
+    # build_samples seeds each sample's haystack search with the previous sample's size; built one by one without
+    # it (the search from zero), the prompts must be the same.
+    from hyla.evals.niah_samples import RULER_TOKENS_TO_GENERATE, build_sample, depth_grid, get_task
+
+    length = 16384 if task_name == "SK2" else 2048
+    samples = build_samples(smollm2_tokenizer, task_name, length, 4, seed=9, num_depths=3)
+    depths = depth_grid(3)
+    alone = [build_sample(smollm2_tokenizer, get_task(task_name), length, depths[i % 3], i, 9,
+                          RULER_TOKENS_TO_GENERATE) for i in range(4)]
+    assert [s.input for s in samples] == [s.input for s in alone]
+
+
+def test_haystack_search_from_a_guess_finds_what_the_search_from_zero_finds():
+    from hyla.evals.haystack import fit_num_units
+
+    def tokens(n):  # monotone, nearly linear, with a step every 7 units, like a tokenizer's counts
+        return 40 + (13 * n) // 10 + n // 7
+
+    for max_tokens in (40, 41, 100, 997, 5000):
+        expected = fit_num_units(tokens, max_tokens=max_tokens, tokens_per_unit=1.3)
+        assert tokens(expected) <= max_tokens < tokens(expected + 1)
+        for guess in (1, expected // 2 + 1, expected, expected + 1, expected + 3, 2 * expected + 5, 10_000):
+            assert fit_num_units(tokens, max_tokens=max_tokens, tokens_per_unit=1.3, guess=guess) == expected
+        capped = min(expected, 50)
+        for guess in (1, 25, 50):
+            assert fit_num_units(tokens, max_tokens=max_tokens, tokens_per_unit=1.3, max_units=50,
+                                 guess=guess) == capped
+    with pytest.raises(ValueError, match="without any haystack"):
+        fit_num_units(tokens, max_tokens=39, tokens_per_unit=1.3, guess=5)
+
+
 def test_samples_are_reproducible_and_seed_dependent(smollm2_tokenizer):
     first = build_samples(smollm2_tokenizer, "MK1", 1024, 2, seed=1)
     again = build_samples(smollm2_tokenizer, "MK1", 1024, 2, seed=1)

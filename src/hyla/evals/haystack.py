@@ -81,13 +81,19 @@ def count_tokens(tokenizer, text: str) -> int:
 
 
 def fit_num_units(
-    num_tokens_for: Callable[[int], int], *, max_tokens: int, tokens_per_unit: float, max_units: int | None = None
+    num_tokens_for: Callable[[int], int], *, max_tokens: int, tokens_per_unit: float, max_units: int | None = None,
+    guess: int | None = None,
 ) -> int:
     """The largest number of haystack units whose rendered prompt has at most `max_tokens` tokens.
 
     `num_tokens_for(n)` renders the prompt with `n` units and counts its tokens; it grows with `n`, almost linearly,
     so interpolation between the bracketing counts converges in a few tokenizations even at 64K+ tokens.
+    `guess`: a count expected to be close (the previous sample's of the same task and length, whose prompts differ
+    only in random keys and the needle's depth): the search brackets the answer from there, with the tokens per unit
+    measured at the guess, in ~3 tokenizations instead of ~8. The answer is the same with or without it.
     """
+    if guess is not None and guess > 0 and (max_units is None or guess <= max_units):
+        return _fit_from_guess(num_tokens_for, max_tokens, guess, max_units)
     low, low_tokens = 0, num_tokens_for(0)
     if low_tokens > max_tokens:
         raise ValueError(f"the prompt without any haystack already has {low_tokens} tokens > {max_tokens}")
@@ -101,6 +107,40 @@ def fit_num_units(
         low, low_tokens = high, high_tokens
         high = high * 2 if max_units is None else min(high * 2, max_units)
         high_tokens = num_tokens_for(high)
+    return _interpolate(num_tokens_for, max_tokens, low, low_tokens, high, high_tokens)
+
+
+def _fit_from_guess(num_tokens_for: Callable[[int], int], max_tokens: int, guess: int, max_units: int | None) -> int:
+    """`fit_num_units` bracketing from `guess`: steps of the distance to `max_tokens` at the guess's own tokens per
+    unit (each step doubling while it does not bracket), then the same interpolation."""
+    tokens = num_tokens_for(guess)
+    per_unit = max(tokens / guess, 1e-3)
+    if tokens <= max_tokens:
+        low, low_tokens, step = guess, tokens, max(1, int((max_tokens - tokens) / per_unit) + 1)
+        while True:
+            high = low + step if max_units is None else min(low + step, max_units)
+            if high == low:  # at max_units, which fits
+                return low
+            high_tokens = num_tokens_for(high)
+            if high_tokens > max_tokens:
+                break
+            low, low_tokens, step = high, high_tokens, step * 2
+    else:
+        high, high_tokens, step = guess, tokens, max(1, int((tokens - max_tokens) / per_unit) + 1)
+        while True:
+            low = max(0, high - step)
+            low_tokens = num_tokens_for(low)
+            if low_tokens <= max_tokens:
+                break
+            if low == 0:
+                raise ValueError(f"the prompt without any haystack already has {low_tokens} tokens > {max_tokens}")
+            high, high_tokens, step = low, low_tokens, step * 2
+    return _interpolate(num_tokens_for, max_tokens, low, low_tokens, high, high_tokens)
+
+
+def _interpolate(num_tokens_for: Callable[[int], int], max_tokens: int, low: int, low_tokens: int, high: int,
+                 high_tokens: int) -> int:
+    """The largest n in [low, high) with num_tokens_for(n) <= max_tokens, given low fits and high does not."""
     num_steps = 0
     while high - low > 1:
         # Interpolation can creep toward one end; every third step bisects, bounding the worst case.

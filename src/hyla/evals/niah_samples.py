@@ -211,25 +211,38 @@ def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str) 
 
 
 def build_sample(
-    tokenizer, task: NiahTask, length: int, depth: int, index: int, seed: int, tokens_to_generate: int
+    tokenizer, task: NiahTask, length: int, depth: int, index: int, seed: int, tokens_to_generate: int,
+    guess: list[int] | None = None,
 ) -> NiahSample:
     """One sample whose prompt plus `tokens_to_generate` is as close to `length` tokens as fits.
 
     A haystack of whole lines (MK2, MK3) can only grow by one line, ~57 tokens for uuid needles (2.8% of 2K); when
     the fitted prompt falls short by more than `_LENGTH_TOLERANCE`, fresh random draws are tried and the closest
     kept. Only token counts of random keys and values differ between draws, so the task stays the same.
+    guess: a one-element list holding the haystack size the previous sample of this task and length fitted (None
+    or empty: none), updated with this sample's; it only shortens the search (`fit_num_units`).
     """
     max_prompt_tokens = length - tokens_to_generate
     best: tuple[int, str, list[str]] | None = None
     for attempt in range(_MAX_DRAWS):
         sample_seed = f"{seed}/{task.name}/{length}/{index}" + (f"/{attempt}" if attempt else "")
+        counts: dict[int, int] = {}  # haystack size -> prompt tokens: the chosen size is not tokenized twice
+
+        def num_tokens_for(n: int) -> int:
+            if n not in counts:
+                counts[n] = count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0])
+            return counts[n]
+
         num_units = fit_num_units(
-            lambda n: count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0]),
+            num_tokens_for,
             max_tokens=max_prompt_tokens,
             tokens_per_unit=_TOKENS_PER_UNIT[task.type_haystack],
+            guess=guess[0] if guess else None,
         )
+        if guess is not None:
+            guess[:] = [num_units]
         prompt, answers = render_prompt(task, depth, num_units, sample_seed)
-        num_prompt_tokens = count_tokens(tokenizer, prompt)
+        num_prompt_tokens = num_tokens_for(num_units)
         if best is None or num_prompt_tokens > best[0]:
             best = (num_prompt_tokens, prompt, answers)
         if num_prompt_tokens + tokens_to_generate >= (1 - _LENGTH_TOLERANCE) * length:
@@ -265,7 +278,9 @@ def build_samples(
     if length <= tokens_to_generate:
         raise ValueError(f"length {length} must exceed the generation budget {tokens_to_generate}")
     depths = depth_grid(num_depths)
+    guess: list[int] = []  # each sample's search starts from the previous sample's haystack size
     return [
-        build_sample(tokenizer, niah_task, length, depths[index % len(depths)], index, seed, tokens_to_generate)
+        build_sample(tokenizer, niah_task, length, depths[index % len(depths)], index, seed, tokens_to_generate,
+                     guess)
         for index in range(num_samples)
     ]
