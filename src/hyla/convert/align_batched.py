@@ -10,8 +10,11 @@ on a batch of L * B rows.
 
 Memory: the products keep one copy of the stacked input for the weights' gradients ([L, B, T, C] in the compute
 dtype: 2.3 GB in bf16 at 30 x 128 x 512 x 576), where the loop keeps one per projection and layer (q, k, v, z: about
-four times that); every other activation has the size it has in the loop. The stacked weights add a float32 copy of
-the twins' weights and its bf16 cast (about 0.3 GB for 30 SmolLM2-135M twins), freed after the backward pass.
+four times that), and the MSE keeps the float32 difference where `F.mse_loss` keeps prediction and target (half);
+every other activation has the size it has in the loop, and all of them live until the backward pass in both (the
+layers' losses are summed before it). The stacked weights add a float32 copy of the twins' weights and its bf16 cast
+(about 0.3 GB for 30 SmolLM2-135M twins) until the backward pass has used them. Compiled, the partitioner decides
+what is kept: these are the eager sizes.
 """
 
 from __future__ import annotations
