@@ -14,10 +14,9 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCa
 
 import hyla.convert.runners as runners
 from hyla.cli import main
-from hyla.convert.align import AlignmentTwins, alignment_loss
+from hyla.convert.align import AlignmentTwins, alignment_loss, record_mixers
 from hyla.convert.align_batched import (batched_alignment_loss, batched_twin_outputs, batching_obstacle,
                                         choose_alignment_path, compiled_twin_errors)
-from hyla.convert.align import record_mixers
 from hyla.layers.lightning import LightningAttention
 from hyla.models.transfer import to_hypenet
 from test_convert_pipeline import convert_args
