@@ -1,15 +1,16 @@
 """`hyla bench train`: the conversion's training steps timed as `hyla convert` runs them, the eager reference path
 and the fast default side by side in one run.
 
-Each case builds its stage's real modules (stage 1: `AlignmentTwins` + `alignment_loss`; stage 2: the hybrid and
-the teacher-equivalent + `distill_loss`; stage 3: the hybrid + `finetune_loss`), resolves the fast path as a stage
-does (`hyla.train.fast`), compiles what a stage compiles, and times the training loop's own step (`TrainStep`:
-micro-batches, clipping, AdamW, one host read) on random tokens. Weights are random unless a teacher is given:
-speed depends on shapes, not values. Reported per case and path: tokens/s (median step), model FLOPs per token
-(counted from the shapes: `training_flops_per_token`), the FLOP rate and MFU, peak memory, the first step's time
-(compilation), and for the fast path the top kernels of one profiled step. A second table times the LM-head losses
-alone at the distillation shape (materialised logits, hyla's chunked fused loss, and flash-linear-attention's fused
-KL / cross-entropy where installed): the measurement behind the fused loss's default.
+Each case builds its stage's real modules (stage 1: `AlignmentTwins` + the loss `hyla convert` chooses,
+`choose_alignment_path`; stage 2: the hybrid and the teacher-equivalent + `distill_loss`; stage 3: the hybrid +
+`finetune_loss`), resolves the fast path as a stage does (`hyla.train.fast`), compiles what a stage compiles, and
+times the training loop's own step (`TrainStep`: micro-batches, clipping, AdamW, one host read) on random tokens.
+Weights are random unless a teacher is given: speed depends on shapes, not values. Reported per case and path:
+tokens/s (median step), model FLOPs per token (counted from the shapes: `training_flops_per_token`), the FLOP rate
+and MFU, peak memory, the first step's time (compilation), and for the fast path the top kernels of one profiled
+step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's chunked
+fused loss, and flash-linear-attention's fused KL / cross-entropy where installed): the measurement behind the fused
+loss's default.
 """
 
 from __future__ import annotations
@@ -148,13 +149,17 @@ class _Built:
     blocks: list
     frozen_blocks: list
     flops: dict = field(default_factory=dict)
+    alignment: object = None  # stage 1: the loss `hyla convert` chooses (hyla.convert.align_batched.AlignmentPath)
 
 
-def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device) -> _Built:
-    """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners)."""
+def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
+           compile: bool = False) -> _Built:
+    """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
+    chooses it for `compile` on one process."""
     import copy
 
-    from hyla.convert.align import AlignmentTwins, alignment_loss
+    from hyla.convert.align import AlignmentTwins
+    from hyla.convert.align_batched import choose_alignment_path
     from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
     from hyla.models.transfer import to_hypenet
 
@@ -164,8 +169,9 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         for name, value in plan.twin_options().items():
             setattr(config, name, value)
         twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
-        return _Built(twins, alignment_loss, list(twins.twins), [],
-                      training_flops_per_token("align", twins, case.seq_len, teacher))
+        path = choose_alignment_path(twins, compile=compile)
+        return _Built(twins, path.loss_fn, list(twins.twins), [],
+                      training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
     if case.stage == "distill":
         loss_fn = functools.partial(distill_loss, fused=fused_loss)
@@ -198,8 +204,10 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     fast = _fast_path(path, device)
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
-    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device)
-    if fast.compile:
+    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile)
+    if built.alignment is not None:
+        print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
+    if fast.compile and (built.alignment is None or built.alignment.compile_twins):
         compile_blocks([*built.blocks, *built.frozen_blocks])
     built.model.train()
     budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
@@ -235,6 +243,8 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
               "tok_per_s": tokens / median, "flops_per_token": built.flops,
               "tflop_per_s": flops * tokens / median / 1e12, "mfu": flops * tokens / median / rate if rate else None,
               "peak_gib": peak_memory_gib(device)}
+    if built.alignment is not None:
+        result["alignment_loss"] = built.alignment.as_dict()
     if settings.profile and path == "fast":
         result["profile"] = _profile(one_step, device)
     return result

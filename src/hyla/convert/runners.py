@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
+from hyla.convert.align_batched import choose_alignment_path
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
@@ -154,19 +155,22 @@ def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> D
 
 def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: StageBudget, blocks, root=None,
                  frozen_blocks=(), fast: FastPath | None = None, vocab_size: int | None = None,
-                 corpus: str = "main", teacher=None) -> dict:
+                 corpus: str = "main", teacher=None, loss_compiled: bool = False) -> dict:
     """Train `model` for `budget` in `folder` (checkpoints, metrics) on the run's training corpus `corpus`. Under
     torchrun the loss runs through the data-parallel mode of `budget.data_parallel` (`stage_data_parallel`;
     `teacher`, the frozen model the loss reads, counts in its memory rule), with `blocks` as FSDP2's units.
     `vocab_size`: set when the loss is a cross-entropy over that many classes (a collapse check). With
     `fast.compile`, `blocks` and `frozen_blocks` (a teacher's, say) are compiled first, block by block; with
     `budget.checkpoint_activations`, `root` (a HypeNetForCausalLM, default `model`) checkpoints its blocks'
-    activations. `loss_fn` must already be the one `fast.fused_loss` asks for."""
+    activations. `loss_fn` must already be the one `fast.fused_loss` asks for; `loss_compiled`: it compiles itself
+    under `fast.compile`, and the blocks stay as they are."""
     fast = fast or stage_fast_path(run, budget)
     choice = stage_data_parallel(run, budget, model, teacher)
     run.log(f"[{name}] fast path: {fast.describe()}")
     run.log(f"[{name}] data parallel: {choice.describe()}")
-    if fast.compile:
+    if fast.compile and loss_compiled:
+        run.log(f"[{name}] torch.compile: the loss function, whole (no block compiled on its own)")
+    elif fast.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
     if budget.checkpoint_activations:
@@ -243,13 +247,17 @@ def run_align(run: Run, stage: Stage) -> dict:
     init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
-    summary = train_budget(run, stage.path, stage.name, twins, alignment_loss, run.plan.align, list(twins.twins),
-                           fast=fast, teacher=run.teacher_equivalent())
+    parallel = stage_data_parallel(run, run.plan.align, twins, run.teacher_equivalent())
+    # The fast path's loss: every twin in one batched problem where the twins allow it (hyla.convert.align_batched).
+    path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode)
+    run.log(f"[{stage.name}] alignment loss: {path.describe()}")
+    summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
+                           fast=fast, teacher=run.teacher_equivalent(), loss_compiled=path.compiled and path.batched)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
     first = {k: v for k, v in summary["first"].items() if k.startswith("mse_")}
-    return {**summary, "mse_first": first, "mse_last": per_layer, "init": init}
+    return {**summary, "alignment_loss": path.as_dict(), "mse_first": first, "mse_last": per_layer, "init": init}
 
 
 def measure_unaligned_twins(run: Run, stage: Stage, twins: AlignmentTwins) -> dict:

@@ -6,6 +6,15 @@ import torch
 from torch import nn
 
 
+def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dimension, in float32 (float64 for float64), cast back before the weight multiplies it.
+    weight: [D], or any shape that broadcasts against hidden_states (per-layer weights of stacked layers)."""
+    dtype = hidden_states.dtype
+    x = hidden_states.to(torch.float64 if dtype == torch.float64 else torch.float32)
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, *, eps: float = 1e-6):
         super().__init__()
@@ -13,10 +22,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        dtype = hidden_states.dtype
-        x = hidden_states.to(torch.float64 if dtype == torch.float64 else torch.float32)
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(hidden_states, self.weight, eps=self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}"
