@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
                           Qwen3ForCausalLM)
 
-import hyla.convert.runners as runners
 from hyla.cli import main
 from hyla.convert.align import AlignmentTwins, alignment_loss, record_mixers
 from hyla.convert.align_batched import (batched_alignment_loss, batched_twin_outputs, batching_obstacle,
@@ -112,6 +111,16 @@ def test_batched_loss_in_float32_follows_the_loop():
         assert ((batched_grads[name] - grad).norm() / grad.norm()).item() <= 1e-4, name
 
 
+def test_the_plans_keep_the_per_twin_loop_until_the_batched_loss_is_measured_on_a_gpu():
+    from hyla.convert.presets import make_plan
+
+    assert not make_plan("halo-smollm2", 135_000_000).align.batched_twins
+    twins = make_twins("llama", {}, dtype=torch.float32)
+    loop = choose_alignment_path(twins, compile=True, batched=False)
+    assert not loop.batched and loop.loss_fn is alignment_loss and loop.compile_twins
+    assert "align.batched_twins=false" in loop.describe()
+
+
 def test_twins_that_cannot_be_batched_fall_back_to_the_loop_and_say_why():
     twins = make_twins("llama", {}, dtype=torch.float32)
     assert choose_alignment_path(twins, compile=True).batched
@@ -166,15 +175,12 @@ def _assert_same_twins(expected: dict, actual: dict, rtol: float) -> None:
         assert ((actual[name] - value).norm() / value.norm()).item() <= rtol, name
 
 
-def test_stage_1_with_the_batched_loss_trains_the_loops_twins(tiny_teacher, tmp_path, monkeypatch, capsys):
+def test_stage_1_with_the_batched_loss_trains_the_loops_twins(tiny_teacher, tmp_path, capsys):
     stop = ["--until-stage", "align"]
     assert main(convert_args(tiny_teacher, tmp_path / "loop", *stop)) == 0
     assert "[align] alignment loss: per-twin loop (the reference path)" in capsys.readouterr().out
-    # The batched loss, eager: the CPU default keeps the loop; this asks for the batched loss without compiling.
-    chosen = runners.choose_alignment_path
-    monkeypatch.setattr(runners, "choose_alignment_path",
-                        lambda twins, **kwargs: chosen(twins, **kwargs, batched=True))
-    assert main(convert_args(tiny_teacher, tmp_path / "batched", *stop)) == 0
+    # The batched loss, eager (the CPU default does not compile).
+    assert main(convert_args(tiny_teacher, tmp_path / "batched", *stop, "--set", "align.batched_twins=true")) == 0
     assert "[align] alignment loss: batched, every twin in one problem, eager (4 Lightning twins of one shape)" \
         in capsys.readouterr().out
     # float32 on CPU, 8 AdamW steps: the two losses' rounding differs by float32 ulps, which AdamW's normalised
@@ -189,7 +195,8 @@ def test_stage_1_on_the_fast_path_compiles_the_batched_loss_and_trains_the_loops
 
     stop = ["--until-stage", "align"]
     assert main(convert_args(tiny_teacher, tmp_path / "loop", *stop)) == 0
-    assert main(convert_args(tiny_teacher, tmp_path / "fast", *stop, "--set", "align.compile=true")) == 0
+    assert main(convert_args(tiny_teacher, tmp_path / "fast", *stop, "--set", "align.compile=true",
+                             "--set", "align.batched_twins=true")) == 0
     printed = capsys.readouterr().out
     assert "[align] alignment loss: batched, every twin in one problem, one compiled function" in printed
     assert "[align] torch.compile: the loss function, whole (no block compiled on its own)" in printed

@@ -26,7 +26,8 @@ import torch
 from hyla.bench.floors import LIGHTNING_CHUNK
 
 STAGES = ("align", "distill", "finetune")
-PATHS = ("eager", "fast")
+# fast-batched: the fast path with stage 1's batched twins (align.batched_twins); align cases only.
+PATHS = ("eager", "fast", "fast-batched")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
@@ -153,7 +154,7 @@ class _Built:
 
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
-           compile: bool = False) -> _Built:
+           compile: bool = False, batched: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
     chooses it for `compile` on one process."""
     import copy
@@ -169,7 +170,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         for name, value in plan.twin_options().items():
             setattr(config, name, value)
         twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
-        path = choose_alignment_path(twins, compile=compile)
+        path = choose_alignment_path(twins, compile=compile, batched=batched)
         return _Built(twins, path.loss_fn, list(twins.twins), [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
@@ -204,7 +205,8 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     fast = _fast_path(path, device)
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
-    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile)
+    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
+                   batched=path == "fast-batched")
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile and (built.alignment is None or built.alignment.compile_twins):
@@ -245,7 +247,7 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
               "peak_gib": peak_memory_gib(device)}
     if built.alignment is not None:
         result["alignment_loss"] = built.alignment.as_dict()
-    if settings.profile and path == "fast":
+    if settings.profile and path != "eager":
         result["profile"] = _profile(one_step, device)
     return result
 
@@ -363,6 +365,8 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
                "peak_flops": peak_flops(device), "cases": [], "losses": []}
     for case in settings.cases:
         for path in settings.paths:
+            if path == "fast-batched" and case.stage != "align":
+                continue  # batched twins are stage 1's; the other stages' fast path is "fast"
             print(f"{case.label} {path}", flush=True)
             try:
                 results["cases"].append(measure_case(case, path, hf_teacher, plan, attention_layers, settings))

@@ -187,7 +187,8 @@ def choose_alignment_path(twins: AlignmentTwins, *, compile: bool, data_parallel
     reference's); True asks for it where the twins allow it."""
     wanted = compile if batched is None else batched
     if not wanted:
-        return AlignmentPath(alignment_loss, False, compile, "the reference path" if not compile else "asked for")
+        return AlignmentPath(alignment_loss, False, compile, "the reference path" if not compile
+                             else "the per-twin loop, each twin compiled (align.batched_twins=false)")
     obstacle = batching_obstacle(list(twins.twins))
     if obstacle is None and data_parallel_mode.startswith("fsdp"):
         obstacle = "FSDP2 gathers each twin's weights in the twin's own forward, which the batched loss does not call"

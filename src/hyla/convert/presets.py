@@ -41,6 +41,9 @@ class StageBudget:
     fused_loss: bool | None = None  # LM head + loss in row chunks, no [tokens, vocabulary] logits (distill, finetune)
     fused_optimizer: bool | None = None  # torch's fused AdamW
     micro_batch_size: int | None = None  # sequences per forward/backward pass and process; None: the most that fit
+    # Stage 1 only: every Lightning twin in one batched problem (hyla.convert.align_batched) instead of the per-twin
+    # loop. Off until it is measured on a GPU: `hyla bench train --paths fast,fast-batched` times both.
+    batched_twins: bool = False
     # Activation checkpointing of the trained hybrid's blocks (distill, finetune): each block keeps its input only
     # and recomputes the rest in the backward pass, one more forward for much less memory (memory only).
     checkpoint_activations: bool = False
@@ -70,7 +73,7 @@ class StageBudget:
 
 
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel")
+              "data_parallel", "batched_twins")
 
 
 @dataclass

@@ -248,8 +248,10 @@ def run_align(run: Run, stage: Stage) -> dict:
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
     parallel = stage_data_parallel(run, run.plan.align, twins, run.teacher_equivalent())
-    # The fast path's loss: every twin in one batched problem where the twins allow it (hyla.convert.align_batched).
-    path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode)
+    # With align.batched_twins: every twin in one batched problem where the twins allow it
+    # (hyla.convert.align_batched); else the per-twin loop, compiled twin by twin on the fast path.
+    path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
+                                 batched=run.plan.align.batched_twins)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
     summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
                            fast=fast, teacher=run.teacher_equivalent(), loss_compiled=path.compiled and path.batched)
