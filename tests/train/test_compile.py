@@ -69,14 +69,14 @@ def test_fast_path_settings_leave_stage_hashes_alone():
                                ["align.compile=true", "distill.compile=true", "finetune.compile=true",
                                 "distill.fused_loss=false", "distill.micro_batch_size=1",
                                 "finetune.fused_optimizer=true", "distill.data_parallel=fsdp",
-                                "align.data_parallel=ddp"])
+                                "align.data_parallel=ddp", "align.batched_twins=true"])
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
     # does leaving out `align_documents` while it is off (a field added later; on, it changes the training windows).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-                  "data_parallel")
+                  "data_parallel", "batched_twins")
     off_by_default = ("align_documents",)
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}
