@@ -33,14 +33,14 @@ def test_set_values_are_parsed_as_their_fields_type():
     plan = apply_overrides(make_plan("smoke", 0), [
         "align.tokens=1e6", "distill.lr=1", "selection.niah_lengths=2048,4096", "scaling.candidates=none,20",
         "selection.k=none", "selection.method=3,7", "scaling.data=off", "model.attention_rope=true", "seed=3",
-        "model.rnn_mixer=gdn", "model.swa_window=64",
+        "model.rnn_mixer=swa", "model.swa_window=64",
     ])
     assert plan.align.tokens == 1_000_000 and isinstance(plan.align.tokens, int)
     assert plan.distill.lr == 1  # kept as written: the settings hash of earlier runs stays
     assert plan.selection.niah_lengths == [2048, 4096] and plan.scaling.candidates == [None, 20]
     assert plan.selection.k is None and plan.selection.method == "3,7" and plan.scaling.data is None
     assert plan.model.attention_rope is True and plan.seed == 3
-    assert plan.model.rnn_mixer == "gdn" and plan.model.swa_window == 64
+    assert plan.model.rnn_mixer == "swa" and plan.model.swa_window == 64
 
 
 @pytest.mark.parametrize("setting,message", [
@@ -66,6 +66,20 @@ def test_bad_set_values_are_one_clear_error(setting, message):
     with pytest.raises(ValueError) as error:
         apply_overrides(make_plan("smoke", 0), [setting])
     assert message in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("settings,message", [
+    (["model.rnn_mixer=gla", "model.lightning_rope=false"],
+     "model.lightning_rope applies to lightning layers only, and model.rnn_mixer is 'gla'"),
+    (["model.lightning_qk_norm=false", "model.rnn_mixer=swa"],
+     "model.lightning_qk_norm applies to lightning layers only, and model.rnn_mixer is 'swa'"),
+    (["model.swa_window=64"], "model.swa_window applies to swa layers only, and model.rnn_mixer is 'lightning'"),
+])
+def test_a_mixer_option_for_another_mixer_is_one_clear_error(settings, message):
+    with pytest.raises(ValueError) as error:
+        apply_overrides(make_plan("smoke", 0), settings)
+    assert message in str(error.value) and "\n" not in str(error.value)
+    assert not apply_overrides(make_plan("smoke", 0), ["model.lightning_rope=false"]).model.lightning_rope
 
 
 def test_a_field_added_to_the_stage_budget_is_type_checked_too():

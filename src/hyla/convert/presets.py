@@ -391,6 +391,7 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).checkpoint_activations:
             raise ValueError(f"{name}.checkpoint_activations: the alignment trains each layer pair on its own and "
                              f"keeps little; set it for distill or finetune")
+    _check_mixer_options(plan.model)
     if plan.finetune_skipped and plan.data.long_sources:
         raise ValueError("finetune.tokens=0 skips stage 3, the only reader of data.long_sources "
                          f"({', '.join(plan.data.long_sources)}); set data.long_sources= (empty) too")
@@ -399,6 +400,16 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if weights and len(weights) != len(sources):
             raise ValueError(f"{name} gives {len(weights)} numbers for {len(sources)} sources")
     return plan
+
+
+def _check_mixer_options(model: ArchitecturePlan) -> None:
+    """A mixer option set away from its default for another mixer would be ignored: refused instead."""
+    default = ArchitecturePlan()
+    applies = {"lightning_rope": "lightning", "lightning_qk_norm": "lightning", "swa_window": "swa"}
+    for name, mixer in applies.items():
+        if getattr(model, name) != getattr(default, name) and model.rnn_mixer != mixer:
+            raise ValueError(f"model.{name} applies to {mixer} layers only, and model.rnn_mixer is "
+                             f"{model.rnn_mixer!r}: drop it or set model.rnn_mixer={mixer}")
 
 
 def setting_names(plan: ConvertPlan) -> list[str]:
