@@ -39,6 +39,12 @@ def one_of(*choices: str) -> Rule:
     return lambda value: None if value in choices else f"must be one of {', '.join(choices)}"
 
 
+def one_of_or_close(*choices: str) -> Rule:
+    """`one_of`, naming the closest choice when the value looks like a typo of one."""
+    return lambda value: (None if value in choices
+                          else f"must be one of {', '.join(choices)}{did_you_mean(value, choices)}")
+
+
 def each(rule: Rule, *, allow_empty: bool = False) -> Rule:
     """A rule for every item of a list (None items pass: the annotation says whether they may be None); an empty
     list fails unless `allow_empty` (a list whose emptiness means "off" or "none")."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hyla.validation import (Rule, at_least, check_fields, did_you_mean, each, field_types, greater_than, one_of,
-                             parse_text)
+                             one_of_or_close, parse_text)
 
 PAPER_TEACHER_PARAMS = 1.7e9
 # hyla.train.optim.SCHEDULES and hyla.train.parallel.MODES, not imported from there: those import torch, and
@@ -300,12 +300,6 @@ def _preset_plan(preset: str, teacher_params: int) -> ConvertPlan:
     return ConvertPlan(preset, **_paper(scale), selection=SelectionPlan(), scaling=ScalingPlan())
 
 
-def _data_parallel_mode(value: str) -> str | None:
-    if value in DATA_PARALLEL_MODES:
-        return None
-    return f"must be one of {', '.join(DATA_PARALLEL_MODES)}{did_you_mean(value, DATA_PARALLEL_MODES)}"
-
-
 # Range rules, one table for every section: "field" applies wherever the field appears, "section.field" to that
 # section only. Every field is also type-checked from its annotation, so fields added later are checked too.
 def _selection_method(value: str) -> str | None:
@@ -345,12 +339,6 @@ def _twin_init(value: str) -> str | None:
     return one_of(*TWIN_INITS)(value)
 
 
-def _rnn_mixer(value: str) -> str | None:
-    if value in RNN_MIXERS:
-        return None
-    return f"must be one of {', '.join(RNN_MIXERS)}{did_you_mean(value, RNN_MIXERS)}"
-
-
 def _tie_break(value: str) -> str | None:
     from hyla.convert.noise_select import TIE_BREAKS
 
@@ -360,7 +348,7 @@ def _tie_break(value: str) -> str | None:
 RULES: dict[str, Rule] = {
     "tokens": at_least(1), "seq_len": at_least(1), "batch_size": at_least(1), "lr": greater_than(0),
     "min_lr": at_least(0), "schedule": one_of(*SCHEDULES), "warmup_steps": at_least(0),
-    "checkpoint_every": at_least(1), "data_parallel": _data_parallel_mode,
+    "checkpoint_every": at_least(1), "data_parallel": one_of_or_close(*DATA_PARALLEL_MODES),
     # 0 skips stage 3: the distilled weights go on to the scaling stage unchanged (a 4K-only conversion).
     "finetune.tokens": at_least(0),
     "selection.method": _selection_method, "selection.k": at_least(1), "selection.niah_tasks": each(_niah_task),
@@ -372,7 +360,7 @@ RULES: dict[str, Rule] = {
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
     "selection.noise_z": at_least(0), "selection.tie_break": _tie_break,
-    "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1), "model.rnn_mixer": _rnn_mixer,
+    "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1), "model.rnn_mixer": one_of_or_close(*RNN_MIXERS),
     "model.swa_window": at_least(1),
     # Data sources are checked to exist before the data stage runs (`hyla.convert.pipeline.check_data_sources`).
     "data.weights": each(greater_than(0), allow_empty=True),
