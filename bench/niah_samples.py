@@ -39,13 +39,20 @@ def main() -> None:
     parser.add_argument("--cases", default="SK1:64K,SK2:64K,SK3:32K", help="comma list of TASK:LENGTH")
     parser.add_argument("--samples", type=int, default=8)
     args = parser.parse_args()
+    cases = []
+    for case in args.cases.split(","):
+        try:
+            task_name, length_text = case.split(":")
+            cases.append((task_name, length_text, parse_length(length_text), niah_samples.get_task(task_name)))
+        except ValueError as err:
+            parser.error(f"--cases {case!r}: expected TASK:LENGTH with a NIAH task, e.g. SK2:64K ({err})")
+    if args.samples < 1:
+        parser.error(f"--samples must be at least 1, got {args.samples}")
     tokenizer = load_tokenizer(args.tokenizer)
     print("| task | length | samples | s/sample (from zero) | s/sample (shipped) | tokenizations/sample (from zero) "
           "| tokenizations/sample (shipped) | same prompts |")
     print("|---|---|---|---|---|---|---|---|")
-    for case in args.cases.split(","):
-        task_name, length_text = case.split(":")
-        length, task = parse_length(length_text), niah_samples.get_task(task_name)
+    for task_name, length_text, length, task in cases:
         depths = niah_samples.depth_grid(11)
         zero_s, zero_calls, alone = timed(lambda: [
             niah_samples.build_sample(tokenizer, task, length, depths[i % len(depths)], i, 42,
