@@ -29,10 +29,15 @@
 # plans with a `distill_tokens` variable: a recipe plan's budget is its preset's, scaled by its `token_scale`).
 # The plan's `teacher` (or `tokenizer`) is set to the joined GGUF, its `text` to the unpacked text and its
 # `text_cache` (recipe plans) to the unpacked offline English.
+# `SMOKE=1 ... stash` (carry .gpu-inputs/b, after part1) also starts the recipe plan's CUDA smoke test
+# (tests/experiment/test_smoke_run_gpu.py, toy sizes, over 7 minutes) in the background: it reaches the later stages
+# (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
+# prints its jobs ($OUT/smoke.log at the end). `patch` copies this call's src/ and configs/ into the run's repository
+# without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
 set -uo pipefail
 keep=/root/keep
 run=$keep/run
-mode=${1:?usage: experiment.sh part1|stash|start|restart|wait}
+mode=${1:?usage: experiment.sh part1|stash|start|restart|patch|wait}
 plan=${PLAN:-configs/experiments/smollm2.json}
 wait_s=${WAIT_S:-540}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$keep/site:$keep/repo/src
@@ -45,6 +50,26 @@ install_wheels() {
 
 runner_alive() { [ -f $run/runner.pid ] && kill -0 "$(cat $run/runner.pid)" 2>/dev/null; }
 
+smoke=$keep/smoke
+start_smoke() {  # the recipe plan's CUDA smoke test, in a session of its own (it outlives the call)
+  rm -rf $smoke && mkdir -p $smoke/tmp && cp -r src tests configs docs bench pyproject.toml README.md $smoke/ || exit 1
+  ( cd $smoke && TOKENIZERS_PARALLELISM=false PYTHONPATH=$keep/site:$smoke/src setsid nohup python3 -m pytest \
+      tests/experiment/test_smoke_run_gpu.py -m gpu -q -x -p no:cacheprovider --basetemp $smoke/tmp \
+      > $keep/smoke.log 2>&1 < /dev/null & echo $! > $keep/smoke.pid )
+  echo "smoke test started (pid $(cat $keep/smoke.pid))"
+}
+
+smoke_status() {
+  [ -f $keep/smoke.log ] || return 0
+  local state=finished
+  kill -0 "$(cat $keep/smoke.pid)" 2>/dev/null && state=running
+  echo "--- smoke test ($state): $(tail -n 1 $keep/smoke.log | cut -c1-200)"
+  local smoke_run
+  smoke_run=$(compgen -G "$smoke/tmp/*/run" | head -n 1)
+  [ -n "$smoke_run" ] && hyla experiment status "$smoke_run" 2>/dev/null | head -n 12
+  cp $keep/smoke.log "$OUT/" 2>/dev/null
+}
+
 collect() {
   local start=$SECONDS
   while [ $((SECONDS - start)) -lt "$wait_s" ] && runner_alive; do
@@ -52,12 +77,14 @@ collect() {
     if [ $(( (SECONDS - start) % 120 )) -lt 15 ]; then
       hyla experiment status $run | head -n 3
       nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
+      smoke_status | head -n 3
     fi
   done
   runner_alive && echo "the run goes on after ${wait_s} s: call wait again"
   hyla experiment status $run
   hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
   cp $run/runner.log "$OUT/" 2>/dev/null
+  smoke_status
 }
 
 # The plan's arguments for this machine's inputs: the GGUF as its teacher or tokenizer, the unpacked text.
@@ -126,6 +153,12 @@ stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .
     if [ -f $file ]; then cp $file $keep/ || exit 1; fi
   done
   ls -l $keep
+  if [ "${SMOKE:-0}" = 1 ]; then
+    [ -d $keep/site/fla ] || { echo "error: SMOKE=1 needs part1's wheels"; exit 2; }
+    [ -f .gpu-inputs/b/evaldata.tar.xz ] || { echo "error: SMOKE=1 needs .gpu-inputs/b (RULER's data)"; exit 2; }
+    tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
+    start_smoke
+  fi
   ;;
 start)
   cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
@@ -155,9 +188,15 @@ restart)
   launch
   collect
   ;;
+patch)
+  [ -d $keep/repo ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
+  cp -r src configs $keep/repo/ || exit 1
+  echo "patched $keep/repo with this call's src/ and configs/ (the runner goes on)"
+  collect
+  ;;
 wait)
   [ -d $run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
   collect
   ;;
-*) echo "usage: experiment.sh part1|stash|start|restart|wait" >&2; exit 2 ;;
+*) echo "usage: experiment.sh part1|stash|start|restart|patch|wait" >&2; exit 2 ;;
 esac

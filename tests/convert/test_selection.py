@@ -446,6 +446,7 @@ def test_mean_and_stderr_and_task_combination_by_hand():
 def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     from hyla.evals import csr as csr_eval
     from hyla.evals import niah as niah_eval
+    from hyla.evals import loglik
 
     built = []
 
@@ -465,10 +466,12 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     monkeypatch.setattr(niah_eval, "build_samples", build_samples)
     monkeypatch.setattr(niah_eval, "evaluate_samples", evaluate_samples)
     monkeypatch.setattr(csr_eval, "load_documents", lambda task, limit: [] if documents[task] is None else [])
-    monkeypatch.setattr(csr_eval, "continuation_scores", lambda *args, **kwargs: [])
+    csr_batches = []
+    monkeypatch.setattr(loglik, "encoded_scores",
+                        lambda model, tokenizer, encoded, **kwargs: csr_batches.append(kwargs["batch_size"]) or [])
     monkeypatch.setattr(csr_eval, "score_documents", lambda task, docs, scores: results[task])
     recall_fn, csr_fn = default_scorers(
-        None, ["niah_single_1", "SK3"], [512], 2, ["hellaswag", "lambada"], 5, 4, csr_metric="acc_norm"
+        None, ["niah_single_1", "SK3"], [512], 2, ["hellaswag", "lambada"], 5, 4, csr_batch_size=3, csr_metric="acc_norm"
     )
     # Scores 1, 0, 1, 1 (as above): 0.75 ± 0.25.
     assert recall_fn(None) == pytest.approx((0.75, 0.25), rel=1e-15)
@@ -476,6 +479,7 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     assert built == [("SK1", 512, 2, 42), ("SK3", 512, 2, 42)], "prompts are built once, for every variant"
     # acc_norm of HellaSwag (0.6 ± 0.04) and acc of LAMBADA, which has no acc_norm (0.7 ± 0.04).
     assert csr_fn(None) == pytest.approx((0.65, 0.02 * math.sqrt(2)), rel=1e-12)
+    assert csr_batches == [3, 3], "CSR scores csr_batch_size pairs a forward"
 
 
 def test_default_scorers_reject_unknown_tasks():

@@ -87,6 +87,9 @@ class SelectionPlan:
     csr_tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
     csr_limit: int = 500
     batch_size: int = 8
+    # CSR's documents are short (~100-250 tokens): None scores them batch_size at a time, a larger number launches
+    # fewer forwards of the whole model.
+    csr_batch_size: int | None = None
     kl_ls_steps: int = 50  # KL-LS: distillation steps per single-attention student (at the distill stage's shape)
     # halo: gaps below noise_z standard errors count as zero in s_i (hyla.convert.noise_select; 0 = HALO as
     # published); layers of equal s_i go by their stage-1 alignment error ("alignment") or HALO's raw s_i ("halo").

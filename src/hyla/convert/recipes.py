@@ -48,7 +48,7 @@ def halo_smollm2() -> ConvertPlan:
                             align_documents=True),
         finetune=StageBudget(50_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
                              checkpoint_every=100, align_documents=True),
-        selection=SelectionPlan(batch_size=16),
+        selection=SelectionPlan(batch_size=16, csr_batch_size=64),
         scaling=ScalingPlan(candidates=[None, 50.0, 200.0, 500.0, 1000.0, 5000.0], length=65536, num_docs=4,
                             per_length=True, niah_lengths=[32768, 65536], niah_samples=4),
         attn_align=StageBudget(10_000_000, 2048, 16, 1e-4, 1e-5, warmup_steps=20, checkpoint_every=100),

@@ -112,7 +112,7 @@ def _score(run: Run, stage: Stage, plan) -> SelectionScores:
     resume = SelectionScores.from_dict(json.loads(partial_path.read_text())) if partial_path.exists() else None
     recall_fn, csr_fn = default_scorers(
         run.tokenizer, plan.niah_tasks, plan.niah_lengths, plan.niah_samples, plan.csr_tasks, plan.csr_limit,
-        plan.batch_size, csr_metric="acc_norm",
+        plan.batch_size, csr_batch_size=plan.csr_batch_size, csr_metric="acc_norm",
     )
     scores = score_replacements(
         run.teacher_equivalent(), load_twins(run), recall_fn, csr_fn, resume_from=resume,

@@ -452,6 +452,7 @@ def default_scorers(
     csr_limit: int | None = 200,
     batch_size: int = 8,
     *,
+    csr_batch_size: int | None = None,
     csr_metric: str = "acc",
     seed: int = 42,
 ) -> tuple[Scorer, Scorer]:
@@ -459,10 +460,12 @@ def default_scorers(
 
     recall_fn: the mean RULER score over `niah_samples` prompts per task × length, stderr over prompts; the prompts
     are built once, on the first call. csr_fn: the unweighted mean of each task's `csr_metric` ("acc" or
-    "acc_norm"; LAMBADA has only acc) over its first `csr_limit` documents, stderr as in `combine_task_scores`.
+    "acc_norm"; LAMBADA has only acc) over its first `csr_limit` documents, stderr as in `combine_task_scores`,
+    `csr_batch_size` (None: `batch_size`) pairs a forward; each pair is tokenized once, on the first call.
     """
     from hyla.evals import csr as csr_eval
     from hyla.evals import niah as niah_eval
+    from hyla.evals.loglik import encode_pair, encoded_scores
 
     if not niah_tasks or not niah_lengths or not csr_tasks:
         raise ValueError("the scorers need at least one NIAH task, one NIAH length and one CSR task")
@@ -488,10 +491,15 @@ def default_scorers(
     def csr_fn(model) -> tuple[float, float | None]:
         if "documents" not in cached:
             cached["documents"] = {task: csr_eval.load_documents(task, csr_limit) for task in csr_tasks}
+            cached["encoded"] = {
+                task: [encode_pair(tokenizer, *pair) for document in documents
+                       for pair in zip(document.contexts, document.continuations)]
+                for task, documents in cached["documents"].items()
+            }
         per_task = []
         for task, documents in cached["documents"].items():
-            pairs = [pair for document in documents for pair in zip(document.contexts, document.continuations)]
-            scores = csr_eval.continuation_scores(model, tokenizer, pairs, batch_size=batch_size, description=task)
+            scores = encoded_scores(model, tokenizer, cached["encoded"][task], batch_size=csr_batch_size or batch_size,
+                                    description=task)
             result = csr_eval.score_documents(task, documents, scores)
             metric = csr_metric if csr_metric in result else "acc"
             per_task.append((result[metric], result[f"{metric}_stderr"]))

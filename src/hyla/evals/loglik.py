@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -43,8 +44,23 @@ def continuation_scores(
     show_progress: bool = True,
 ) -> list[tuple[float, bool]]:
     """For each (context, continuation): summed log-probability of the continuation, and whether it is greedy."""
-    max_length = _max_length(model)
     encoded = [encode_pair(tokenizer, context, continuation) for context, continuation in pairs]
+    return encoded_scores(model, tokenizer, encoded, batch_size=batch_size, description=description,
+                          show_progress=show_progress)
+
+
+def encoded_scores(
+    model: Any,
+    tokenizer: Any,
+    encoded: list[tuple[list[int], list[int]]],
+    *,
+    batch_size: int = 8,
+    description: str = "loglik",
+    show_progress: bool = True,
+) -> list[tuple[float, bool]]:
+    """`continuation_scores` of pairs already tokenized by `encode_pair` (a caller that scores the same pairs on
+    several models tokenizes them once); `tokenizer` gives the padding id."""
+    max_length = _max_length(model)
     # Longest first: batches of similar length pad little, and an out-of-memory error shows up at once.
     order = sorted(range(len(encoded)), key=lambda index: -(len(encoded[index][0]) + len(encoded[index][1])))
     results: list[tuple[float, bool]] = [(0.0, False)] * len(encoded)
@@ -65,17 +81,29 @@ def _score_batch(
     longest = max(len(ids) for ids in inputs)
     input_ids = torch.full((len(inputs), longest), pad_token_id(tokenizer), dtype=torch.long)
     attention_mask = torch.zeros((len(inputs), longest), dtype=torch.long)
-    for row, ids in enumerate(inputs):
+    # Every continuation token of the batch at once: (row, position that predicts it, token id), so that the batch
+    # costs one transfer to the host rather than two for each row.
+    rows, positions, targets, lengths = [], [], [], []
+    for row, ((_, continuation), ids) in enumerate(zip(batch, inputs)):
         input_ids[row, : len(ids)] = torch.tensor(ids)
         attention_mask[row, : len(ids)] = 1
+        start = len(ids) - len(continuation)
+        rows += [row] * len(continuation)
+        positions += range(start, len(ids))
+        targets += continuation
+        lengths.append(len(continuation))
     device = model_device(model)
     logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
-    scores = []
-    for row, ((_, continuation), ids) in enumerate(zip(batch, inputs)):
-        start = len(ids) - len(continuation)
-        row_logits = logits[row, start : len(ids)].float().log_softmax(dim=-1)
-        targets = torch.tensor(continuation, device=row_logits.device)
-        log_probability = row_logits.gather(-1, targets[:, None]).sum().item()
-        is_greedy = bool((row_logits.argmax(dim=-1) == targets).all())
-        scores.append((log_probability, is_greedy))
+    if not targets:
+        return [(0.0, True)] * len(batch)
+    picked = logits[torch.tensor(rows, device=logits.device), torch.tensor(positions, device=logits.device)]
+    log_probabilities = picked.float().log_softmax(dim=-1)
+    wanted = torch.tensor(targets, device=logits.device)
+    token_scores = log_probabilities.gather(-1, wanted[:, None])[:, 0]
+    greedy = log_probabilities.argmax(dim=-1) == wanted
+    token_scores, greedy = token_scores.tolist(), greedy.tolist()
+    scores, offset = [], 0
+    for length in lengths:
+        scores.append((math.fsum(token_scores[offset : offset + length]), all(greedy[offset : offset + length])))
+        offset += length
     return scores
