@@ -445,8 +445,9 @@ def test_mean_and_stderr_and_task_combination_by_hand():
 
 def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     from hyla.evals import csr as csr_eval
-    from hyla.evals import niah as niah_eval
+    from hyla.evals import generation as generation_module
     from hyla.evals import loglik
+    from hyla.evals import niah as niah_eval
 
     built = []
 
@@ -454,7 +455,15 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
         built.append((task, length, num_samples, seed))
         return [f"{task}@{length}#{index}" for index in range(num_samples)]
 
-    def evaluate_samples(model, tokenizer, samples, *, batch_size):
+    class Generation:  # what default_scorers reads of hyla.evals.generation.Generation
+        def __init__(self, model):
+            self.model = model
+
+        def describe(self):
+            return {"path": "engine", "calls": 2, "prefill_s": 1.25, "decode_s": 0.5, "seconds": 2.0}
+
+    def evaluate_samples(model, tokenizer, samples, *, batch_size, generation, max_new_tokens):
+        assert isinstance(generation, Generation) and max_new_tokens == 40
         # Two samples per (task, length): scores 1, 0 for SK1 and 1, 1 for SK3.
         return [{"score": 0.0 if sample.startswith("SK1") and sample.endswith("#1") else 1.0} for sample in samples]
 
@@ -465,18 +474,22 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     }
     monkeypatch.setattr(niah_eval, "build_samples", build_samples)
     monkeypatch.setattr(niah_eval, "evaluate_samples", evaluate_samples)
+    monkeypatch.setattr(generation_module, "Generation", Generation)
+    lines = []
     monkeypatch.setattr(csr_eval, "load_documents", lambda task, limit: [] if documents[task] is None else [])
     csr_batches = []
     monkeypatch.setattr(loglik, "encoded_scores",
                         lambda model, tokenizer, encoded, **kwargs: csr_batches.append(kwargs["batch_size"]) or [])
     monkeypatch.setattr(csr_eval, "score_documents", lambda task, docs, scores: results[task])
     recall_fn, csr_fn = default_scorers(
-        None, ["niah_single_1", "SK3"], [512], 2, ["hellaswag", "lambada"], 5, 4, csr_batch_size=3, csr_metric="acc_norm"
+        None, ["niah_single_1", "SK3"], [512], 2, ["hellaswag", "lambada"], 5, 4, csr_batch_size=3, csr_metric="acc_norm",
+        niah_max_new_tokens=40, log=lines.append,
     )
     # Scores 1, 0, 1, 1 (as above): 0.75 ± 0.25.
     assert recall_fn(None) == pytest.approx((0.75, 0.25), rel=1e-15)
     assert recall_fn(None) == pytest.approx((0.75, 0.25), rel=1e-15)
     assert built == [("SK1", 512, 2, 42), ("SK3", 512, 2, 42)], "prompts are built once, for every variant"
+    assert lines == ["[select] NIAH on the engine path: 2 batches, prefill 1.2 s, decode 0.5 s, 2.0 s in all"] * 2
     # acc_norm of HellaSwag (0.6 ± 0.04) and acc of LAMBADA, which has no acc_norm (0.7 ± 0.04).
     assert csr_fn(None) == pytest.approx((0.65, 0.02 * math.sqrt(2)), rel=1e-12)
     assert csr_batches == [3, 3], "CSR scores csr_batch_size pairs a forward"
@@ -601,3 +614,20 @@ def test_default_scorers_run_the_real_evaluations_on_a_tiny_model():
     # Three ARC-Easy questions: an accuracy in thirds, and a standard error from three 0/1 outcomes.
     assert all(round(3 * value) == pytest.approx(3 * value) for value in scores.csr.values())
     assert all(stderr is None or stderr >= 0 for stderr in scores.csr_stderr.values())
+
+
+def test_variants_are_scored_in_bfloat16_on_cuda_and_the_teacher_is_left_as_it_was():
+    from types import SimpleNamespace
+
+    import torch
+
+    from hyla.convert.select_stage import scoring_model
+
+    teacher = torch.nn.Linear(4, 4)
+    run = SimpleNamespace(teacher_equivalent=lambda: teacher, env=SimpleNamespace(device=torch.device("cpu")))
+    assert scoring_model(run) is teacher
+    run.env.device = torch.device("cuda")  # the cast needs no GPU: the model stays where it is
+    scored = scoring_model(run)
+    assert scored is not teacher and scored.weight.dtype == torch.bfloat16
+    assert teacher.weight.dtype == torch.float32, "later stages distill from the float32 teacher"
+    assert torch.equal(scored.weight, teacher.weight.to(torch.bfloat16))

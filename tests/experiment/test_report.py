@@ -193,3 +193,38 @@ def test_alignment_metrics_without_energies_still_plot_the_loss(tmp_path):
     assert record["loss"] == [3.0] and record["relative_error_first"] is None
     (tmp_path / "out").mkdir()
     assert [path.name for path in report.plot(report.summarize(tmp_path), tmp_path / "out")] == ["align.png"]
+
+
+def test_the_layer_selection_reaches_the_report_also_when_the_run_was_cut(tmp_path, capsys):
+    from hyla.convert.select_report import build_report
+    from hyla.convert.selection import SelectionScores
+
+    scores = SelectionScores(4)
+    scores.teacher_recall, scores.teacher_recall_stderr, scores.teacher_csr, scores.teacher_csr_stderr = 0.8, 0.04, 0.5, 0.01
+    for layer, recall in enumerate([0.78, 0.2, 0.8, 0.76]):
+        scores.add(layer, (recall, 0.05), (0.5, 0.01), 10.0 + layer)
+    full = tmp_path / "full" / "02-select"
+    full.mkdir(parents=True)
+    (tmp_path / "full" / "00-data").mkdir()
+    selection = build_report(scores, "halo", k=1, noise_z=2.0, alignment_errors={0: 0.1, 1: 0.2, 2: 0.3, 3: 0.4})
+    assert selection.chosen == [1], "layer 1's recall cost (0.6, 12 standard errors) is the only one beyond the noise"
+    selection.write_json(full / "selection.json")
+    selection.plot(full / "selection.png")
+    cut = tmp_path / "cut" / "02-select"
+    cut.mkdir(parents=True)
+    (tmp_path / "cut" / "00-data").mkdir()
+    partial = SelectionScores(4)
+    partial.add(0, (0.5, 0.1), (0.4, 0.02), 3.0)
+    (cut / "scores.partial.json").write_text(json.dumps(partial.to_dict()))
+
+    assert hyla_main(["experiment", "report", str(tmp_path), "--no-tarball"]) == 0
+    out = capsys.readouterr().out
+    assert "## Layer selection: full (halo, chosen [1])" in out
+    assert "Teacher: recall 0.800 ± 0.040, CSR 0.500 ± 0.010." in out
+    assert "| 1 | 0.200 ± 0.050 | 0.500 ± 0.010 |" in out and "| yes | 11.0 |" in out
+    assert "## Layer selection: cut (halo, running or cut: 1 of 4 variants scored)" in out
+    assert "| 0 | 0.500 ± 0.100 | 0.400 ± 0.020 | - | - | - |  | 3.0 |" in out
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    assert summary["selection"]["full"]["chosen"] == [1] and not summary["selection"]["cut"]["complete"]
+    assert (tmp_path / "report" / "selection-full.png").stat().st_size > 0
+    assert not (tmp_path / "report" / "selection-cut.png").exists()

@@ -84,6 +84,7 @@ class SelectionPlan:
     niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
     niah_lengths: list[int] = field(default_factory=lambda: [4096])
     niah_samples: int = 34
+    niah_max_new_tokens: int = 40  # as the experiment plans' NIAH evaluations (SK3's UUID answer is ~25 tokens)
     csr_tasks: list[str] = field(default_factory=lambda: ["hellaswag", "arc_easy", "piqa"])
     csr_limit: int = 500
     batch_size: int = 8

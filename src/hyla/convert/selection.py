@@ -455,6 +455,8 @@ def default_scorers(
     csr_batch_size: int | None = None,
     csr_metric: str = "acc",
     seed: int = 42,
+    niah_max_new_tokens: int | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Scorer, Scorer]:
     """(recall_fn, csr_fn) over `hyla.evals.niah` and `hyla.evals.csr`, scoring every variant on the same data.
 
@@ -462,9 +464,12 @@ def default_scorers(
     are built once, on the first call. csr_fn: the unweighted mean of each task's `csr_metric` ("acc" or
     "acc_norm"; LAMBADA has only acc) over its first `csr_limit` documents, stderr as in `combine_task_scores`,
     `csr_batch_size` (None: `batch_size`) pairs a forward; each pair is tokenized once, on the first call.
+    niah_max_new_tokens: the answer's length limit (None: hyla.evals.niah's). log: told, after each recall_fn call,
+    the generation path it took and its prefill and decode seconds.
     """
     from hyla.evals import csr as csr_eval
     from hyla.evals import niah as niah_eval
+    from hyla.evals.generation import Generation
     from hyla.evals.loglik import encode_pair, encoded_scores
 
     if not niah_tasks or not niah_lengths or not csr_tasks:
@@ -485,7 +490,14 @@ def default_scorers(
                 for length in niah_lengths
                 for sample in niah_eval.build_samples(tokenizer, task, length, niah_samples, seed)
             ]
-        records = niah_eval.evaluate_samples(model, tokenizer, cached["samples"], batch_size=batch_size)
+        generation = Generation(model)
+        limit = {} if niah_max_new_tokens is None else {"max_new_tokens": niah_max_new_tokens}
+        records = niah_eval.evaluate_samples(model, tokenizer, cached["samples"], batch_size=batch_size,
+                                             generation=generation, **limit)
+        if log is not None:
+            spent = generation.describe()
+            log(f"[select] NIAH on the {spent['path']} path: {spent['calls']} batches, prefill {spent['prefill_s']:.1f} s, "
+                f"decode {spent['decode_s']:.1f} s, {spent['seconds']:.1f} s in all")
         return mean_and_stderr([record["score"] for record in records])
 
     def csr_fn(model) -> tuple[float, float | None]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.experiment.alignment import alignment_lines, collect_alignment, plot_alignment
+from hyla.experiment.selection import SELECT_STAGE, collect_selection, selection_lines
 from hyla.experiment.niah_grading import grade
 from hyla.outputs import write_atomic, write_json
 
@@ -30,8 +31,8 @@ INFERENCE_SETTINGS = ("logit_scaling", "logit_scaling_a", "logit_scaling_train_l
 STAGES = ["00-data", "01-align", "02-select", "03-distill", "04-finetune", "05-scaling", "06-export"]
 # The small files of a run that the tarball keeps (no weights, no corpora).
 TARBALL_PATTERNS = [
-    "evals/*/*.json", "evals/*/*.png", "*/0*-*/manifest.json", "*/0*-*.stage/manifest.json", "*/0*-*/metrics.jsonl", "*/02-select/selection.json",
-    "*/02-select/selection.png", "*/05-scaling/scaling.png", "*/06-export/conversion.json", "*/06-export/config.json",
+    "evals/*/*.json", "evals/*/*.png", "*/0*-*/manifest.json", "*/0*-*.stage/manifest.json", "*/0*-*/metrics.jsonl",
+    "*/02-select/selection.json", "*/02-select/scores.partial.json", "*/02-select/selection.png", "*/05-scaling/scaling.png", "*/06-export/conversion.json", "*/06-export/config.json",
     "*/teacher-check.json", "*/metrics.jsonl", "*/*/metrics.jsonl", "*/model/training.json", "*/*/model/training.json",
     "*/model/config.json", "*/*/model/config.json", "*/manifest.json", "*/*/manifest.json", "plan.json",
     "status.json", "runner.log", "logs/*.log"]
@@ -151,6 +152,8 @@ def summarize(run: Path) -> dict:
     summary["conversions"] = {folder.name: collect_conversion(folder) for folder in conversions}
     alignment = {folder.name: collect_alignment(folder) for folder in conversions}
     summary["alignment"] = {name: record for name, record in alignment.items() if record is not None}
+    selection = {folder.name: collect_selection(folder) for folder in conversions}
+    summary["selection"] = {name: record for name, record in selection.items() if record is not None}
     trainings = {}
     for folder in [*folders, *(sub for folder in folders for sub in sorted(folder.iterdir()) if sub.is_dir())]:
         if (folder / "metrics.jsonl").is_file() and not folder.name[:3].rstrip("-").isdigit():
@@ -242,6 +245,7 @@ def markdown(summary: dict) -> str:
         header = ["model", *(f"{_length(a)}-{_length(b)}" for a, b in buckets)]
         lines += ["## Mean loss by position", "", *_table(header, rows), ""]
     lines += _ablation_lines(summary) + _training_lines(summary) + alignment_lines(summary.get("alignment"), _cell)
+    lines += selection_lines(summary.get("selection") or {}, _cell)
     if summary.get("reference"):
         lines += _reference_lines(summary["reference"])
     return "\n".join(lines)
@@ -444,6 +448,11 @@ def write_report(run: str | Path, out: str | Path | None = None, *, plots: bool 
             files += plot(summary, out)
         except Exception as err:  # noqa: BLE001 - the JSON and the tables matter more than the plots
             print(f"plots failed: {type(err).__name__}: {err}")
+        for name in sorted(summary["selection"]):  # the selection stage's own plot, beside the others
+            picture = run / name / SELECT_STAGE / "selection.png"
+            if picture.is_file():
+                files.append(out / f"selection-{name}.png")
+                write_atomic(files[-1], picture.read_bytes())
     if archive:
         tarball(run, out / "results.tar.gz")
         files.append(out / "results.tar.gz")
