@@ -37,10 +37,12 @@
 # (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
 # prints its jobs ($OUT/smoke.log at the end). `patch` copies this call's src/ and configs/ into the run's repository
 # without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
+# `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
+# `bash scripts/gpu-session/experiment.sh hyla bench train --out \$OUT/bench --cases align:128x512`).
 set -uo pipefail
 keep=/root/keep
 run=$keep/run
-mode=${1:?usage: experiment.sh part1|stash|start|restart|patch|wait}
+mode=${1:?usage: experiment.sh part1|stash|start|restart|patch|wait|hyla ARGS}
 plan=${PLAN:-configs/experiments/smollm2.json}
 wait_s=${WAIT_S:-540}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$keep/site:$keep/repo/src
@@ -198,9 +200,14 @@ patch)
   echo "patched $keep/repo with this call's src/ and configs/ (the runner goes on)"
   collect
   ;;
+hyla)
+  [ -d $keep/site/fla ] || { echo "error: no wheels on this machine (it was given back?); run part1 first"; exit 2; }
+  shift
+  PYTHONPATH=$keep/site:$PWD/src python3 -m hyla.cli "$@"
+  ;;
 wait)
   [ -d $run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
   collect
   ;;
-*) echo "usage: experiment.sh part1|stash|start|restart|patch|wait" >&2; exit 2 ;;
+*) echo "usage: experiment.sh part1|stash|start|restart|patch|wait|hyla ARGS" >&2; exit 2 ;;
 esac
