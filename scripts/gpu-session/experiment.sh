@@ -37,6 +37,9 @@
 # (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
 # prints its jobs ($OUT/smoke.log at the end). `patch` copies this call's src/ and configs/ into the run's repository
 # without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
+# AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS (at
+# most AFTER_S=300 s; once: a later call with the same AFTER skips it), so that the next step needs no call of its
+# own, and no gap in which the machine goes back.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
 # `bash scripts/gpu-session/experiment.sh hyla bench train --out \$OUT/bench --cases align:128x512`).
 set -uo pipefail
@@ -90,6 +93,14 @@ collect() {
   hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
   cp $run/runner.log "$OUT/" 2>/dev/null
   smoke_status
+  # The run is over: this call's remaining minutes go to AFTER, once (a later call with the same AFTER skips it).
+  local marker
+  marker=$keep/after-$(echo "${AFTER:-}" | md5sum | cut -c1-12)
+  if [ -n "${AFTER:-}" ] && ! runner_alive && [ ! -f "$marker" ]; then
+    touch "$marker"
+    echo "--- after the run: $AFTER (at most ${AFTER_S:-300} s)"
+    timeout "${AFTER_S:-300}" bash -c "$AFTER"
+  fi
 }
 
 # The plan's arguments for this machine's inputs: the GGUF as its teacher or tokenizer, the unpacked text.
