@@ -1,10 +1,11 @@
 """The halo-smollm2 recipe's plan end to end on CUDA at its smoke profile's toy sizes: every CUDA path a real
-conversion takes (the twin init's least squares, alignment and distillation on the training fast path, the selection
-stage's NIAH on the inference engine with its compiled prefill, the scaling stage's candidates, the converted model's
-NIAH at both spans, CSR and loss by position), on a tiny random teacher, before a full-budget sitting spends its minutes finding a device bug. It takes over 7
-minutes on an H200 (every job is a process that compiles its own kernels): run it alone after a change to a CUDA
-path (`TESTS=tests/experiment/test_smoke_run_gpu.py TEST_WORKERS=1 bash scripts/gpu-session/gpu-tests.sh`, carry
-".whl" and ".gpu-inputs/b"), or beside a conversion sitting's run, where it reaches the later stages first
+conversion takes, on a tiny random teacher, before a full-budget sitting spends its minutes finding a device bug.
+Those paths: the twin init's least squares, alignment and distillation on the training fast path, the selection
+stage's scoring (NIAH on the inference engine with its compiled prefill, CSR), the scaling stage's candidates, and
+the converted model's NIAH at both spans, CSR and loss by position. It takes over 8 minutes on an H200 (every job is
+a process that compiles its own kernels). Run it alone after a change to a CUDA path
+(`TESTS=tests/experiment/test_smoke_run_gpu.py TEST_WORKERS=1 bash scripts/gpu-session/gpu-tests.sh`, carry ".whl"
+and ".gpu-inputs/b"), or beside a conversion sitting's run, where it reaches the later stages first
 (`SMOKE=1 bash scripts/gpu-session/experiment.sh stash`)."""
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ pytestmark = pytest.mark.gpu
 
 def test_the_recipe_plan_runs_on_cuda(tmp_path):
     run = tmp_path / "run"
+    # halo, not the smoke profile's uniform rule: the selection scores every variant (bf16 on the engine, CSR).
     code = hyla_main(recipe_smoke_argv(tmp_path, "niah-main-SK1-*,csr-main,ppl-main,report", "device=cuda",
-                                          "dtype=bfloat16"))
+                                          "dtype=bfloat16", "attention_layers=halo"))
     logs = "\n".join(path.read_text()[-6000:] for path in sorted((run / "logs").glob("*.log")))
     assert code == 0, logs
     status = json.loads((run / "status.json").read_text())
@@ -30,6 +32,8 @@ def test_the_recipe_plan_runs_on_cuda(tmp_path):
         "teacher-check", "convert", "niah-main-SK1-short", "niah-main-SK1-long", "csr-main", "ppl-main", "report"}
     conversion = json.loads((run / "main" / "06-export" / "conversion.json").read_text())
     assert conversion["plan"]["model"]["twin_init"] == "lstsq"
+    selection = json.loads((run / "main" / "02-select" / "selection.json").read_text())
+    assert selection["method"] == "halo" and len(selection["layers"]) == selection["num_layers"]
     for span in ("short", "long"):
         results = json.loads((run / "evals" / f"niah-main-SK1-{span}" / "results.json").read_text())
         assert results["generation_path"] == "engine", results["generation_path"]

@@ -496,7 +496,8 @@ def default_scorers(
                                              generation=generation, **limit)
         if log is not None:
             spent = generation.describe()
-            log(f"[select] NIAH on the {spent['path']} path: {spent['calls']} batches, prefill {spent['prefill_s']:.1f} s, "
+            batches = f"{spent['calls']} batch" + ("" if spent["calls"] == 1 else "es")
+            log(f"[select] NIAH on the {spent['path']} path: {batches}, prefill {spent['prefill_s']:.1f} s, "
                 f"decode {spent['decode_s']:.1f} s, {spent['seconds']:.1f} s in all")
         return mean_and_stderr([record["score"] for record in records])
 
