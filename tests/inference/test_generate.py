@@ -163,9 +163,9 @@ def test_models_the_engine_cannot_run_keep_transformers_generate():
                                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                                               pad_token_id=PAD)).eval()
     assert generation_path(tiny_llama)[0] == "hf"
-    hybrid = tiny_model(layer_types=["lightning", "swa", "lightning", "attention"], swa_window=4)
+    hybrid = tiny_model(layer_types=["lightning", "hh_gdn", "lightning", "attention"], headwise_ratio="1:1")
     path, reason = generation_path(hybrid)
-    assert path == "hf" and "swa" in reason
+    assert path == "hf" and "hh_gdn" in reason
     with pytest.raises(ValueError, match="cannot run this model"):
         generation_path(hybrid, "engine")
     assert generation_path(tiny_model())[0] == "engine"

@@ -109,8 +109,8 @@ def test_engine_refuses_overflow_and_unknown_layers():
         engine.prefill(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match="batch"):
         engine.prefill(torch.zeros(2, 3, dtype=torch.long))
-    model.config.layer_types = ["lightning", "swa", "lightning", "attention"]
-    with pytest.raises(ValueError, match="swa"):
+    model.config.layer_types = ["lightning", "hh_lightning", "lightning", "attention"]
+    with pytest.raises(ValueError, match="hh_lightning"):
         InferenceEngine(model, batch_size=1, max_length=8)
     model.config.layer_types = ["lightning", "attention", "lightning", "attention"]
     with pytest.raises(ValueError, match="EME"):

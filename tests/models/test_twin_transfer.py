@@ -77,13 +77,13 @@ def test_gla_and_gdn_twins_start_at_the_lightning_decay_on_every_token():
     lightning = lightning_from_attention(teacher.model.layers[0].self_attn, config, 0)
     assert torch.allclose(lightning.log_decay(torch.device("cpu")), expected, rtol=1e-15, atol=0)
 
-    _, _, _, gla_gate = gla_from_attention(teacher.model.layers[0].self_attn, config, 0)._project(hidden, context)
+    gla_gate = gla_from_attention(teacher.model.layers[0].self_attn, config, 0).token_inputs(hidden, context)["g"]
     # GLA's gate is float32 (logsigmoid(b) / 16 from a float32 bias): float32 rounding of g_h.
     assert gla_gate.dtype == torch.float32 and gla_gate.shape == (2, 13, HEADS, HEAD_DIM)
     assert torch.allclose(gla_gate.double(), expected[None, None, :, None].expand_as(gla_gate), rtol=1e-6, atol=0)
 
     gdn = gdn_from_attention(teacher.model.layers[1].self_attn, config, 1)
-    _, _, _, gdn_gate, beta = gdn._project(hidden, context)
+    gdn_gate, beta = gdn.token_inputs(hidden, context).values()
     assert torch.allclose(gdn_gate.double(), expected.expand_as(gdn_gate), rtol=1e-6, atol=0)
     assert torch.equal(beta, torch.full_like(beta, 0.5))
 
@@ -114,7 +114,9 @@ def test_gla_twin_recurrence_equals_the_lightning_twins_without_rope_and_qk_norm
     hidden = torch.randn(2, 21, COMMON["hidden_size"], dtype=torch.float64)
     context = context_of(teacher, hidden)
     q_l, k_l, v_l = lightning_from_attention(attention, config, 0).project(hidden, context)
-    q_g, k_g, v_g, gate = gla_from_attention(attention, config, 0)._project(hidden, context)
+    gla = gla_from_attention(attention, config, 0)
+    q_g, k_g, v_g = gla.project(hidden, context)
+    gate = gla.token_inputs(hidden, context)["g"]
     assert torch.equal(q_l, q_g) and torch.equal(k_l, k_g) and torch.equal(v_l, v_g)
     scale = HEAD_DIM**-0.5
     expected = linear_attention_oracle(q_l, k_l, v_l, expected_log_decay(), scale)
@@ -132,8 +134,10 @@ def test_gdn_twin_on_orthogonal_keys_writes_half_the_linear_attention_state():
     teacher = llama_teacher(torch.float64)
     config = hypenet_config_from_teacher(teacher, ["gdn", "gdn"])
     hidden = torch.randn(1, HEAD_DIM, COMMON["hidden_size"], dtype=torch.float64)
-    q, _, v, gate, beta = gdn_from_attention(teacher.model.layers[0].self_attn, config, 0)._project(
-        hidden, context_of(teacher, hidden))
+    gdn = gdn_from_attention(teacher.model.layers[0].self_attn, config, 0)
+    context = context_of(teacher, hidden)
+    q, _, v = gdn.project(hidden, context)
+    gate, beta = gdn.token_inputs(hidden, context).values()
     # Key t of every head is the unit vector e_t: orthonormal over the HEAD_DIM positions.
     keys = torch.eye(HEAD_DIM, dtype=torch.float64)[None, :, None, :].expand(1, HEAD_DIM, HEADS, HEAD_DIM)
     scale = HEAD_DIM**-0.5

@@ -6,9 +6,9 @@ import torch
 import torch.nn.functional as F
 
 from hyla.ops.gdn import gdn_attention
-from hyla.ops.gdn.reference import gdn_chunked, gdn_recurrent
+from hyla.ops.gdn.reference import gdn_chunked, gdn_decode_step, gdn_recurrent
 from hyla.ops.gla import gla_attention
-from hyla.ops.gla.reference import gla_chunked, gla_recurrent
+from hyla.ops.gla.reference import gla_chunked, gla_decode_step, gla_recurrent
 
 # float64 end to end: only rounding differs between the forms, so 1e-10 relative is a tight but safe bound.
 RTOL = 1e-10
@@ -138,3 +138,18 @@ def test_bad_initial_state_shape_is_rejected():
     inputs, state = gla_inputs(2, 5)
     with pytest.raises(ValueError, match="initial_state"):
         call(gla_chunked, inputs, initial_state=state[:1])
+
+
+@pytest.mark.parametrize("name", ["gla", "gdn"])
+def test_decode_steps_continue_the_chunked_form_token_by_token(name):
+    """The inference engine's single-token steps, run over a sequence from a state, give the chunked form's outputs
+    and final state (a token's inputs [B, H, ...] without the time axis)."""
+    inputs, state = (gla_inputs if name == "gla" else gdn_inputs)(2, 9, seed=3)
+    chunked, step = (gla_chunked, gla_decode_step) if name == "gla" else (gdn_chunked, gdn_decode_step)
+    expected, expected_state = chunked(**inputs, scale=0.4, initial_state=state, output_final_state=True)
+    outputs, running = [], state.clone()
+    for t in range(9):
+        output, running = step(**{key: value[:, t] for key, value in inputs.items()}, state=running, scale=0.4)
+        outputs.append(output)
+    assert relative_error(torch.stack(outputs, 1), expected) <= RTOL
+    assert relative_error(running, expected_state) <= RTOL

@@ -4,8 +4,9 @@ the one factory that picks one (`build_decode_step`).
 Each implementation runs the model's own modules and weights for everything but what it fuses, through the mixers'
 public steps (`project` / `prepare_qkv` for the input side, `project_output` for the tail) and offers the engine the
 same five calls: `embed`, `lightning` (a whole Lightning block), `attention_in` (an attention block up to its cache
-write), `attention_out` (after the attention kernel) and `logits`. What flows between blocks (the residual stream)
-is the implementation's own:
+write), `attention_out` (after the attention kernel) and `logits`; the module steps also `recurrent` (a whole GLA or
+GDN block: one step of its gated recurrence, `hyla.ops.gla.gla_decode_step` / `hyla.ops.gdn.gdn_decode_step`). What
+flows between blocks (the residual stream) is the implementation's own:
 
 - "eager" and "fused-projections" (`ModuleDecodeStep`): the stream is (hidden, delta): each block returns its MLP
   output as `delta` without adding it, and the next block (or the final norm) adds it first, so that the add and the
@@ -28,7 +29,13 @@ import torch.nn.functional as F
 
 from hyla.compile import raise_recompile_limits
 from hyla.layers.context import DEFAULT_OPTIONS, MixerContext
+from hyla.ops.gdn import gdn_decode_step
+from hyla.ops.gla import gla_decode_step
 from hyla.ops.matvec import NORM, PLAIN, SCALED, SIGMOID_GATE, interleave_glu
+
+# The single-token step of each gated linear mixer: plain torch, which compiled is one pass over the state, and
+# which a CUDA graph captures as it is (no host reads).
+RECURRENT_DECODE_OPS = {"gla": gla_decode_step, "gdn": gdn_decode_step}
 
 _COMPILED: dict = {}
 
@@ -176,6 +183,24 @@ def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, 
     return hidden, _mlp(block, hidden, fused, linear)
 
 
+def recurrent_block_decode(block, hidden, delta, position_ids, cos, sin, state, scale, options, fused=None,
+                           linear=None):
+    """One GLA or GDN block for one token on input `hidden + delta`: the mixer's projections and per-token gates
+    (`token_inputs`), one step of its recurrence (fp32 state, written back in place), the mixer's tail and the MLP.
+    state: [B, H, D, D]. Returns (hidden after the mixer, the MLP's output), as lightning_block_decode."""
+    hidden = hidden + delta
+    x = block.input_layernorm(hidden)
+    context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
+    q, k, v, gate = _project(block.mixer, x, context, fused, linear)
+    inputs = {name: value[:, 0] for name, value in block.mixer.token_inputs(x, context).items()}
+    # As the model's forward (`run_linear_op`): q and k in v's dtype before the op.
+    output, updated = RECURRENT_DECODE_OPS[block.layer_type](
+        q[:, 0].to(v.dtype), k[:, 0].to(v.dtype), v[:, 0], **inputs, state=state, scale=scale)
+    state.copy_(updated)
+    hidden = hidden + block.mixer.project_output(output[:, None].to(hidden.dtype), x, gate, linear)
+    return hidden, _mlp(block, hidden, fused, linear)
+
+
 def attention_block_decode_pre(block, hidden, delta, position_ids, cos, sin, keys, values, positions, options,
                                fused=None, linear=None):
     """On input `hidden + delta`: norm, projections (q/k norms, RoPE or logit scaling as the layer has them under the
@@ -203,11 +228,12 @@ class ModuleDecodeStep:
                  compile_mode: str, options):
         self.name, self.model, self.fused, self.linear, self.options = name, model, fused, linear, options
         self.decay, self.scale, self.launch_pdl = decay, scale, False
-        functions = (lightning_block_decode, attention_block_decode_pre, attention_block_decode_post, decode_embed,
-                     decode_logits)
+        functions = (lightning_block_decode, recurrent_block_decode, attention_block_decode_pre,
+                     attention_block_decode_post, decode_embed, decode_logits)
         if compile_decode:
             functions = tuple(compiled(f, dynamic=False, fullgraph=True, mode=compile_mode) for f in functions)
-        self._lightning, self._attention_pre, self._attention_post, self._embed, self._logits = functions
+        (self._lightning, self._recurrent, self._attention_pre, self._attention_post, self._embed,
+         self._logits) = functions
 
     def embed(self, input_ids, position_ids):
         hidden, delta, cos, sin = self._embed(self.model.model, input_ids, position_ids)
@@ -215,6 +241,10 @@ class ModuleDecodeStep:
 
     def lightning(self, index, block, stream, position_ids, cos, sin, state):
         return self._lightning(block, *stream, position_ids, cos, sin, state, self.decay, self.scale, self.options,
+                               self.fused[index], self.linear)
+
+    def recurrent(self, index, block, stream, position_ids, cos, sin, state):
+        return self._recurrent(block, *stream, position_ids, cos, sin, state, self.scale, self.options,
                                self.fused[index], self.linear)
 
     def attention_in(self, index, block, stream, position_ids, cos, sin, keys, values, positions):

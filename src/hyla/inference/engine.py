@@ -2,12 +2,16 @@
 can be captured once in a CUDA graph (and compiled) for any batch size.
 
 It runs the model's own modules and weights (norms, projections, mixer tails, MLPs); only the sequence mixing is
-re-routed: Lightning layers carry their fp32 state between prefill chunks through `initial_state` and update it with
-one outer product per decode step; attention layers write into the static KV buffers and read them through chunked
+re-routed: the linear mixers (Lightning, GLA, GDN) carry their fp32 state between prefill chunks through their
+chunked op's `initial_state` and update it with one step of their recurrence per decode step (Lightning: one outer
+product with its fixed decay; GLA and GDN: their data-dependent gates, `hyla.ops.gla.gla_decode_step`,
+`hyla.ops.gdn.gdn_decode_step`); attention layers write into the static KV buffers and read them through chunked
 attention (prefill, `hyla.ops.chunk_attention`) or split-K flash decoding with per-row lengths on the device
-(decode, `hyla.ops.decode_attention`). The decode step itself is one of three implementations
-(`hyla.inference.decode_step`), chosen with the rest of the engine's settings (`hyla.inference.settings`): by
-default the tuned settings shipped for this GPU.
+(decode, `hyla.ops.decode_attention`). Sliding-window layers keep a ring of their window's keys
+(`hyla.inference.cache`): prefill reads the window's keys in order through the model's windowed softmax attention
+(`hyla.ops.attention`), decode the ring's filled slots through the decode kernel. The decode step itself is one of
+three implementations (`hyla.inference.decode_step`), chosen with the rest of the engine's settings
+(`hyla.inference.settings`): by default the tuned settings shipped for this GPU.
 
 Rows of a batch may hold prompts of different lengths: `prefill(input_ids, attention_mask)` takes a left-padded
 batch, strips the padding and prefills each row's tokens at its own positions 0 .. n - 1 (rows of equal length
@@ -18,16 +22,31 @@ from __future__ import annotations
 
 import torch
 
-from hyla.inference.cache import StaticHybridCache
+from hyla.inference.cache import WINDOW_LAYER_TYPES, StaticHybridCache
 from hyla.inference.decode_step import build_decode_step, compiled
-from hyla.inference.settings import EngineSettings, fit_to_model, triton_fused_obstacles, tuned_settings, with_fields
+from hyla.inference.settings import (
+    EngineSettings,
+    fit_to_model,
+    triton_fused_obstacles,
+    tuned_settings,
+    with_fields,
+)
 from hyla.layers.context import DEFAULT_OPTIONS, InferenceOptions, MixerContext
+from hyla.ops.attention import softmax_attention
 from hyla.ops.chunk_attention import chunk_attention, pick_attention_backend
 from hyla.ops.decode_attention import decode_attention, resolve_kernel
+from hyla.ops.gdn import gdn_attention
+from hyla.ops.gla import gla_attention
 from hyla.ops.lightning import lightning_attention
 
-# Global softmax attention (NoPE or RoPE) and Lightning; the other mixers have no fast path here yet.
-SUPPORTED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
+# The linear mixers (Lightning, GLA, GDN), global softmax attention (NoPE or RoPE) and sliding-window attention; the
+# head-wise hybrids ("hh_*") have no fast path here yet.
+SUPPORTED_LAYER_TYPES = ("lightning", "gla", "gdn", "attention", "attention_rope", "swa")
+# The chunked op of each gated linear mixer (their per-token gates from the mixer's `token_inputs`).
+GATED_LINEAR_OPS = {"gla": gla_attention, "gdn": gdn_attention}
+# Queries per sliding-window prefill call, at least twice the window: each call's mask is
+# [queries, queries + window - 1], bounded whatever the chunk's length.
+WINDOW_QUERY_BLOCK = 1024
 
 
 def unsupported_reason(model, options: InferenceOptions | None = None) -> str | None:
@@ -48,10 +67,13 @@ def unsupported_reason(model, options: InferenceOptions | None = None) -> str | 
 
 def block_prefill_pre(block, hidden, position_ids, cos, sin, options):
     """A prefill chunk's block input: norm, then the mixer's projections (q/k norms, RoPE or logit scaling as the
-    layer has them under the InferenceOptions `options`). Returns (mixer input x, q, k, v)."""
+    layer has them under the InferenceOptions `options`) and, for GLA and GDN, their per-token gates. Returns (mixer
+    input x, q, k, v, the op's per-token inputs: a dict, empty for the other mixers)."""
     x = block.input_layernorm(hidden)
-    q, k, v = block.mixer.project(x, MixerContext(position_ids=position_ids, rope=(cos, sin), options=options))
-    return x, q, k, v
+    context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
+    q, k, v = block.mixer.project(x, context)
+    inputs = block.mixer.token_inputs(x, context) if block.layer_type in GATED_LINEAR_OPS else {}
+    return x, q, k, v, inputs
 
 
 def block_prefill_post(block, hidden, x, mixed):
@@ -66,8 +88,8 @@ class InferenceEngine:
 
     settings: an EngineSettings (used as given); None: the tuned settings of the model's device
     (`hyla.inference.settings.tuned_settings`), fitted to this model and batch size (the triton-fused step needs
-    batch 1, SiLU MLPs and Lightning heads of a multiple of 32: otherwise fused projections, reason in
-    `self.notes`). overrides: EngineSettings fields replaced on top, e.g. decode_step="eager", prefill_chunk=128.
+    batch 1, SiLU MLPs, Lightning and attention layers only and Lightning heads of a multiple of 32: otherwise fused
+    projections, reason in `self.notes`). overrides: EngineSettings fields replaced on top, e.g. decode_step="eager", prefill_chunk=128.
     inference_options: how the model runs (logit scaling; None: the model's own `inference_options`)."""
 
     def __init__(self, model, *, batch_size: int, max_length: int, settings: EngineSettings | None = None,
@@ -183,9 +205,15 @@ class InferenceEngine:
         symbolic = self._symbolic_length if self.settings.compile_prefill else lambda *tensors: None
         for index, block in enumerate(model.layers):
             symbolic(hidden, position_ids, cos, sin)
-            x, q, k, v = pre(block, hidden, position_ids, cos, sin, self.options)
+            x, q, k, v, inputs = pre(block, hidden, position_ids, cos, sin, self.options)
             if block.layer_type == "lightning":
                 mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows])
+            elif block.layer_type in GATED_LINEAR_OPS:
+                mixed = self._gated_linear_mix(GATED_LINEAR_OPS[block.layer_type], q, k, v, inputs,
+                                               self.cache.states[index][rows])
+            elif block.layer_type in WINDOW_LAYER_TYPES:
+                mixed = self._window_mix(q, k, v, self.cache.keys[index][rows], self.cache.values[index][rows],
+                                         start, block.mixer.window(self.options))
             else:
                 mixed = self._attention_mix(q, k, v, self.cache.keys[index][rows], self.cache.values[index][rows],
                                             start)
@@ -209,6 +237,36 @@ class InferenceEngine:
         state.copy_(final_state)
         return output
 
+    def _gated_linear_mix(self, op, q, k, v, inputs, state):
+        # As the model's forward (`run_linear_op`): q and k in v's dtype (under autocast the projections differ).
+        output, final_state = op(q.to(v.dtype), k.to(v.dtype), v, **inputs, scale=self.scale, initial_state=state,
+                                 output_final_state=True)
+        state.copy_(final_state)
+        return output
+
+    def _window_mix(self, q, k, v, keys, values, start, window):
+        """Sliding-window attention of a chunk at positions start .. start + T - 1 over the ring buffers keys/values
+        [n, Hkv, slots, D]: the earlier keys the chunk's queries reach (the last window - 1 positions, in order)
+        before the chunk's own, then the chunk's last keys written to their slots."""
+        slots, length = keys.shape[2], q.shape[1]
+        earlier = torch.arange(max(0, start - (window - 1)), start, device=q.device) % slots
+        all_keys = torch.cat([keys[:, :, earlier].transpose(1, 2), k.to(keys.dtype)], dim=1)
+        all_values = torch.cat([values[:, :, earlier].transpose(1, 2), v.to(values.dtype)], dim=1)
+        kept = min(length, slots)
+        written = torch.arange(start + length - kept, start + length, device=q.device) % slots
+        keys[:, :, written] = all_keys[:, -kept:].transpose(1, 2)
+        values[:, :, written] = all_values[:, -kept:].transpose(1, 2)
+        num_earlier, block = earlier.numel(), max(WINDOW_QUERY_BLOCK, 2 * window)
+        outputs = []
+        for first in range(0, length, block):
+            last = min(length, first + block)
+            # Queries first .. last - 1 sit at key index num_earlier + i and see the window - 1 keys before it.
+            lowest = max(0, num_earlier + first - (window - 1))
+            outputs.append(softmax_attention(q[:, first:last], all_keys[:, lowest : num_earlier + last],
+                                             all_values[:, lowest : num_earlier + last], scale=self.scale,
+                                             window=window))
+        return torch.cat(outputs, dim=1)
+
     def _attention_mix(self, q, k, v, keys, values, start):
         end = start + q.shape[1]
         keys[:, :, start:end] = k.transpose(1, 2)
@@ -222,14 +280,22 @@ class InferenceEngine:
         position_ids = positions[:, None]
         stream, cos, sin = step.embed(input_ids, position_ids)
         valid_lengths = positions + 1
+        if cache.window_size is not None:
+            # Sliding-window layers: position p in slot p % slots; a query reads the ring's filled slots.
+            window_slots, window_lengths = positions % cache.window_size, valid_lengths.clamp(max=cache.window_size)
         for index, block in enumerate(model.layers):
             if block.layer_type == "lightning":
                 stream = step.lightning(index, block, stream, position_ids, cos, sin, cache.states[index])
                 continue
+            if block.layer_type in GATED_LINEAR_OPS:
+                stream = step.recurrent(index, block, stream, position_ids, cos, sin, cache.states[index])
+                continue
             keys, values = cache.keys[index], cache.values[index]
+            windowed = block.layer_type in WINDOW_LAYER_TYPES
             stream, q, carry = step.attention_in(index, block, stream, position_ids, cos, sin, keys, values,
-                                                 positions)
-            output = decode_attention(q, keys, values, valid_lengths, scale=self.scale, kernel=self.decode_kernel,
+                                                 window_slots if windowed else positions)
+            output = decode_attention(q, keys, values, window_lengths if windowed else valid_lengths,
+                                      scale=self.scale, kernel=self.decode_kernel,
                                       config=self.settings.decode_attention_config)
             stream = step.attention_out(index, block, stream, carry, output)
         cache.length.add_(1)
@@ -245,6 +311,10 @@ class InferenceEngine:
         if self.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
         self._check_room(warmup_steps)
+        # The warm-up steps write states, and ring slots that still hold keys of the window: both are restored.
+        # (The other KV buffers are written past each row's length only, where the next steps overwrite them.)
+        rings = [i for i, kind in enumerate(self.config.layer_types) if kind in WINDOW_LAYER_TYPES]
+        saved_rings = {i: (self.cache.keys[i].clone(), self.cache.values[i].clone()) for i in rings}
         saved = {i: s.clone() for i, s in self.cache.states.items()}, self.cache.length.clone(), self._tokens.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -258,6 +328,9 @@ class InferenceEngine:
         states, length, tokens = saved
         for index, state in states.items():
             self.cache.states[index].copy_(state)
+        for index, (keys, values) in saved_rings.items():
+            self.cache.keys[index].copy_(keys)
+            self.cache.values[index].copy_(values)
         self.cache.length.copy_(length)
         self._tokens.copy_(tokens)
 

@@ -29,6 +29,8 @@ DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
 # torch.compile modes for the decode blocks: the engine captures the whole step in one CUDA graph itself.
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# The layers the triton-fused step has kernels for (the others run on the fused-projections step).
+TRITON_FUSED_LAYER_TYPES = ("lightning", "attention", "attention_rope")
 # The shipped settings files: package data, hyla/inference/tuned/*.json.
 TUNED_DIR = "tuned"
 
@@ -185,6 +187,10 @@ def triton_fused_obstacles(config, batch_size: int) -> list[str]:
     if config.hidden_act != "silu":
         reasons.append(f"decode_step='triton-fused' computes the MLP's SiLU in its kernel; this model's activation "
                        f"is {config.hidden_act!r}")
+    others = sorted(set(config.layer_types) - set(TRITON_FUSED_LAYER_TYPES))
+    if others:
+        reasons.append(f"decode_step='triton-fused' runs {', '.join(TRITON_FUSED_LAYER_TYPES)} layers, not "
+                       f"{others}")
     if "lightning" in config.layer_types and config.head_dim % 32:
         reasons.append(f"decode_step='triton-fused' runs Lightning heads whose dimension is a multiple of 32, got "
                        f"{config.head_dim}")

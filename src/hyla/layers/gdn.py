@@ -57,24 +57,53 @@ class GatedDeltaNet(nn.Module):
         dt = log_dt.exp().clamp(min=1e-4)
         self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
-    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
-        shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
-        q = l2_normalize(F.silu(self.q_proj(hidden_states)).view(shape))
-        k = l2_normalize(F.silu(self.k_proj(hidden_states)).view(shape))
-        v = F.silu(self.v_proj(hidden_states)).view(shape)
+    def project(self, hidden_states: torch.Tensor, context: MixerContext):
+        """The mixer's input side: q, k, v [B, T, H, D] of hidden_states [B, T, hidden] (the linear maps, then
+        `prepare_qkv`). The op's per-token gate and beta come from `token_inputs`."""
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return self.prepare_qkv(q, k, v, context)
+
+    def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D]: SiLU, then L2-normalised q and k;
+        shared with the inference engine's fused projections."""
+        shape = q.shape[:2] + (self.num_heads, self.head_dim)
+        q = l2_normalize(F.silu(q).view(shape))
+        k = l2_normalize(F.silu(k).view(shape))
+        v = F.silu(v).view(shape)
+        if context.token_mask is not None:
+            # Padding does not write the state (k = 0); `token_inputs` keeps it from decaying the state.
+            k = k * context.token_mask[:, :, None, None].to(k.dtype)
+        return q, k, v
+
+    def token_inputs(self, hidden_states: torch.Tensor, context: MixerContext) -> dict[str, torch.Tensor]:
+        """The op's per-token inputs (`gdn_attention`'s `g` and `beta`, [B, T, H] float32)."""
         beta = torch.sigmoid(self.b_proj(hidden_states).float())
         g = -self.A_log.float().exp() * F.softplus(self.a_proj(hidden_states).float() + self.dt_bias.float())
         if context.token_mask is not None:
-            # Padding neither writes (k = 0) nor decays (g = 0) the state.
-            keep = context.token_mask
-            k, g = k * keep[:, :, None, None].to(k.dtype), g * keep[:, :, None].to(g.dtype)
-        return q, k, v, g, beta
+            g = g * context.token_mask[:, :, None].to(g.dtype)
+        return {"g": g, "beta": beta}
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v, g, beta = self._project(hidden_states, context)
+        q, k, v = self.project(hidden_states, context)
         output = run_linear_op(
             gdn_attention, self.layer_idx, q, k, v, context,
-            token_inputs=dict(g=g, beta=beta), scale=self.head_dim**-0.5,
+            token_inputs=self.token_inputs(hidden_states, context), scale=self.head_dim**-0.5,
         )
-        output = self.o_norm(output) * F.silu(self.g_proj(hidden_states)).view(output.shape)
-        return self.o_proj(output.reshape(hidden_states.shape[:2] + (-1,)))
+        return self.project_output(output, hidden_states)
+
+    def project_output(
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
+    ) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
+        output gate's pre-activation g_proj(hidden_states) when the caller computed it already; `linear`: F.linear's
+        signature, computing o_proj instead of the module."""
+        gate = self.g_proj(hidden_states) if gate is None else gate
+        output = self.o_norm(output) * F.silu(gate).view(output.shape)
+        output = output.reshape(hidden_states.shape[:2] + (-1,))
+        if linear is not None:
+            return linear(output, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(output)
+
+    def gate_projection(self) -> nn.Linear:
+        """The linear map whose output `project_output` takes as `gate`."""
+        return self.g_proj

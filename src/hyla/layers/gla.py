@@ -37,24 +37,52 @@ class GatedLinearAttention(nn.Module):
         self.o_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.o_proj = nn.Linear(width, config.hidden_size, bias=config.o_bias)
 
-    def _project(self, hidden_states: torch.Tensor, context: MixerContext):
+    def project(self, hidden_states: torch.Tensor, context: MixerContext):
+        """The mixer's input side: q, k, v [B, T, H, D] of hidden_states [B, T, hidden] (the linear maps, then
+        `prepare_qkv`). The op's per-token gate comes from `token_inputs`."""
+        q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+        return self.prepare_qkv(q, k, v, context)
+
+    def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
+        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D]; shared with the inference engine's
+        fused projections."""
+        shape = q.shape[:2] + (self.num_heads, self.head_dim)
+        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        if context.token_mask is not None:
+            # Padding does not write the state (k = 0); `token_inputs` keeps it from decaying the state.
+            k = k * context.token_mask[:, :, None, None].to(k.dtype)
+        return q, k, v
+
+    def token_inputs(self, hidden_states: torch.Tensor, context: MixerContext) -> dict[str, torch.Tensor]:
+        """The op's per-token inputs: the log-gate g [B, T, H, D] (`gla_attention`'s `g`)."""
         shape = hidden_states.shape[:2] + (self.num_heads, self.head_dim)
-        q = self.q_proj(hidden_states).view(shape)
-        k = self.k_proj(hidden_states).view(shape)
-        v = self.v_proj(hidden_states).view(shape)
         # The gate in float32: its sum over many tokens is the decay, and bfloat16 would round small steps away.
         g = F.logsigmoid(self.gk_proj(hidden_states).float()).view(shape) / self.config.gla_gate_logit_normalizer
         if context.token_mask is not None:
-            # Padding neither writes (k = 0) nor decays (g = 0) the state.
-            keep = context.token_mask[:, :, None, None]
-            k, g = k * keep.to(k.dtype), g * keep.to(g.dtype)
-        return q, k, v, g
+            g = g * context.token_mask[:, :, None, None].to(g.dtype)
+        return {"g": g}
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v, g = self._project(hidden_states, context)
+        q, k, v = self.project(hidden_states, context)
         output = run_linear_op(
             gla_attention, self.layer_idx, q, k, v, context,
-            token_inputs=dict(g=g), scale=self.head_dim**-0.5,
+            token_inputs=self.token_inputs(hidden_states, context), scale=self.head_dim**-0.5,
         )
-        output = self.o_norm(output) * F.silu(self.g_proj(hidden_states)).view(output.shape)
-        return self.o_proj(output.reshape(hidden_states.shape[:2] + (-1,)))
+        return self.project_output(output, hidden_states)
+
+    def project_output(
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
+    ) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
+        output gate's pre-activation g_proj(hidden_states) when the caller computed it already; `linear`: F.linear's
+        signature, computing o_proj instead of the module."""
+        gate = self.g_proj(hidden_states) if gate is None else gate
+        output = self.o_norm(output) * F.silu(gate).view(output.shape)
+        output = output.reshape(hidden_states.shape[:2] + (-1,))
+        if linear is not None:
+            return linear(output, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(output)
+
+    def gate_projection(self) -> nn.Linear:
+        """The linear map whose output `project_output` takes as `gate`."""
+        return self.g_proj

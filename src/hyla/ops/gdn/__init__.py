@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.dispatch import resolve_backend
-from hyla.ops.gdn.reference import gdn_chunked, gdn_recurrent
+from hyla.ops.gdn.reference import gdn_chunked, gdn_decode_step, gdn_recurrent
 
 
 def gdn_attention(
@@ -39,4 +39,4 @@ def gdn_attention(
     return gdn_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["gdn_attention", "gdn_chunked", "gdn_recurrent"]
+__all__ = ["gdn_attention", "gdn_chunked", "gdn_decode_step", "gdn_recurrent"]

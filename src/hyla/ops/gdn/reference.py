@@ -14,17 +14,44 @@ import torch
 from hyla.ops.recurrence import DEFAULT_CHUNK_SIZE, run_by_segment
 
 
+def _token_update(q, k, v, g, beta, state):
+    """One token: q (pre-scaled), k [B, H, K]; v [B, H, V]; g, beta [B, H]; state [B, H, K, V] -> (o [B, H, V],
+    new state)."""
+    # Products and sums rather than einsum: compiled, the update and the read-outs fuse around the state.
+    state = g[..., None, None].exp() * state
+    predicted = (k[..., None] * state).sum(-2)
+    update = beta[..., None] * (v - predicted)
+    state = state + k[..., None] * update[..., None, :]
+    return (q[..., None] * state).sum(-2), state
+
+
 def _recurrent_step(q, k, v, g, beta, state):
     # q, k: [B, T, H, K]; v: [B, T, H, V]; g, beta: [B, T, H]; state: [B, H, K, V]
     outputs = []
     for t in range(q.shape[1]):
-        state = g[:, t, :, None, None].exp() * state
-        predicted = torch.einsum("bhk,bhkv->bhv", k[:, t], state)
-        update = beta[:, t, :, None] * (v[:, t] - predicted)
-        state = state + k[:, t, :, :, None] * update[:, :, None, :]
-        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+        o, state = _token_update(q[:, t], k[:, t], v[:, t], g[:, t], beta[:, t], state)
+        outputs.append(o)
     o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(v.shape)
     return o, state
+
+
+def gdn_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of `gdn_recurrent` for every row, without its batching driver (no host reads: a decode step that a
+    CUDA graph can capture). q, k: [B, H, K]; v: [B, H, V]; g, beta: [B, H]; state: [B, H, K, V] float32 (float64 for
+    float64 inputs). Returns (o [B, H, V] in v's dtype, the new state in the state's dtype)."""
+    acc = state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, state = _token_update(q.to(acc) * scale, k.to(acc), v.to(acc), g.to(acc), beta.to(acc), state)
+    return o.to(v.dtype), state
 
 
 def _chunk(qc, kc, vc, gc, bc, state):

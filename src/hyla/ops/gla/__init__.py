@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.dispatch import resolve_backend
-from hyla.ops.gla.reference import gla_chunked, gla_recurrent
+from hyla.ops.gla.reference import gla_chunked, gla_decode_step, gla_recurrent
 
 
 def gla_attention(
@@ -37,4 +37,4 @@ def gla_attention(
     return gla_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["gla_attention", "gla_chunked", "gla_recurrent"]
+__all__ = ["gla_attention", "gla_chunked", "gla_decode_step", "gla_recurrent"]

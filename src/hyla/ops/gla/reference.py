@@ -14,14 +14,39 @@ import torch
 from hyla.ops.recurrence import DEFAULT_CHUNK_SIZE, run_by_segment
 
 
+def _token_update(q, k, v, g, state):
+    """One token: q (pre-scaled), k, g [B, H, K]; v [B, H, V]; state [B, H, K, V] -> (o [B, H, V], new state)."""
+    # Products and sums rather than einsum: compiled, the update and the read-out are one pass over the state.
+    state = g[..., None].exp() * state + k[..., None] * v[..., None, :]
+    return (q[..., None] * state).sum(-2), state
+
+
 def _recurrent_step(q, k, v, g, state):
     # q, k, g: [B, T, H, K]; v: [B, T, H, V]; state: [B, H, K, V]
     outputs = []
     for t in range(q.shape[1]):
-        state = g[:, t, :, :, None].exp() * state + k[:, t, :, :, None] * v[:, t, :, None, :]
-        outputs.append(torch.einsum("bhk,bhkv->bhv", q[:, t], state))
+        o, state = _token_update(q[:, t], k[:, t], v[:, t], g[:, t], state)
+        outputs.append(o)
     o = torch.stack(outputs, dim=1) if outputs else v.new_zeros(v.shape)
     return o, state
+
+
+def gla_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    g: torch.Tensor,
+    state: torch.Tensor,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of `gla_recurrent` for every row, without its batching driver (no host reads: a decode step that a
+    CUDA graph can capture). q, k, g: [B, H, K]; v: [B, H, V]; state: [B, H, K, V] float32 (float64 for float64
+    inputs). Returns (o [B, H, V] in v's dtype, the new state in the state's dtype)."""
+    acc = state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    o, state = _token_update(q.to(acc) * scale, k.to(acc), v.to(acc), g.to(acc), state)
+    return o.to(v.dtype), state
 
 
 def _chunked_step(q, k, v, g, state, chunk_size=DEFAULT_CHUNK_SIZE):
