@@ -152,8 +152,8 @@ def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny
     assert code == 0, stderr
     applied = _read(tmp_path / "hybrid")["settings"]["inference_options"]
     assert applied == {"logit_scaling_a": 500.0, "eme_window": 64}
-    # EME (SWLA windows) is the model's own forward: transformers' generate, and the result file says so
-    assert _read(tmp_path / "hybrid")["generation_path"] == "hf"
+    # EME (SWLA windows) runs on the inference engine, and the result file says so
+    assert _read(tmp_path / "hybrid")["generation_path"] == "engine"
     code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--out", tmp_path / "teacher", *options)
     assert code == 0
     assert _read(tmp_path / "teacher")["generation"]["path"] == "hf"

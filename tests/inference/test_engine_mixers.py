@@ -97,7 +97,7 @@ def test_sliding_window_prefill_in_query_blocks_matches_model_forward(window, mo
     with torch.no_grad():
         full = model(tokens, use_cache=False).logits
     engine = InferenceEngine(model, batch_size=1, max_length=32, prefill_chunk=13)
-    assert engine.cache.window_size == min(window, 32)
+    assert engine.cache.window_slots == {0: min(window, 32), 2: min(window, 32)}
     assert engine.cache.keys[0].shape[2] == min(window, 32) and engine.cache.keys[3].shape[2] == 32
     assert rel(engine_logits(engine, tokens, 25), full[:, 24:]) <= TOL
 

@@ -184,15 +184,15 @@ def greedy_by_forward(model, ids, steps, options):
 
 
 @pytest.mark.parametrize("options", [InferenceOptions(logit_scaling_a=1.5), InferenceOptions(eme_window=4)],
-                         ids=["logit-scaling-on-the-engine", "eme-on-transformers-generate"])
+                         ids=["logit-scaling", "eme"])
 def test_generation_runs_under_the_inference_options_it_is_given(options):
-    """Given per call or as the model's own: on the engine (logit scaling) and on transformers' generate (EME, which
-    the engine does not run), the tokens are the greedy continuation of the forward under those options."""
+    """Given per call or as the model's own: on the engine and on transformers' generate, the tokens are the greedy
+    continuation of the forward under those options."""
     model = tiny_model()
     ids = torch.tensor([prompts_of((9,))[0]])
     expected = greedy_by_forward(model, ids, 6, options)
     assert not torch.equal(expected, greedy_by_forward(model, ids, 6, InferenceOptions()))
-    assert generation_path(model, "auto", options)[0] == ("hf" if options.eme_window else "engine")
+    assert generation_path(model, "auto", options)[0] == "engine"
     assert torch.equal(hyla.generate(model, ids, max_new_tokens=6, inference_options=options), expected)
     assert torch.equal(model.generate(ids, max_new_tokens=6, do_sample=False, pad_token_id=PAD,
                                       inference_options=options), expected)

@@ -112,12 +112,6 @@ def test_engine_refuses_overflow_and_unknown_layers():
     model.config.layer_types = ["lightning", "hh_lightning", "lightning", "attention"]
     with pytest.raises(ValueError, match="hh_lightning"):
         InferenceEngine(model, batch_size=1, max_length=8)
-    model.config.layer_types = ["lightning", "attention", "lightning", "attention"]
-    with pytest.raises(ValueError, match="EME"):
-        InferenceEngine(model, batch_size=1, max_length=8, inference_options=InferenceOptions(eme_window=16))
-    model.inference_options = InferenceOptions(eme_window=16)
-    with pytest.raises(ValueError, match="EME"):
-        InferenceEngine(model, batch_size=1, max_length=8)
 
 
 @pytest.mark.parametrize("name", ["hypenet", "biases-no-gates"])

@@ -1,17 +1,29 @@
 """SWLA (sliding-window linear attention, docs/method.md, "EME"): W >= T is the plain op exactly; W < T gives each
 position the output of a fresh run over the window that serves it; cached chunks equal one pass; padding and packing."""
 
+import itertools
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from hyla.ops.gdn import gdn_attention
+from hyla.ops.gdn import gdn_attention, gdn_decode_step
 from hyla.ops.gdn.reference import gdn_recurrent
-from hyla.ops.gla import gla_attention
+from hyla.ops.gla import gla_attention, gla_decode_step
 from hyla.ops.gla.reference import gla_recurrent
-from hyla.ops.lightning import lightning_attention, lightning_log_decay
+from hyla.ops.lightning import (
+    lightning_attention,
+    lightning_decode_step,
+    lightning_log_decay,
+)
 from hyla.ops.lightning.reference import lightning_recurrent
-from hyla.ops.swla import serving_window_start, sliding_window_linear_attention
+from hyla.ops.swla import (
+    ring_size,
+    serving_window_start,
+    sliding_window_linear_attention,
+    sliding_window_linear_attention_ring,
+    swla_decode_step,
+)
 
 # float64: the windowed result and the brute-force one differ only by rounding.
 RTOL = 1e-10
@@ -138,3 +150,56 @@ def test_continuing_without_window_states_is_rejected():
         )
     with pytest.raises(ValueError, match="stride"):
         sliding_window_linear_attention(gla_attention, q, k, v, window=4, stride=5, token_inputs=token_inputs)
+
+
+def decode_step_of(name, constants):
+    """The single-token step of op `name` as `swla_decode_step` calls it."""
+    if name == "lightning":
+        decay = constants["log_decay"].exp()[:, None, None]
+        return lambda q, k, v, state: lightning_decode_step(q, k, v, decay=decay, state=state)
+    return gla_decode_step if name == "gla" else gdn_decode_step
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize(("window", "stride"), [(8, 2), (6, 3), (5, 5), (7, 3)])
+def test_ring_prefill_in_chunks_then_decode_steps_equal_one_pass(name, window, stride):
+    """The window ring through prefill chunks (of 1, 3, 7 and 6 tokens: inside window 0, across window openings)
+    and then token by token, with the two rows at different positions while decoding (row 1 prefills 5 tokens
+    fewer). The ring starts NaN-filled: a slot read before it is written (or opened) poisons the output."""
+    length = 31
+    q, k, v, token_inputs, constants = inputs(name, length, seed=window + stride)
+    op = OPS[name][0]
+    expected, _ = sliding_window_linear_attention(
+        op, q, k, v, window=window, stride=stride, token_inputs=token_inputs, **constants
+    )
+    ring = torch.full((B, ring_size(window=window, stride=stride), H, K, V), float("nan"), dtype=torch.float64)
+    prefilled = [17, 12]
+    outputs = torch.full_like(v, float("nan"))
+    for row, end in enumerate(prefilled):
+        bounds = [0, 1, 4, 11, end] if end > 11 else [0, 1, 4, end]
+        for first, last in itertools.pairwise(bounds):
+            piece = {n: x[row : row + 1, first:last] for n, x in token_inputs.items()}
+            outputs[row, first:last] = sliding_window_linear_attention_ring(
+                op, q[row : row + 1, first:last], k[row : row + 1, first:last], v[row : row + 1, first:last],
+                window=window, stride=stride, ring=ring[row : row + 1], start=first, token_inputs=piece, **constants,
+            )[0]
+    step = decode_step_of(name, constants)
+    rows = torch.arange(B)
+    for offset in range(length - max(prefilled)):
+        positions = torch.tensor(prefilled) + offset
+        token = {n: x[rows, positions] for n, x in token_inputs.items()}
+        o, ring = swla_decode_step(step, q[rows, positions], k[rows, positions], v[rows, positions], ring=ring,
+                                   positions=positions, window=window, stride=stride, **token)
+        outputs[rows, positions] = o
+    outputs[1, length - 5 :] = expected[1, length - 5 :]  # row 1 decodes 5 positions short of the end
+    assert relative_error(outputs, expected) <= RTOL
+
+
+def test_ring_has_exactly_the_open_windows_slots():
+    assert [ring_size(window=w, stride=s) for w, s in ((8, 2), (6, 3), (5, 5), (7, 3), (4096, 1024))] == [
+        4, 2, 1, 3, 4]
+    with pytest.raises(ValueError, match="slots"):
+        sliding_window_linear_attention_ring(
+            lightning_attention, *inputs("lightning", 4)[:3], window=8, stride=2,
+            ring=torch.zeros(B, 5, H, K, V, dtype=torch.float64), start=0, log_decay=lightning_log_decay(H),
+        )

@@ -31,7 +31,9 @@ from hyla.compile import raise_recompile_limits
 from hyla.layers.context import DEFAULT_OPTIONS, MixerContext
 from hyla.ops.gdn import gdn_decode_step
 from hyla.ops.gla import gla_decode_step
+from hyla.ops.lightning import lightning_decode_step
 from hyla.ops.matvec import NORM, PLAIN, SCALED, SIGMOID_GATE, interleave_glu
+from hyla.ops.swla import swla_decode_step
 
 # The single-token step of each gated linear mixer: plain torch, which compiled is one pass over the state, and
 # which a CUDA graph captures as it is (no host reads).
@@ -162,41 +164,51 @@ def decode_logits(model, lm_head, hidden, delta, linear=None):
     return (lm_head(x) if linear is None else linear(x, lm_head.weight, lm_head.bias))[:, 0]
 
 
+def _state_step(step, q, k, v, inputs, state, position_ids, options, **constants):
+    """One token of a linear mixer's recurrence `step` (`lightning_decode_step`'s contract), the state [B, H, D, D]
+    written back in place; under EME (options.eme_window) through SWLA's window ring [B, n, H, D, D] at each row's
+    position. q, k: [B, H, K]; v: [B, H, V]. Returns o [B, H, V]."""
+    if options.eme_window is not None:
+        output, updated = swla_decode_step(
+            lambda q, k, v, state, **inputs: step(q, k, v, **inputs, state=state, **constants), q, k, v, ring=state,
+            positions=position_ids[:, 0], window=options.eme_window, stride=options.swla_stride, **inputs)
+    else:
+        output, updated = step(q, k, v, **inputs, state=state, **constants)
+    state.copy_(updated)
+    return output
+
+
 def lightning_block_decode(block, hidden, delta, position_ids, cos, sin, state, decay, scale, options, fused=None,
                            linear=None):
     """One Lightning block for one token on input `hidden + delta`: S = gamma S + k^T v (fp32, written back in
-    place), o = scale q S, then the mixer's own tail and the MLP. hidden, delta: [B, 1, hidden]; state:
-    [B, H, D, D]; decay: [H, 1, 1] = exp(log-decay); options: the InferenceOptions (passed in, so that compiled the
-    context holds the caller's object). Returns (hidden after the mixer, the MLP's output): their sum is the block's
-    output."""
+    place; under EME every open window's state, `_state_step`), o = scale q S, then the mixer's own tail and the
+    MLP. hidden, delta: [B, 1, hidden]; state: [B, H, D, D] ([B, n, H, D, D] under EME); decay: [H, 1, 1] =
+    exp(log-decay); options: the InferenceOptions (passed in, so that compiled the context holds the caller's
+    object). Returns (hidden after the mixer, the MLP's output): their sum is the block's output."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
     context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
     q, k, v, gate = _project(block.mixer, x, context, fused, linear)
-    acc = state.dtype
-    # Written as a product and a sum rather than a batched matrix-vector product, so that compiled, the update, its
-    # write back and q S are one kernel that reads the state once.
-    updated = state * decay + k[:, 0, :, :, None].to(acc) * v[:, 0, :, None, :].to(acc)
-    state.copy_(updated)
-    output = (q[:, 0, :, :, None].to(acc) * updated).sum(-2, keepdim=True) * scale
-    hidden = hidden + block.mixer.project_output(output.transpose(1, 2).to(hidden.dtype), x, gate, linear)
+    output = _state_step(lightning_decode_step, q[:, 0], k[:, 0], v[:, 0], {}, state, position_ids, options,
+                         decay=decay, scale=scale)
+    hidden = hidden + block.mixer.project_output(output[:, None].to(hidden.dtype), x, gate, linear)
     return hidden, _mlp(block, hidden, fused, linear)
 
 
 def recurrent_block_decode(block, hidden, delta, position_ids, cos, sin, state, scale, options, fused=None,
                            linear=None):
     """One GLA or GDN block for one token on input `hidden + delta`: the mixer's projections and per-token gates
-    (`token_inputs`), one step of its recurrence (fp32 state, written back in place), the mixer's tail and the MLP.
-    state: [B, H, D, D]. Returns (hidden after the mixer, the MLP's output), as lightning_block_decode."""
+    (`token_inputs`), one step of its recurrence (fp32 state, written back in place; under EME every open window's,
+    `_state_step`), the mixer's tail and the MLP. state: [B, H, D, D] ([B, n, H, D, D] under EME). Returns (hidden
+    after the mixer, the MLP's output), as lightning_block_decode."""
     hidden = hidden + delta
     x = block.input_layernorm(hidden)
     context = MixerContext(position_ids=position_ids, rope=(cos, sin), options=options)
     q, k, v, gate = _project(block.mixer, x, context, fused, linear)
     inputs = {name: value[:, 0] for name, value in block.mixer.token_inputs(x, context).items()}
     # As the model's forward (`run_linear_op`): q and k in v's dtype before the op.
-    output, updated = RECURRENT_DECODE_OPS[block.layer_type](
-        q[:, 0].to(v.dtype), k[:, 0].to(v.dtype), v[:, 0], **inputs, state=state, scale=scale)
-    state.copy_(updated)
+    output = _state_step(RECURRENT_DECODE_OPS[block.layer_type], q[:, 0].to(v.dtype), k[:, 0].to(v.dtype), v[:, 0],
+                         inputs, state, position_ids, options, scale=scale)
     hidden = hidden + block.mixer.project_output(output[:, None].to(hidden.dtype), x, gate, linear)
     return hidden, _mlp(block, hidden, fused, linear)
 

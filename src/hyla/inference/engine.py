@@ -9,7 +9,13 @@ product with its fixed decay; GLA and GDN: their data-dependent gates, `hyla.ops
 attention (prefill, `hyla.ops.chunk_attention`) or split-K flash decoding with per-row lengths on the device
 (decode, `hyla.ops.decode_attention`). Sliding-window layers keep a ring of their window's keys
 (`hyla.inference.cache`): prefill reads the window's keys in order through the model's windowed softmax attention
-(`hyla.ops.attention`), decode the ring's filled slots through the decode kernel. The decode step itself is one of
+(`hyla.ops.attention`), decode the ring's filled slots through the decode kernel.
+
+Under EME (`InferenceOptions.eme_window`, docs/method.md, "EME") every linear mixer runs as SWLA: the cache holds a
+ring of its open windows' states (`hyla.ops.swla`), which prefill carries through
+`sliding_window_linear_attention_ring` and decode updates on the device (`swla_decode_step`: a window opens at
+each multiple of the stride, every open window takes the token, the serving window answers); RoPE attention
+layers become sliding-window layers with the EME window, NoPE attention stays global. The decode step itself is one of
 three implementations (`hyla.inference.decode_step`), chosen with the rest of the engine's settings
 (`hyla.inference.settings`): by default the tuned settings shipped for this GPU.
 
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from hyla.inference.cache import WINDOW_LAYER_TYPES, StaticHybridCache
+from hyla.inference.cache import KV_CACHE_LAYER_TYPES, StaticHybridCache
 from hyla.inference.decode_step import build_decode_step, compiled
 from hyla.inference.settings import (
     EngineSettings,
@@ -31,13 +37,14 @@ from hyla.inference.settings import (
     tuned_settings,
     with_fields,
 )
-from hyla.layers.context import DEFAULT_OPTIONS, InferenceOptions, MixerContext
+from hyla.layers.context import InferenceOptions, MixerContext
 from hyla.ops.attention import softmax_attention
 from hyla.ops.chunk_attention import chunk_attention, pick_attention_backend
 from hyla.ops.decode_attention import decode_attention, resolve_kernel
 from hyla.ops.gdn import gdn_attention
 from hyla.ops.gla import gla_attention
 from hyla.ops.lightning import lightning_attention
+from hyla.ops.swla import ring_size, sliding_window_linear_attention_ring
 
 # The linear mixers (Lightning, GLA, GDN), global softmax attention (NoPE or RoPE) and sliding-window attention; the
 # head-wise hybrids ("hh_*") have no fast path here yet.
@@ -50,7 +57,8 @@ WINDOW_QUERY_BLOCK = 1024
 
 
 def unsupported_reason(model, options: InferenceOptions | None = None) -> str | None:
-    """Why the engine cannot run `model` under `options` (None: the model's own inference options), or None."""
+    """Why the engine cannot run `model` under `options` (None: the model's own inference options), or None. Every
+    InferenceOptions is supported (logit scaling, EME): only the layer types decide."""
     config = getattr(model, "config", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is None or not hasattr(model, "model") or not hasattr(model.model, "layers"):
@@ -58,10 +66,6 @@ def unsupported_reason(model, options: InferenceOptions | None = None) -> str | 
     unsupported = sorted(set(layer_types) - set(SUPPORTED_LAYER_TYPES))
     if unsupported:
         return f"the inference engine supports {', '.join(SUPPORTED_LAYER_TYPES)} layers, not {unsupported}"
-    options = options if options is not None else getattr(model, "inference_options", DEFAULT_OPTIONS)
-    if options.eme_window is not None:
-        return ("the inference engine runs global attention and full Lightning state: turn EME (eme_window) off or "
-                "use the model's own forward")
     return None
 
 
@@ -87,10 +91,11 @@ class InferenceEngine:
     engine.capture_graph(); logits = engine.decode(next_ids) (or engine.generate_greedy(n)).
 
     settings: an EngineSettings (used as given); None: the tuned settings of the model's device
-    (`hyla.inference.settings.tuned_settings`), fitted to this model and batch size (the triton-fused step needs
-    batch 1, SiLU MLPs, Lightning and attention layers only and Lightning heads of a multiple of 32: otherwise fused
-    projections, reason in `self.notes`). overrides: EngineSettings fields replaced on top, e.g. decode_step="eager", prefill_chunk=128.
-    inference_options: how the model runs (logit scaling; None: the model's own `inference_options`)."""
+    (`hyla.inference.settings.tuned_settings`), fitted to this model, batch size and options (the triton-fused step
+    needs batch 1, SiLU MLPs, Lightning and attention layers only, Lightning heads of a multiple of 32 and EME off:
+    otherwise fused projections, reason in `self.notes`). overrides: EngineSettings fields replaced on top, e.g.
+    decode_step="eager", prefill_chunk=128. inference_options: how the model runs (logit scaling, EME; None: the
+    model's own `inference_options`)."""
 
     def __init__(self, model, *, batch_size: int, max_length: int, settings: EngineSettings | None = None,
                  inference_options: InferenceOptions | None = None, **overrides):
@@ -100,10 +105,10 @@ class InferenceEngine:
             raise ValueError(reason)
         self.notes: list[str] = []
         if settings is None:
-            settings, self.notes = fit_to_model(tuned_settings(model.device), model, batch_size)
+            settings, self.notes = fit_to_model(tuned_settings(model.device), model, batch_size, options)
         settings = with_fields(settings, overrides)
         if settings.decode_step == "triton-fused":
-            problems = triton_fused_obstacles(model.config, batch_size)
+            problems = triton_fused_obstacles(model.config, batch_size, options)
             if problems:
                 raise ValueError(problems[0])
         self.settings, self.options = settings, options
@@ -111,8 +116,12 @@ class InferenceEngine:
         self.device, self.dtype = model.device, model.dtype
         self.attention_backend = pick_attention_backend(settings.attention_backend, self.device, self.dtype)
         self.decode_kernel = resolve_kernel(settings.decode_attention, self.device, self.config.head_dim)
-        self.cache = StaticHybridCache.allocate(self.config, batch_size=batch_size, max_length=max_length,
-                                                device=self.device, dtype=self.dtype)
+        # EME: (window, stride) of SWLA, None when off.
+        self.swla = (options.eme_window, options.swla_stride) if options.eme_window is not None else None
+        self.cache = StaticHybridCache.allocate(
+            self.config, batch_size=batch_size, max_length=max_length, device=self.device, dtype=self.dtype,
+            windows=attention_windows(model, options),
+            swla_slots=ring_size(window=self.swla[0], stride=self.swla[1]) if self.swla else None)
         self._lengths = [0] * batch_size  # host copy of cache.length
         self.scale = self.config.head_dim**-0.5
         lightning = [b.mixer for b in model.model.layers if b.layer_type == "lightning"]
@@ -207,11 +216,11 @@ class InferenceEngine:
             symbolic(hidden, position_ids, cos, sin)
             x, q, k, v, inputs = pre(block, hidden, position_ids, cos, sin, self.options)
             if block.layer_type == "lightning":
-                mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows])
+                mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows], start)
             elif block.layer_type in GATED_LINEAR_OPS:
-                mixed = self._gated_linear_mix(GATED_LINEAR_OPS[block.layer_type], q, k, v, inputs,
-                                               self.cache.states[index][rows])
-            elif block.layer_type in WINDOW_LAYER_TYPES:
+                mixed = self._linear_mix(GATED_LINEAR_OPS[block.layer_type], q, k, v, inputs,
+                                         self.cache.states[index][rows], start)
+            elif index in self.cache.window_slots:
                 mixed = self._window_mix(q, k, v, self.cache.keys[index][rows], self.cache.values[index][rows],
                                          start, block.mixer.window(self.options))
             else:
@@ -229,17 +238,21 @@ class InferenceEngine:
             if tensor.shape[1] > 1:
                 torch._dynamo.maybe_mark_dynamic(tensor, 1)
 
-    def _lightning_mix(self, mixer, q, k, v, state):
-        output, final_state = lightning_attention(
-            q, k, v, log_decay=mixer.log_decay(q.device), scale=self.scale, initial_state=state,
-            output_final_state=True,
-        )
-        state.copy_(final_state)
-        return output
+    def _lightning_mix(self, mixer, q, k, v, state, start):
+        return self._linear_mix(lightning_attention, q, k, v, {}, state, start,
+                                log_decay=mixer.log_decay(q.device), chunk_safe=mixer._chunk_safe)
 
-    def _gated_linear_mix(self, op, q, k, v, inputs, state):
+    def _linear_mix(self, op, q, k, v, inputs, state, start, **constants):
+        """A linear mixer's op over a chunk at positions start .. start + T - 1, carrying the cache's state [n, H,
+        D, D] (under EME the window ring [n, slots, H, D, D], through SWLA)."""
         # As the model's forward (`run_linear_op`): q and k in v's dtype (under autocast the projections differ).
-        output, final_state = op(q.to(v.dtype), k.to(v.dtype), v, **inputs, scale=self.scale, initial_state=state,
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        if self.swla is not None:
+            window, stride = self.swla
+            return sliding_window_linear_attention_ring(op, q, k, v, window=window, stride=stride, ring=state,
+                                                        start=start, token_inputs=inputs, scale=self.scale,
+                                                        **constants)
+        output, final_state = op(q, k, v, **inputs, **constants, scale=self.scale, initial_state=state,
                                  output_final_state=True)
         state.copy_(final_state)
         return output
@@ -280,9 +293,9 @@ class InferenceEngine:
         position_ids = positions[:, None]
         stream, cos, sin = step.embed(input_ids, position_ids)
         valid_lengths = positions + 1
-        if cache.window_size is not None:
-            # Sliding-window layers: position p in slot p % slots; a query reads the ring's filled slots.
-            window_slots, window_lengths = positions % cache.window_size, valid_lengths.clamp(max=cache.window_size)
+        # Sliding-window layers: position p in slot p % slots; a query reads the ring's filled slots.
+        rings = {slots: (positions % slots, valid_lengths.clamp(max=slots))
+                 for slots in set(cache.window_slots.values())}
         for index, block in enumerate(model.layers):
             if block.layer_type == "lightning":
                 stream = step.lightning(index, block, stream, position_ids, cos, sin, cache.states[index])
@@ -291,10 +304,10 @@ class InferenceEngine:
                 stream = step.recurrent(index, block, stream, position_ids, cos, sin, cache.states[index])
                 continue
             keys, values = cache.keys[index], cache.values[index]
-            windowed = block.layer_type in WINDOW_LAYER_TYPES
-            stream, q, carry = step.attention_in(index, block, stream, position_ids, cos, sin, keys, values,
-                                                 window_slots if windowed else positions)
-            output = decode_attention(q, keys, values, window_lengths if windowed else valid_lengths,
+            write_at, lengths = rings[cache.window_slots[index]] if index in cache.window_slots else (positions,
+                                                                                                     valid_lengths)
+            stream, q, carry = step.attention_in(index, block, stream, position_ids, cos, sin, keys, values, write_at)
+            output = decode_attention(q, keys, values, lengths,
                                       scale=self.scale, kernel=self.decode_kernel,
                                       config=self.settings.decode_attention_config)
             stream = step.attention_out(index, block, stream, carry, output)
@@ -313,8 +326,7 @@ class InferenceEngine:
         self._check_room(warmup_steps)
         # The warm-up steps write states, and ring slots that still hold keys of the window: both are restored.
         # (The other KV buffers are written past each row's length only, where the next steps overwrite them.)
-        rings = [i for i, kind in enumerate(self.config.layer_types) if kind in WINDOW_LAYER_TYPES]
-        saved_rings = {i: (self.cache.keys[i].clone(), self.cache.values[i].clone()) for i in rings}
+        saved_rings = {i: (self.cache.keys[i].clone(), self.cache.values[i].clone()) for i in self.cache.window_slots}
         saved = {i: s.clone() for i, s in self.cache.states.items()}, self.cache.length.clone(), self._tokens.clone()
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
@@ -373,6 +385,17 @@ class InferenceEngine:
         for state in self.cache.states.values():
             state.normal_(std=0.01, generator=generator)
         self.num_cached = length
+
+
+def attention_windows(model, options: InferenceOptions) -> dict[int, int]:
+    """Layer index -> window of each attention layer that runs as sliding-window attention under `options` ("swa";
+    RoPE attention under EME), from the layers themselves (`Attention.window`)."""
+    windows = {}
+    for index, block in enumerate(model.model.layers):
+        window = block.mixer.window(options) if block.layer_type in KV_CACHE_LAYER_TYPES else None
+        if window is not None:
+            windows[index] = window
+    return windows
 
 
 def _left_padded_counts(attention_mask: torch.Tensor) -> list[int]:

@@ -143,7 +143,8 @@ class GenerationSession:
             started = time.perf_counter()
             settings, notes = self.settings, []
             if settings is None:
-                settings, notes = fit_to_model(tuned_settings(self.model.device), self.model, batch_size)
+                settings, notes = fit_to_model(tuned_settings(self.model.device), self.model, batch_size,
+                                               self._options())
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
                                      settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes

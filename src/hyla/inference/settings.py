@@ -169,19 +169,27 @@ def tuned_settings(device: torch.device | str) -> EngineSettings:
     return settings
 
 
-def fit_to_model(settings: EngineSettings, model, batch_size: int) -> tuple[EngineSettings, list[str]]:
-    """`settings` for `batch_size` rows, the triton-fused step replaced by fused projections where this model or
-    batch cannot run it; returns (settings, the reasons for each replacement)."""
+def fit_to_model(settings: EngineSettings, model, batch_size: int,
+                 options=None) -> tuple[EngineSettings, list[str]]:
+    """`settings` for `batch_size` rows, the triton-fused step replaced by fused projections where this model,
+    batch or the InferenceOptions `options` (None: the model's own) cannot run it; returns (settings, the reasons
+    for each replacement)."""
     settings = settings.for_batch(batch_size)
-    reasons = triton_fused_obstacles(model.config, batch_size) if settings.decode_step == "triton-fused" else []
+    options = options if options is not None else getattr(model, "inference_options", None)
+    reasons = (triton_fused_obstacles(model.config, batch_size, options) if settings.decode_step == "triton-fused"
+               else [])
     if reasons:
         settings = replace(settings, decode_step="fused-projections", matvec="cublas", launch_pdl=None)
     return settings, reasons
 
 
-def triton_fused_obstacles(config, batch_size: int) -> list[str]:
-    """Why the triton-fused decode step cannot run this model at this batch size (empty: it can)."""
+def triton_fused_obstacles(config, batch_size: int, options=None) -> list[str]:
+    """Why the triton-fused decode step cannot run this model at this batch size under the InferenceOptions
+    `options` (empty: it can)."""
     reasons = []
+    if options is not None and options.eme_window is not None:
+        reasons.append("decode_step='triton-fused' keeps one Lightning state a layer; EME (eme_window) runs SWLA's "
+                       "window states on the fused-projections step")
     if batch_size != 1:
         reasons.append(f"decode_step='triton-fused' decodes one sequence (batch_size=1), got batch_size={batch_size}")
     if config.hidden_act != "silu":

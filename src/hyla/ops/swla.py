@@ -195,3 +195,97 @@ def _open_window_states(segments, final, window_states, batch, window) -> Window
         else:
             row_states.pop(s.start, None)
     return updated
+
+
+# The window ring of a static cache: the states of the open windows of each row in a fixed tensor
+# [B, n, H, K, V], window start s in slot (s // S) % n, so that a decode step finds its slots without host logic.
+# At position t the windows that can take t start in (t - W, t]: at most ceil(W / S) multiples of S, consecutive,
+# hence in distinct slots; the window that opens at t reuses the slot of the one that started n S <= W earlier,
+# which closed at or before t.
+
+def ring_size(*, window: int, stride: int) -> int:
+    """n = ceil(W / S): the slots of a window ring, exactly the most windows open at one position."""
+    check_window(window, stride)
+    return -(-window // stride)
+
+
+def ring_slot(starts: torch.Tensor | int, *, stride: int, num_slots: int):
+    """The slot of window start(s) `starts` (multiples of the stride)."""
+    return (starts // stride) % num_slots
+
+
+def _open_before(position: int, window: int, stride: int) -> range:
+    """Starts of the windows opened before `position` that can still take it: s < position < s + W."""
+    lowest = max(0, -(-(position - window + 1) // stride) * stride)
+    return range(lowest, position, stride)
+
+
+def sliding_window_linear_attention_ring(
+    op: Callable,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    window: int,
+    stride: int,
+    ring: torch.Tensor,
+    start: int,
+    token_inputs: dict[str, torch.Tensor] | None = None,
+    **op_kwargs,
+) -> torch.Tensor:
+    """`sliding_window_linear_attention` of unpadded rows at positions start .. start + T - 1 (the same in every
+    row), continuing from and updating in place the window ring `ring` [B, n, H, K, V] (n = `ring_size`; the state
+    dtype). q, k: [B, T, H, K]; v: [B, T, H, V]. Returns o [B, T, H, V]. Slots of windows not open are left as
+    they are (a window is zeroed when it opens)."""
+    batch, length = q.shape[:2]
+    num_slots = ring.shape[1]
+    if num_slots != ring_size(window=window, stride=stride):
+        raise ValueError(f"a ring for window={window}, stride={stride} has {ring_size(window=window, stride=stride)} "
+                         f"slots, got {num_slots}")
+    window_states = [
+        {s: ring[row, ring_slot(s, stride=stride, num_slots=num_slots)] for s in _open_before(start, window, stride)}
+        for row in range(batch)
+    ]
+    positions = torch.arange(start, start + length, device=q.device)[None].expand(batch, -1)
+    output, updated = sliding_window_linear_attention(
+        op, q, k, v, window=window, stride=stride, token_inputs=token_inputs, positions=positions,
+        window_states=window_states, **op_kwargs,
+    )
+    for s in updated[0]:
+        ring[:, ring_slot(s, stride=stride, num_slots=num_slots)] = torch.stack([states[s] for states in updated])
+    return output
+
+
+def swla_decode_step(
+    step: Callable,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    ring: torch.Tensor,
+    positions: torch.Tensor,
+    window: int,
+    stride: int,
+    **token_inputs: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token per row through SWLA's window ring, on the device (no host reads: a CUDA graph captures it): at a
+    position that is a multiple of the stride a window opens (its slot zeroed), every slot takes the token through
+    `step(q, k, v, **token_inputs, state=) -> (o, state)` (a single-token recurrence over rows, e.g.
+    `gla_decode_step`), and the output is that of the serving window's slot. Slots of closed or unopened windows
+    take the token too: they are zeroed before they serve. q, k: [B, H, K]; v: [B, H, V]; token_inputs: [B, ...];
+    ring: [B, n, H, K, V]; positions: int64 [B], each row's position. Returns (o [B, H, V], the updated ring)."""
+    batch, num_slots = ring.shape[:2]
+    slots = torch.arange(num_slots, device=ring.device)
+    opening = (positions % stride == 0)[:, None] & (slots[None] == ring_slot(positions, stride=stride,
+                                                                             num_slots=num_slots)[:, None])
+    state = torch.where(opening[:, :, None, None, None], torch.zeros((), dtype=ring.dtype, device=ring.device), ring)
+
+    def spread(x):
+        return x[:, None].expand(batch, num_slots, *x.shape[1:]).flatten(0, 1)
+
+    output, updated = step(spread(q), spread(k), spread(v), **{name: spread(x) for name, x in token_inputs.items()},
+                           state=state.flatten(0, 1))
+    serving = ring_slot(serving_window_start(positions, window=window, stride=stride), stride=stride,
+                        num_slots=num_slots)
+    rows = torch.arange(batch, device=ring.device)
+    return output.view(batch, num_slots, *output.shape[1:])[rows, serving], updated.view(ring.shape)

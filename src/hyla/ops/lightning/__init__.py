@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from hyla.ops.dispatch import resolve_backend
-from hyla.ops.lightning.reference import lightning_chunked, lightning_recurrent
+from hyla.ops.lightning.reference import lightning_chunked, lightning_decode_step, lightning_recurrent
 
 
 # fla's chunk kernel returns a NaN final state when |log-decay| per token exceeds ~1.41 and T is not a multiple of
@@ -61,5 +61,5 @@ def lightning_attention(
     return lightning_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["CHUNK_SAFE_LOG_DECAY", "decay_is_chunk_safe",
-           "lightning_attention", "lightning_chunked", "lightning_log_decay", "lightning_recurrent"]
+__all__ = ["CHUNK_SAFE_LOG_DECAY", "decay_is_chunk_safe", "lightning_attention", "lightning_chunked",
+           "lightning_decode_step", "lightning_log_decay", "lightning_recurrent"]

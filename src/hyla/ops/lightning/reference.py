@@ -89,3 +89,25 @@ def lightning_chunked(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunkwise-parallel form of `lightning_recurrent` (same arguments, same results)."""
     return _run(_chunked_step, q, k, v, log_decay, scale, initial_state, output_final_state, cu_seqlens)
+
+
+def lightning_decode_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    decay: torch.Tensor,
+    state: torch.Tensor,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token of `lightning_recurrent` for every row, without its batching driver (no host reads: a decode step
+    that a CUDA graph can capture). q, k: [B, H, K]; v: [B, H, V]; decay: [H, 1, 1] = exp(log-decay) in the state's
+    dtype; state: [B, H, K, V] float32 (float64 for float64 inputs). Returns (o [B, H, V] in v's dtype, the new
+    state in the state's dtype)."""
+    acc = state.dtype
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    # A product and a sum rather than a batched matrix-vector product: compiled, the update and q S are one kernel
+    # that reads the state once.
+    updated = state * decay + k[..., :, None].to(acc) * v[..., None, :].to(acc)
+    output = (q[..., :, None].to(acc) * updated).sum(-2) * scale
+    return output.to(v.dtype), updated
