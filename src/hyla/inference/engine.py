@@ -243,8 +243,8 @@ class InferenceEngine:
                                 log_decay=mixer.log_decay(q.device), chunk_safe=mixer._chunk_safe)
 
     def _linear_mix(self, op, q, k, v, inputs, state, start, **constants):
-        """A linear mixer's op over a chunk at positions start .. start + T - 1, carrying the cache's state [n, H,
-        D, D] (under EME the window ring [n, slots, H, D, D], through SWLA)."""
+        """A linear mixer's op over a chunk at positions start .. start + T - 1, carrying the cache's state [rows,
+        H, D, D] (under EME the window ring [rows, slots, H, D, D], through SWLA)."""
         # As the model's forward (`run_linear_op`): q and k in v's dtype (under autocast the projections differ).
         q, k = q.to(v.dtype), k.to(v.dtype)
         if self.swla is not None:

@@ -1,0 +1,82 @@
+"""The inference engine under EME on CUDA: SWLA's window rings through fla's chunked kernels in prefill (the open
+windows carried between chunks) and through the torch decode steps under a captured CUDA graph, RoPE attention in
+the EME window's ring, against the model's own forward under the same options; greedy tokens against transformers'
+generate."""
+
+import pytest
+import torch
+from test_engine_mixers_gpu import FP32_TOL, UNCOMPILED, graph_decoded, rel, small_model
+
+import hyla
+from hyla import InferenceOptions
+from hyla.inference import InferenceEngine
+from hyla.ops.dispatch import use_backend
+
+pytestmark = pytest.mark.gpu
+
+LAYOUTS = {
+    "lightning": ["lightning", "attention", "lightning", "attention_rope"],
+    "gla": ["gla", "attention_rope", "gla", "attention"],
+    "gdn": ["gdn", "attention", "lightning", "gdn"],
+}
+# W = 64 with four windows open at once, or W = 48 with S = 20 (W not a multiple of S): windows open and close
+# inside prefill chunks of 128 tokens, across their boundaries and while decoding.
+WINDOWS = [(64, 16), (48, 20)]
+
+
+def eme(window, stride, **options):
+    return InferenceOptions(eme_window=window, eme_stride=stride, **options)
+
+
+def forward_logits(model, tokens, options):
+    with torch.no_grad():
+        return model(tokens, use_cache=False, inference_options=options).logits
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("window,stride", WINDOWS)
+@pytest.mark.parametrize("batch,step,compile_decode", [(1, "eager", False), (3, "fused-projections", False),
+                                                       (1, "fused-projections", True)])
+def test_graph_decode_matches_model_forward(layout, window, stride, batch, step, compile_decode):
+    model = small_model(LAYOUTS[layout])
+    options = eme(window, stride)
+    tokens = torch.randint(0, 1000, (batch, 300), device="cuda")
+    full = forward_logits(model, tokens, options)
+    engine = InferenceEngine(model, batch_size=batch, max_length=320, prefill_chunk=128 * batch, decode_step=step,
+                             compile_decode=compile_decode, compile_prefill=False, inference_options=options)
+    assert rel(graph_decoded(engine, tokens, 250), full[:, 249:]) <= FP32_TOL
+
+
+def test_ragged_batch_equals_each_prompt_alone():
+    model = small_model(["gla", "attention_rope", "gdn", "lightning"])
+    options = eme(64, 16)
+    lengths = [40, 190, 190, 3]
+    prompts = [torch.randint(3, 1000, (n,), device="cuda") for n in lengths]
+    ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long, device="cuda")
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, -len(prompt):], mask[row, -len(prompt):] = prompt, 1
+    steps = torch.randint(3, 1000, (len(prompts), 40), device="cuda")
+    engine = InferenceEngine(model, batch_size=len(prompts), max_length=256, prefill_chunk=256,
+                             decode_step="fused-projections", inference_options=options, **UNCOMPILED)
+    logits = [engine.prefill(ids, mask)]
+    engine.capture_graph()
+    logits += [engine.decode(steps[:, t : t + 1]).clone() for t in range(steps.shape[1])]
+    for row, prompt in enumerate(prompts):
+        alone = forward_logits(model, torch.cat([prompt, steps[row]])[None], options)[0, len(prompt) - 1:]
+        assert rel(torch.stack([step[row] for step in logits]), alone) <= FP32_TOL, f"row {row}"
+
+
+@pytest.mark.parametrize("scaling", [{}, {"logit_scaling": "off"},
+                                     {"logit_scaling": "per_length", "logit_scaling_train_length": 64}],
+                         ids=["per-query", "off", "per-length"])
+def test_greedy_tokens_equal_transformers_generate(scaling):
+    """Float32 and the pure-torch ops on both paths (no TF32), as test_engine_mixers_gpu.py: identical tokens."""
+    model = small_model(["lightning", "attention", "gla", "attention_rope"])
+    model.inference_options = eme(64, 16, **scaling)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(3, 1000, (2, 200), device="cuda", generator=generator)
+    with use_backend("torch"):
+        ours = hyla.generate(model, ids, max_new_tokens=24, **UNCOMPILED)
+        theirs = model.hf_generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, theirs)
