@@ -224,12 +224,13 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
     toy = model.build_hypenet(hypenet_config(toy=True), device=torch.device("cpu"), dtype=torch.float32)
     engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_decode=True,
                                   compile_mode="max-autotune-no-cudagraphs")
-    # the decode step's five functions: Lightning block, attention block before and after attention, embed, logits
-    assert modes == ["max-autotune-no-cudagraphs"] * 5
+    # the decode step's six functions: Lightning block, GLA/GDN block, attention block before and after attention,
+    # embed, logits
+    assert modes == ["max-autotune-no-cudagraphs"] * 6
     # a second engine shares them
     engine_module.InferenceEngine(toy, batch_size=2, max_length=8, compile_decode=True,
                                   compile_mode="max-autotune-no-cudagraphs")
-    assert len(modes) == 5
+    assert len(modes) == 6
     with pytest.raises(ValueError, match="compile_mode"):
         engine_module.InferenceEngine(toy, batch_size=1, max_length=8, compile_decode=True,
                                       compile_mode="reduce-overhead")

@@ -42,7 +42,7 @@ def _layout(twin: LightningAttention) -> dict:
     norms = {name: getattr(twin, name).eps for name in ("q_norm", "k_norm", "o_norm")
              if getattr(twin, name) is not None}
     return {"sizes": (twin.num_heads, twin.head_dim), "rope": twin.use_rope, "output gate": twin.z_proj is not None,
-            "norms": norms, "decay": tuple(twin._log_decay.tolist()), "chunk_safe": twin._chunk_safe,
+            "norms": norms, "decay": tuple(twin._log_decay.tolist()), "chunk_safe": twin.chunk_safe,
             "parameters": {name: (tuple(p.shape), p.dtype, p.device) for name, p in twin.named_parameters()}}
 
 
@@ -106,7 +106,7 @@ def batched_twin_outputs(twins: Sequence[LightningAttention], inputs: Sequence[t
     rows = (num_layers * batch, length, num_heads, head_dim)
     q, k = q.to(v.dtype), k.to(v.dtype)
     output, _ = lightning_attention(q.reshape(rows), k.reshape(rows), v.reshape(rows), log_decay=log_decay,
-                                    scale=head_dim**-0.5, chunk_safe=first._chunk_safe)
+                                    scale=head_dim**-0.5, chunk_safe=first.chunk_safe)
     output = output.reshape(num_layers, batch * length, width)
     output = rms_norm(output, _stacked(twins, "o_norm.weight")[:, None], eps=first.o_norm.eps)
     if gate:

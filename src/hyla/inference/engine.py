@@ -240,7 +240,7 @@ class InferenceEngine:
 
     def _lightning_mix(self, mixer, q, k, v, state, start):
         return self._linear_mix(lightning_attention, q, k, v, {}, state, start,
-                                log_decay=mixer.log_decay(q.device), chunk_safe=mixer._chunk_safe)
+                                log_decay=mixer.log_decay(q.device), chunk_safe=mixer.chunk_safe)
 
     def _linear_mix(self, op, q, k, v, inputs, state, start, **constants):
         """A linear mixer's op over a chunk at positions start .. start + T - 1, carrying the cache's state [rows,

@@ -40,6 +40,12 @@ class LightningAttention(nn.Module):
         # Known here, from the CPU constant: the GPU op need not read the decays back from the device at every call.
         self._chunk_safe = decay_is_chunk_safe(self._log_decay)
 
+    @property
+    def chunk_safe(self) -> bool:
+        """Whether every head's decay suits fla's chunk kernel (known from the CPU constant, so that callers of the
+        op need not read the decays back from the device)."""
+        return self._chunk_safe
+
     def log_decay(self, device: torch.device) -> torch.Tensor:
         """The per-head log-decay g_h = -2^(-8h/H) (float64 [H]) on `device`, copied there once."""
         if device not in self._log_decay_by_device:
