@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.layers.context import MixerContext
-from hyla.layers.linear_mixer import run_linear_op
+from hyla.layers.linear_mixer import GatedOutputMixer
 from hyla.layers.norm import RMSNorm
 from hyla.ops.gdn import gdn_attention
 
@@ -27,7 +27,9 @@ def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return (acc * torch.rsqrt(acc.pow(2).sum(-1, keepdim=True) + eps)).to(x.dtype)
 
 
-class GatedDeltaNet(nn.Module):
+class GatedDeltaNet(GatedOutputMixer):
+    op = staticmethod(gdn_attention)
+
     def __init__(self, config, layer_idx: int):
         super().__init__()
         self.config = config
@@ -82,28 +84,3 @@ class GatedDeltaNet(nn.Module):
         if context.token_mask is not None:
             g = g * context.token_mask[:, :, None].to(g.dtype)
         return {"g": g, "beta": beta}
-
-    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v = self.project(hidden_states, context)
-        output = run_linear_op(
-            gdn_attention, self.layer_idx, q, k, v, context,
-            token_inputs=self.token_inputs(hidden_states, context), scale=self.head_dim**-0.5,
-        )
-        return self.project_output(output, hidden_states)
-
-    def project_output(
-        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
-    ) -> torch.Tensor:
-        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
-        output gate's pre-activation g_proj(hidden_states) when the caller computed it already; `linear`: F.linear's
-        signature, computing o_proj instead of the module."""
-        gate = self.g_proj(hidden_states) if gate is None else gate
-        output = self.o_norm(output) * F.silu(gate).view(output.shape)
-        output = output.reshape(hidden_states.shape[:2] + (-1,))
-        if linear is not None:
-            return linear(output, self.o_proj.weight, self.o_proj.bias)
-        return self.o_proj(output)
-
-    def gate_projection(self) -> nn.Linear:
-        """The linear map whose output `project_output` takes as `gate`."""
-        return self.g_proj

@@ -1,11 +1,14 @@
 """The call path shared by the linear mixers (Lightning, GLA, GDN): the recurrent state in the cache, or SWLA's
-window states when the call's inference options turn EME on (`eme_window`, docs/method.md, "EME")."""
+window states when the call's inference options turn EME on (`eme_window`, docs/method.md, "EME"); and the forward
+and output tail shared by the gated mixers (GLA, GDN)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 from hyla.layers.context import MixerContext
 from hyla.ops.swla import sliding_window_linear_attention
@@ -48,3 +51,36 @@ def run_linear_op(
     if cache is not None:
         cache.set_recurrent_state(layer_idx, final_state)
     return output
+
+
+class GatedOutputMixer(nn.Module):
+    """What GLA and GDN share: a forward through their chunked op (`op`, with the per-token gates of
+    `token_inputs`) and the output tail (o_norm, a SiLU output gate from `g_proj`, o_proj). Subclasses define `op`
+    (a staticmethod), `project`, `token_inputs` and the modules g_proj, o_norm, o_proj."""
+
+    op: Callable
+
+    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
+        q, k, v = self.project(hidden_states, context)
+        output = run_linear_op(
+            self.op, self.layer_idx, q, k, v, context,
+            token_inputs=self.token_inputs(hidden_states, context), scale=self.head_dim**-0.5,
+        )
+        return self.project_output(output, hidden_states)
+
+    def project_output(
+        self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None
+    ) -> torch.Tensor:
+        """The mixer's tail, shared with the fast inference path: output [B, T, H, D] -> [B, T, hidden]. `gate`: the
+        output gate's pre-activation g_proj(hidden_states) when the caller computed it already; `linear`: F.linear's
+        signature, computing o_proj instead of the module."""
+        gate = self.g_proj(hidden_states) if gate is None else gate
+        output = self.o_norm(output) * F.silu(gate).view(output.shape)
+        output = output.reshape(hidden_states.shape[:2] + (-1,))
+        if linear is not None:
+            return linear(output, self.o_proj.weight, self.o_proj.bias)
+        return self.o_proj(output)
+
+    def gate_projection(self) -> nn.Linear:
+        """The linear map whose output `project_output` takes as `gate`."""
+        return self.g_proj
