@@ -5,10 +5,10 @@ generate."""
 
 import pytest
 import torch
+from test_engine_eme import eme, forward_logits
 from test_engine_mixers_gpu import FP32_TOL, UNCOMPILED, graph_decoded, rel, small_model
 
 import hyla
-from hyla import InferenceOptions
 from hyla.inference import InferenceEngine
 from hyla.ops.dispatch import use_backend
 
@@ -22,15 +22,6 @@ LAYOUTS = {
 # W = 64 with four windows open at once, or W = 48 with S = 20 (W not a multiple of S): windows open and close
 # inside prefill chunks of 128 tokens, across their boundaries and while decoding.
 WINDOWS = [(64, 16), (48, 20)]
-
-
-def eme(window, stride, **options):
-    return InferenceOptions(eme_window=window, eme_stride=stride, **options)
-
-
-def forward_logits(model, tokens, options):
-    with torch.no_grad():
-        return model(tokens, use_cache=False, inference_options=options).logits
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))

@@ -4,6 +4,7 @@ generate. CPU, pure torch, float64 models."""
 
 import pytest
 import torch
+from test_generate import PAD, left_pad, prompts_of
 
 import hyla
 from hyla import HypeNetConfig, HypeNetForCausalLM
@@ -18,7 +19,6 @@ from hyla.inference.settings import fit_to_model, tuned_settings, with_fields
 # logits at ~1e-8 (with the gates in float64 the engine matches to ~1e-15). A wrong state, gate, window or cache
 # slot moves them by more than 1e-3.
 TOL = 1e-6
-PAD = 0
 
 LAYOUTS = {
     "gla": ["gla", "attention", "gla", "attention"],
@@ -46,21 +46,6 @@ def tiny_model(layer_types, *, swa_window=5, seed=0, **overrides):
             if hasattr(module, "init_bias"):  # attention output gates start constant: make them depend on x
                 module.weight.normal_(0.0, 0.1)
     return model
-
-
-def left_pad(prompts):
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), PAD)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - len(prompt):] = torch.tensor(prompt)
-        mask[row, width - len(prompt):] = 1
-    return ids, mask
-
-
-def prompts_of(lengths, seed=1):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 101, (n,), generator=generator).tolist() for n in lengths]
 
 
 def engine_logits(engine, tokens, prompt_length):
