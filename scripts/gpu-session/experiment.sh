@@ -37,9 +37,9 @@
 # (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
 # prints its jobs ($OUT/smoke.log at the end). `patch` copies this call's src/ and configs/ into the run's repository
 # without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
-# AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS (at
-# most AFTER_S=300 s; once: a later call with the same AFTER skips it), so that the next step needs no call of its
-# own, and no gap in which the machine goes back.
+# AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS, at
+# most AFTER_S=300 s and what is left of the call's CALL_S=600, once (a later call with the same AFTER skips it):
+# the next step needs no call of its own, and leaves no gap in which the machine goes back.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
 # `bash scripts/gpu-session/experiment.sh hyla bench train --out \$OUT/bench --cases align:128x512`).
 set -uo pipefail
@@ -98,8 +98,11 @@ collect() {
   marker=$keep/after-$(echo "${AFTER:-}" | md5sum | cut -c1-12)
   if [ -n "${AFTER:-}" ] && ! runner_alive && [ ! -f "$marker" ]; then
     touch "$marker"
-    echo "--- after the run: $AFTER (at most ${AFTER_S:-300} s)"
-    timeout "${AFTER_S:-300}" bash -c "$AFTER"
+    # at most AFTER_S, and never past the call's own limit (CALL_S, the device call's timeout_s, default 600)
+    local limit=$(( ${CALL_S:-600} - SECONDS - 20 ))
+    [ "$limit" -gt "${AFTER_S:-300}" ] && limit=${AFTER_S:-300}
+    echo "--- after the run: $AFTER (at most $limit s)"
+    timeout "$limit" bash -c "$AFTER"
   fi
 }
 
