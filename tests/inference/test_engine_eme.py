@@ -6,8 +6,8 @@ model's own forward under the same options. CPU, pure torch, float64 models."""
 import pytest
 import torch
 from test_engine_mixers import (
-    PAD,
     TOL,
+    assert_greedy_equals_transformers,
     engine_logits,
     left_pad,
     prompts_of,
@@ -15,10 +15,8 @@ from test_engine_mixers import (
     tiny_model,
 )
 
-import hyla
 from hyla import InferenceOptions
 from hyla.inference import InferenceEngine
-from hyla.inference.generate import generation_path
 from hyla.inference.settings import fit_to_model, tuned_settings, with_fields
 
 # TOL (1e-6, test_engine_mixers.py): GLA's and GDN's gates are float32 even in a float64 model; Lightning-only
@@ -92,12 +90,7 @@ def test_greedy_tokens_equal_transformers_generate(scaling):
     """SWLA with the NoPE layers' logit scaling (the model's a, none, or c(L)): "SWLA+Log" and "SWLA"."""
     model = tiny_model(["lightning", "attention", "gla", "attention_rope"])
     model.inference_options = eme(6, 2, **scaling)
-    assert generation_path(model)[0] == "engine"
-    ids, mask = left_pad(prompts_of((5, 14, 1, 9)))
-    ours = hyla.generate(model, ids, mask, max_new_tokens=10, pad_token_id=PAD)
-    theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
-    assert ours.shape == theirs.shape == (4, ids.shape[1] + 10)
-    assert torch.equal(ours, theirs)
+    assert_greedy_equals_transformers(model)
 
 
 def test_triton_fused_decode_falls_back_under_eme():

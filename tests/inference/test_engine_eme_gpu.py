@@ -6,11 +6,16 @@ generate."""
 import pytest
 import torch
 from test_engine_eme import eme, forward_logits
-from test_engine_mixers_gpu import FP32_TOL, UNCOMPILED, graph_decoded, rel, small_model
+from test_engine_mixers_gpu import (
+    FP32_TOL,
+    graph_decoded,
+    greedy_on_both_paths,
+    ragged_graph_logits,
+    rel,
+    small_model,
+)
 
-import hyla
 from hyla.inference import InferenceEngine
-from hyla.ops.dispatch import use_backend
 
 pytestmark = pytest.mark.gpu
 
@@ -41,18 +46,7 @@ def test_graph_decode_matches_model_forward(layout, window, stride, batch, step,
 def test_ragged_batch_equals_each_prompt_alone():
     model = small_model(["gla", "attention_rope", "gdn", "lightning"])
     options = eme(64, 16)
-    lengths = [40, 190, 190, 3]
-    prompts = [torch.randint(3, 1000, (n,), device="cuda") for n in lengths]
-    ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long, device="cuda")
-    mask = torch.zeros_like(ids)
-    for row, prompt in enumerate(prompts):
-        ids[row, -len(prompt):], mask[row, -len(prompt):] = prompt, 1
-    steps = torch.randint(3, 1000, (len(prompts), 40), device="cuda")
-    engine = InferenceEngine(model, batch_size=len(prompts), max_length=256, prefill_chunk=256,
-                             decode_step="fused-projections", inference_options=options, **UNCOMPILED)
-    logits = [engine.prefill(ids, mask)]
-    engine.capture_graph()
-    logits += [engine.decode(steps[:, t : t + 1]).clone() for t in range(steps.shape[1])]
+    prompts, steps, logits = ragged_graph_logits(model, 40, inference_options=options)
     for row, prompt in enumerate(prompts):
         alone = forward_logits(model, torch.cat([prompt, steps[row]])[None], options)[0, len(prompt) - 1:]
         assert rel(torch.stack([step[row] for step in logits]), alone) <= FP32_TOL, f"row {row}"
@@ -65,9 +59,5 @@ def test_greedy_tokens_equal_transformers_generate(scaling):
     """Float32 and the pure-torch ops on both paths (no TF32), as test_engine_mixers_gpu.py: identical tokens."""
     model = small_model(["lightning", "attention", "gla", "attention_rope"])
     model.inference_options = eme(64, 16, **scaling)
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(3, 1000, (2, 200), device="cuda", generator=generator)
-    with use_backend("torch"):
-        ours = hyla.generate(model, ids, max_new_tokens=24, **UNCOMPILED)
-        theirs = model.hf_generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    ours, theirs = greedy_on_both_paths(model)
     assert torch.equal(ours, theirs)

@@ -108,15 +108,22 @@ def test_ragged_batch_equals_each_prompt_alone():
             assert rel(state[row], alone.past_key_values.recurrent_state(index)[0]) <= TOL, f"row {row}"
 
 
-@pytest.mark.parametrize("layout", ["mixed", "swa"])
-def test_greedy_tokens_equal_transformers_generate(layout):
-    model = tiny_model(LAYOUTS[layout], swa_window=6)
+def assert_greedy_equals_transformers(model):
+    """hyla.generate on the engine gives transformers' greedy tokens for a ragged batch of four prompts; returns
+    (ids, mask, transformers' output)."""
     assert generation_path(model)[0] == "engine"
     ids, mask = left_pad(prompts_of((5, 14, 1, 9)))
     ours = hyla.generate(model, ids, mask, max_new_tokens=10, pad_token_id=PAD)
     theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD)
     assert ours.shape == theirs.shape == (4, ids.shape[1] + 10)
     assert torch.equal(ours, theirs)
+    return ids, mask, theirs
+
+
+@pytest.mark.parametrize("layout", ["mixed", "swa"])
+def test_greedy_tokens_equal_transformers_generate(layout):
+    model = tiny_model(LAYOUTS[layout], swa_window=6)
+    ids, mask, theirs = assert_greedy_equals_transformers(model)
     session = GenerationSession(model, decode_step="fused-projections")
     assert torch.equal(session.generate(ids, mask, max_new_tokens=10, pad_token_id=PAD), theirs)
 

@@ -76,20 +76,38 @@ def test_bf16_graph_decode_matches_fp32_forward(layout):
     assert rel(graph_decoded(engine, tokens, 250), full[:, 249:]) <= BF16_TOL
 
 
-def test_ragged_batch_equals_each_prompt_alone():
-    model = small_model(LAYOUTS["mixed"])
+def ragged_graph_logits(model, num_steps, **engine_options):
+    """Prompts of 40, 190, 190 and 3 tokens left-padded into one batch, prefilled, then `num_steps` given tokens
+    decoded through a captured graph: (prompts, steps [4, num_steps], logits per step, the prefill's first)."""
     lengths = [40, 190, 190, 3]
     prompts = [torch.randint(3, 1000, (n,), device="cuda") for n in lengths]
     ids = torch.zeros(len(prompts), max(lengths), dtype=torch.long, device="cuda")
     mask = torch.zeros_like(ids)
     for row, prompt in enumerate(prompts):
         ids[row, -len(prompt):], mask[row, -len(prompt):] = prompt, 1
-    steps = torch.randint(3, 1000, (len(prompts), 20), device="cuda")
+    steps = torch.randint(3, 1000, (len(prompts), num_steps), device="cuda")
     engine = InferenceEngine(model, batch_size=len(prompts), max_length=256, prefill_chunk=256,
-                             decode_step="fused-projections", **UNCOMPILED)
+                             decode_step="fused-projections", **engine_options, **UNCOMPILED)
     logits = [engine.prefill(ids, mask)]
     engine.capture_graph()
     logits += [engine.decode(steps[:, t : t + 1]).clone() for t in range(steps.shape[1])]
+    return prompts, steps, logits
+
+
+def greedy_on_both_paths(model):
+    """Greedy tokens of hyla.generate (graph-captured decode) and of transformers' generate for two random prompts
+    of 200 tokens, both on the pure-torch ops."""
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(3, 1000, (2, 200), device="cuda", generator=generator)
+    with use_backend("torch"):
+        ours = hyla.generate(model, ids, max_new_tokens=24, **UNCOMPILED)
+        theirs = model.hf_generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    return ours, theirs
+
+
+def test_ragged_batch_equals_each_prompt_alone():
+    model = small_model(LAYOUTS["mixed"])
+    prompts, steps, logits = ragged_graph_logits(model, 20)
     for row, prompt in enumerate(prompts):
         with torch.no_grad():
             alone = model(torch.cat([prompt, steps[row]])[None], use_cache=False).logits[0, len(prompt) - 1:]
@@ -101,10 +119,5 @@ def test_greedy_tokens_equal_transformers_generate(layout):
     """Float32 and the pure-torch ops on both paths (no TF32): the logits differ by ~1e-6 against gaps of ~0.1
     between a random model's top two logits, so greedy tokens must be identical. hyla.generate captures its decode
     step in a CUDA graph."""
-    model = small_model(LAYOUTS[layout])
-    generator = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(3, 1000, (2, 200), device="cuda", generator=generator)
-    with use_backend("torch"):
-        ours = hyla.generate(model, ids, max_new_tokens=24, **UNCOMPILED)
-        theirs = model.hf_generate(ids, max_new_tokens=24, do_sample=False, pad_token_id=0)
+    ours, theirs = greedy_on_both_paths(small_model(LAYOUTS[layout]))
     assert torch.equal(ours, theirs)

@@ -43,13 +43,17 @@ class _Segment:
     first_position: int
 
 
+def _open_before(position: int, window: int, stride: int) -> range:
+    """Starts of the windows opened before `position` that can still take it: s < position < s + W."""
+    return range(max(0, -(-(position - window + 1) // stride) * stride), position, stride)
+
+
 def _row_segments(row, index, first, window, stride, caching) -> list[_Segment]:
     """The windows that hold any of positions [first, first + len(index)) of one row and either serve one of them
     or stay open after them (when caching), with their token slices."""
     end = first + len(index)
-    lowest = max(0, -(-(first - window + 1) // stride) * stride)
     segments = []
-    for start in range(lowest, end, stride):
+    for start in range(_open_before(first, window, stride).start, end, stride):
         serves_from = start + window - stride if start > 0 else 0
         if serves_from >= end and not caching:
             continue
@@ -212,12 +216,6 @@ def ring_size(*, window: int, stride: int) -> int:
 def ring_slot(starts: torch.Tensor | int, *, stride: int, num_slots: int):
     """The slot of window start(s) `starts` (multiples of the stride)."""
     return (starts // stride) % num_slots
-
-
-def _open_before(position: int, window: int, stride: int) -> range:
-    """Starts of the windows opened before `position` that can still take it: s < position < s + W."""
-    lowest = max(0, -(-(position - window + 1) // stride) * stride)
-    return range(lowest, position, stride)
 
 
 def sliding_window_linear_attention_ring(
