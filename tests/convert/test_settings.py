@@ -59,6 +59,8 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("modle.attention_rope=true", "unknown setting 'modle.attention_rope' (did you mean 'model.attention_rope'?)"),
     ("model.rnn_mixer=mamba2", "model.rnn_mixer must be one of lightning, gla, gdn, swa, got 'mamba2'"),
     ("model.swa_window=0", "model.swa_window must be >= 1, got 0"),
+    ("selection.csr_batch_size=0", "selection.csr_batch_size must be >= 1, got 0"),
+    ("selection.niah_max_new_tokens=0", "selection.niah_max_new_tokens must be >= 1, got 0"),
     ("preset=paper", "unknown setting 'preset'"),
     ("distill.lr", "is not of the form section.field=value"),
 ])

@@ -358,6 +358,7 @@ RULES: dict[str, Rule] = {
     "selection.method": _selection_method, "selection.k": at_least(1), "selection.niah_tasks": each(_niah_task),
     "selection.niah_lengths": each(at_least(1)), "selection.niah_samples": at_least(1),
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
+    "selection.csr_batch_size": at_least(1), "selection.niah_max_new_tokens": at_least(1),
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
     "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
