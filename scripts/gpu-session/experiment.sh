@@ -35,7 +35,8 @@
 # `SMOKE=1 ... stash` (carry .gpu-inputs/b, after part1) also starts the recipe plan's CUDA smoke test
 # (tests/experiment/test_smoke_run_gpu.py, toy sizes, over 7 minutes) in the background: it reaches the later stages
 # (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
-# prints its jobs ($OUT/smoke.log at the end). `patch` copies this call's src/ and configs/ into the run's repository
+# prints its jobs ($OUT/smoke.log and smoke-report.txt, each outcome and traceback, at the end). SMOKE_TESTS="FILES"
+# runs other GPU test files there instead: correctness tests that need no device call of their own. `patch` copies this call's src/ and configs/ into the run's repository
 # without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
 # AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS, at
 # most AFTER_S=300 s and what is left of the call's CALL_S=600, once (a later call with the same AFTER skips it):
@@ -59,23 +60,28 @@ install_wheels() {
 runner_alive() { [ -f $run/runner.pid ] && kill -0 "$(cat $run/runner.pid)" 2>/dev/null; }
 
 smoke=$keep/smoke
-start_smoke() {  # the recipe plan's CUDA smoke test, in a session of its own (it outlives the call)
+smoke_tests=${SMOKE_TESTS:-tests/experiment/test_smoke_run_gpu.py}
+start_smoke() {  # GPU tests (default: the recipe plan's CUDA smoke test) in a session of their own (they outlive the call)
   rm -rf $smoke && mkdir -p $smoke/tmp && cp -r src tests configs docs bench pyproject.toml README.md $smoke/ || exit 1
-  ( cd $smoke && TOKENIZERS_PARALLELISM=false PYTHONPATH=$keep/site:$smoke/src setsid nohup python3 -m pytest \
-      tests/experiment/test_smoke_run_gpu.py -m gpu -q -x -p no:cacheprovider --basetemp $smoke/tmp \
-      > $keep/smoke.log 2>&1 < /dev/null & )
-  echo "smoke test started"
+  # shellcheck disable=SC2086 # $smoke_tests holds several paths
+  ( cd $smoke && TOKENIZERS_PARALLELISM=false HYLA_TEST_REPORT=$keep/smoke-report.txt PYTHONPATH=$keep/site:$smoke/src \
+      setsid nohup python3 -m pytest $smoke_tests -m gpu -q -rA --tb=short -p no:cacheprovider \
+      --basetemp $smoke/tmp > $keep/smoke.log 2>&1 < /dev/null & )
+  echo "GPU tests started in the background: $smoke_tests"
 }
 
 smoke_status() {
   [ -f $keep/smoke.log ] || return 0
   local state=finished
-  pgrep -f test_smoke_run_gpu.py >/dev/null && state=running  # (setsid may fork: no pid to keep)
-  echo "--- smoke test ($state): $(tail -n 1 $keep/smoke.log | cut -c1-200)"
+  pgrep -f "basetemp $smoke/tmp" >/dev/null && state=running  # (setsid may fork: no pid to keep)
+  echo "--- background GPU tests ($state): $(tail -n 1 $keep/smoke.log | cut -c1-200)"
+  [ -f $keep/smoke-report.txt ] && grep -E "^(PASSED|FAILED|SKIPPED|ERROR) " $keep/smoke-report.txt | cut -d' ' -f1 \
+    | sort | uniq -c | tr '\n' ' ' && echo
   local smoke_run
   smoke_run=$(compgen -G "$smoke/tmp/*/run" | head -n 1)
   [ -n "$smoke_run" ] && hyla experiment status "$smoke_run" 2>/dev/null | head -n 12
   cp $keep/smoke.log "$OUT/" 2>/dev/null
+  cp $keep/smoke-report.txt "$OUT/" 2>/dev/null
 }
 
 collect() {
