@@ -24,8 +24,10 @@ if ! check part1 .gpu-teacher/p0 .gpu-inputs/a .whl; then
   check part1-recipe .gpu-teacher/p0 .whl || exit 1
   echo "part1 fits only without .gpu-inputs/a: enough for recipe plans, not for plans with a corpus job"
 fi
-# the recipe plans' offline English: always a `stash` call of its own (before `start`)
-if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
+# the recipe plans' offline English, with RULER's data: a `stash` call (before `start`)
+if [ -d .gpu-inputs/c ]; then check stash-bc .gpu-inputs/b .gpu-inputs/c || exit 1; fi
+# an earlier sitting's compiled kernels (bench/gpu_cache.sh place): a `stash` call per group
+for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group##*/}" "$group" || exit 1; }; done
 check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
 # the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
 check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1

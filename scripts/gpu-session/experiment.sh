@@ -170,8 +170,9 @@ part1)
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
   ;;
-stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .gpu-inputs/cache: an earlier
-        # sitting's compiled kernels and autotuning choices (`bash bench/gpu_cache.sh save` as its last call)
+stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .gpu-inputs/cache/gN: a group of
+        # an earlier sitting's compiled kernels and autotuning choices (`bash bench/gpu_cache.sh save` there, then
+        # `place` here), one stash call per group, all before `start`: they are unpacked once all have come
   mkdir -p $keep || exit 1
   bash bench/gpu_cache.sh restore
   for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do

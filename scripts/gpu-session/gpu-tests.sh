@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests on this project's GPU machine (no internet): one device call with carry [".whl"] (the fla wheels and
-# what else the image lacks; add ".gpu-inputs/b" for RULER's data, which the NIAH tests need, and ".gpu-inputs/cache"
-# when an earlier session saved its compiled kernels with `bash bench/gpu_cache.sh save`).
+# what else the image lacks; add ".gpu-inputs/b" for RULER's data, which the NIAH tests need, and a group of
+# ".gpu-inputs/cache" when an earlier session saved its compiled kernels: bench/gpu_cache.sh).
 #   bash scripts/gpu-session/gpu-tests.sh
 # TESTS: the test files (default: every file with GPU tests); TEST_WORKERS (8) xdist workers; at most
 # TESTS_TIMEOUT_S (540) seconds. $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens
