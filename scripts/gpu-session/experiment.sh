@@ -32,7 +32,7 @@
 # plans with a `distill_tokens` variable: a recipe plan's budget is its preset's, scaled by its `token_scale`).
 # The plan's `teacher` (or `tokenizer`) is set to the joined GGUF, its `text` to the unpacked text and its
 # `text_cache` (recipe plans) to the unpacked offline English.
-# `SMOKE=1 ... stash` (carry .gpu-inputs/b, after part1) also starts the recipe plan's CUDA smoke test
+# `SMOKE=1 ... stash` (after part1, with .gpu-inputs/b carried now or stashed before) also starts the recipe plan's CUDA smoke test
 # (tests/experiment/test_smoke_run_gpu.py, toy sizes, over 7 minutes) in the background: it reaches the later stages
 # (selection, scaling, the converted model's evaluations) minutes before the real run does, and every `collect`
 # prints its jobs ($OUT/smoke.log and smoke-report.txt, each outcome and traceback, at the end). SMOKE_TESTS="FILES"
@@ -181,8 +181,10 @@ stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .
   ls -l $keep
   if [ "${SMOKE:-0}" = 1 ]; then
     [ -d $keep/site/fla ] || { echo "error: SMOKE=1 needs part1's wheels"; exit 2; }
-    [ -f .gpu-inputs/b/evaldata.tar.xz ] || { echo "error: SMOKE=1 needs .gpu-inputs/b (RULER's data)"; exit 2; }
-    tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $keep/site || exit 1
+    evaldata=.gpu-inputs/b/evaldata.tar.xz  # carried now, or by an earlier stash call
+    [ -f $evaldata ] || evaldata=$keep/evaldata.tar.xz
+    [ -f $evaldata ] || { echo "error: SMOKE=1 needs .gpu-inputs/b (RULER's data), now or stashed"; exit 2; }
+    tar -xJf $evaldata -C $keep/site || exit 1
     start_smoke
   fi
   ;;
