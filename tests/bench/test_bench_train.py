@@ -34,6 +34,19 @@ def test_bench_train_toy_writes_both_paths_of_every_stage(tmp_path):
     assert (tmp_path / "train.png").stat().st_size > 0
 
 
+def test_bench_train_bf16_teacher_path_runs_the_stages_with_a_teacher(tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "1", "--no-losses",
+                 "--paths", "fast,fast-bf16-teacher", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    measured = {(case["stage"], case["path"]) for case in results["cases"]}
+    assert measured == {("align", "fast"), ("distill", "fast"), ("finetune", "fast"), ("align", "fast-bf16-teacher"),
+                        ("distill", "fast-bf16-teacher")}
+    by_path = {(case["stage"], case["path"]): case["losses"][0] for case in results["cases"]}
+    for stage in ("align", "distill"):  # same weights and batch: bf16 rounding of the teacher's activations only
+        assert by_path[(stage, "fast-bf16-teacher")] == pytest.approx(by_path[(stage, "fast")], rel=0.05)
+        assert by_path[(stage, "fast-bf16-teacher")] != by_path[(stage, "fast")], f"{stage}: float32 teacher"
+
+
 @pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
 def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2

@@ -27,7 +27,10 @@ from hyla.bench.floors import LIGHTNING_CHUNK
 
 STAGES = ("align", "distill", "finetune")
 # fast-batched: the fast path with stage 1's batched twins (align.batched_twins); align cases only.
-PATHS = ("eager", "fast", "fast-batched")
+# fast-bf16-teacher: the fast path with the frozen teacher in bf16 (align.teacher_bf16, distill.teacher_bf16);
+# align and distill cases only.
+PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher")
+TEACHER_STAGES = ("align", "distill")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
@@ -154,17 +157,19 @@ class _Built:
 
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
-           compile: bool = False, batched: bool = False) -> _Built:
+           compile: bool = False, batched: bool = False, teacher_bf16: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
-    chooses it for `compile` on one process."""
+    chooses it for `compile` on one process; `teacher_bf16`: the stage's `teacher_bf16` setting."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
     from hyla.convert.align_batched import choose_alignment_path
-    from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
+    from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
     from hyla.models.transfer import to_hypenet
 
     teacher = to_hypenet(hf_teacher, attention_rope=True).to(device).eval()
+    if teacher_bf16:
+        teacher = bf16_teacher(teacher)
     if case.stage == "align":
         config = copy.deepcopy(teacher.config)
         for name, value in plan.twin_options().items():
@@ -206,7 +211,7 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
-                   batched=path == "fast-batched")
+                   batched=path == "fast-batched", teacher_bf16=path == "fast-bf16-teacher")
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile and (built.alignment is None or built.alignment.compile_twins):
@@ -367,6 +372,8 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
         for path in settings.paths:
             if path == "fast-batched" and case.stage != "align":
                 continue  # batched twins are stage 1's; the other stages' fast path is "fast"
+            if path == "fast-bf16-teacher" and case.stage not in TEACHER_STAGES:
+                continue  # stage 3 has no teacher
             print(f"{case.label} {path}", flush=True)
             try:
                 results["cases"].append(measure_case(case, path, hf_teacher, plan, attention_layers, settings))

@@ -42,6 +42,13 @@ def build_student(
     return student
 
 
+def bf16_teacher(teacher: nn.Module) -> nn.Module:
+    """A frozen bfloat16 copy of `teacher` (weights cast once, not at every autocast step), in eval mode."""
+    import copy
+
+    return copy.deepcopy(teacher).to(torch.bfloat16).eval().requires_grad_(False)
+
+
 class StudentWithTeacher(nn.Module):
     """What the training loop optimises: the student; the teacher rides along, frozen and outside the state dict."""
 

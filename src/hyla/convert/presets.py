@@ -50,6 +50,10 @@ class StageBudget:
     # Windows start at document starts where that keeps a document whole (hyla.data.loader): a recall document's
     # question then always sees its facts.
     align_documents: bool = False
+    # Stages 1-2: the frozen teacher held in bf16 (its weights cast once, its residual stream in bf16) instead of
+    # float32 weights under bf16 autocast (each step casts them). Changes the targets by bf16 rounding. Off until a
+    # GPU measures it: `hyla bench train --paths fast,fast-bf16-teacher`.
+    teacher_bf16: bool = False
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
     # fsdp (hyla.train.parallel). Speed and memory only.
@@ -67,8 +71,9 @@ class StageBudget:
         `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be
         resumed with them switched either way, and earlier runs keep their hash)."""
         settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
-        if not self.align_documents:  # earlier runs keep their hash
-            del settings["align_documents"]
+        for name in ("align_documents", "teacher_bf16"):
+            if not settings[name]:  # earlier runs keep their hash
+                del settings[name]
         return settings
 
 

@@ -19,7 +19,7 @@ from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.align_batched import choose_alignment_path
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
-from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
+from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.models.transfer import to_hypenet
@@ -51,6 +51,15 @@ class Run:
         if "teacher_eq" not in self.cache:
             self.cache["teacher_eq"] = to_hypenet(self.hf_teacher, attention_rope=True).to(self.env.device).eval()
         return self.cache["teacher_eq"]
+
+    def frozen_teacher(self, budget: StageBudget):
+        """The teacher a training stage reads (`budget.teacher_bf16`: a bf16 copy, made once; else the
+        teacher-equivalent itself)."""
+        if not budget.teacher_bf16:
+            return self.teacher_equivalent()
+        if "teacher_bf16" not in self.cache:
+            self.cache["teacher_bf16"] = bf16_teacher(self.teacher_equivalent())
+        return self.cache["teacher_bf16"]
 
     def twin_config(self):
         """The config the stage-1 twins are built with: the teacher's sizes, the plan's twin options."""
@@ -240,21 +249,22 @@ def prepare_conversion_corpus(run: Run, folder: Path, sources: list[str], weight
 
 def run_align(run: Run, stage: Stage) -> dict:
     rnn_mixer = run.plan.model.rnn_mixer
-    twins = AlignmentTwins.for_training(run.teacher_equivalent(), run.hf_teacher, run.twin_config(), run.env.device,
+    teacher = run.frozen_teacher(run.plan.align)
+    twins = AlignmentTwins.for_training(teacher, run.hf_teacher, run.twin_config(), run.env.device,
                                         rnn_mixer=rnn_mixer)
     if rnn_mixer in UNALIGNED_MIXERS:
         return measure_unaligned_twins(run, stage, twins)
     init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
     fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
-    parallel = stage_data_parallel(run, run.plan.align, twins, run.teacher_equivalent())
+    parallel = stage_data_parallel(run, run.plan.align, twins, teacher)
     # With align.batched_twins: every twin in one batched problem where the twins allow it
     # (hyla.convert.align_batched); else the per-twin loop, compiled twin by twin on the fast path.
     path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
                                  batched=run.plan.align.batched_twins)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
     summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
-                           fast=fast, teacher=run.teacher_equivalent(), loss_compiled=path.compiled and path.batched)
+                           fast=fast, teacher=teacher, loss_compiled=path.compiled and path.batched)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}
@@ -354,7 +364,7 @@ def run_distill(run: Run, stage: Stage) -> dict:
         from hyla.convert.align_attention import align_attention_layers
 
         prepare = functools.partial(align_attention_layers, run, stage)
-    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.teacher_equivalent(),
+    return _train_student(run, stage, None, distill_loss, run.plan.distill, run.frozen_teacher(run.plan.distill),
                           cross_entropy=False, prepare=prepare)
 
 

@@ -111,14 +111,12 @@ def scoring_model(run: Run):
     """The teacher-equivalent model the variants are scored on: on CUDA a bfloat16 copy, as `hyla eval` and the
     scaling stage run (in float32 its NIAH took 2.3 s a batch of 16 prompts at 4K on an H200, 14 of each variant's
     19 s); on CPU the float32 model itself. Each twin is placed in the model's dtype when swapped in."""
-    import copy
-
-    import torch
+    from hyla.convert.distill import bf16_teacher
 
     teacher = run.teacher_equivalent()
     if run.env.device.type != "cuda":
         return teacher
-    return copy.deepcopy(teacher).to(torch.bfloat16)
+    return bf16_teacher(teacher)
 
 
 def _score(run: Run, stage: Stage, plan) -> SelectionScores:
