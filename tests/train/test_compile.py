@@ -63,6 +63,34 @@ def test_compiled_blocks_compile_in_the_first_step_only():
     assert graphs[0] > 0 and graphs[1] == graphs[0] and graphs[2] == graphs[0]
 
 
+@pytest.mark.slow
+def test_compiled_teacher_blocks_record_their_mixers_without_recompiling():
+    """Stage 1 with `align.teacher_bf16` compiles the teacher's blocks; they record each mixer's input and output
+    into a list (`record_mixers`), which must give the eager recording and compile in the first step only."""
+    from hyla.convert.align import record_mixers
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           layer_types=["attention_rope"] * 3)
+    eager = HypeNetForCausalLM(config).double().eval()
+    compiled = copy.deepcopy(eager)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    compile_blocks(compiled.model.layers)
+    graphs = []
+    for step in range(3):
+        tokens = torch.randint(0, 60, (2, 24), generator=torch.Generator().manual_seed(step))
+        expected, _ = record_mixers(eager, tokens)
+        actual, _ = record_mixers(compiled, tokens)
+        graphs.append(counters["stats"]["unique_graphs"])
+        for i in range(3):
+            for want, got in ((expected.inputs[i], actual.inputs[i]), (expected.outputs[i], actual.outputs[i])):
+                assert ((want - got).norm() / want.norm()).item() <= 1e-12, (step, i)
+    assert graphs[0] > 0 and graphs[1] == graphs[0] and graphs[2] == graphs[0]
+
+
 def test_fast_path_settings_leave_stage_hashes_alone():
     plan = make_plan("smoke", 1_000_000)
     compiled = apply_overrides(make_plan("smoke", 1_000_000),

@@ -27,8 +27,8 @@ from hyla.bench.floors import LIGHTNING_CHUNK
 
 STAGES = ("align", "distill", "finetune")
 # fast-batched: the fast path with stage 1's batched twins (align.batched_twins); align cases only.
-# fast-bf16-teacher: the fast path with the frozen teacher in bf16 (align.teacher_bf16, distill.teacher_bf16);
-# align and distill cases only.
+# fast-bf16-teacher: the fast path with the frozen teacher in bf16, its blocks compiled in stage 1 too
+# (align.teacher_bf16, distill.teacher_bf16); align and distill cases only.
 PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher")
 TEACHER_STAGES = ("align", "distill")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
@@ -176,7 +176,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
             setattr(config, name, value)
         twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
         path = choose_alignment_path(twins, compile=compile, batched=batched)
-        return _Built(twins, path.loss_fn, list(twins.twins), [],
+        return _Built(twins, path.loss_fn, list(twins.twins), list(teacher.model.layers) if teacher_bf16 else [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
     if case.stage == "distill":

@@ -60,17 +60,26 @@ class AlignmentTwins(nn.Module):
         return {f"{i}.{k}": v for i, twin in enumerate(self.twins) for k, v in twin.state_dict().items()}
 
 
+class MixerRecording:
+    """Every block's mixer input and output from one pass of the teacher's decoder stack (`record_mixers`)."""
+
+    def __init__(self, pairs: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.inputs = {i: pair[0] for i, pair in enumerate(pairs)}
+        self.outputs = {i: pair[1] for i, pair in enumerate(pairs)}
+
+
 def record_mixers(teacher: HypeNetForCausalLM, input_ids: torch.Tensor):
     """One no-grad pass of the teacher's decoder stack (the recorded mixers are all the alignment needs; the LM
-    head's logits would be the largest tensor of the step): the recorder with every mixer's input and output, and
-    the mixers' context for the same tokens."""
-    recorder = MixerRecorder(teacher)
-    try:
-        with torch.no_grad():
-            teacher.model(input_ids, use_cache=False)
-    finally:
-        recorder.close()
-    return recorder, teacher.model._context(recorder.inputs[0], None, None, None, None)
+    head's logits would be the largest tensor of the step): every mixer's input and output, recorded by the blocks
+    themselves (compiled blocks too), and the mixers' context for the same tokens."""
+    model = teacher.model
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    with torch.no_grad():
+        hidden_states = model.embed_tokens(input_ids)
+        context = model._context(hidden_states, None, None, None, None, model.inference_options)
+        for block in model.layers:
+            hidden_states = block(hidden_states, context, pairs)
+    return MixerRecording(pairs), model._context(pairs[0][0], None, None, None, None)
 
 
 def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:

@@ -51,8 +51,9 @@ class StageBudget:
     # question then always sees its facts.
     align_documents: bool = False
     # Stages 1-2: the frozen teacher held in bf16 (its weights cast once, its residual stream in bf16) instead of
-    # float32 weights under bf16 autocast (each step casts them). Changes the targets by bf16 rounding. Off until a
-    # GPU measures it: `hyla bench train --paths fast,fast-bf16-teacher`.
+    # float32 weights under bf16 autocast (each step casts them), and on the fast path its blocks compiled in stage 1
+    # too (stage 2 compiles them either way). Changes the targets by bf16 rounding. Off until a GPU measures it:
+    # `hyla bench train --paths fast,fast-bf16-teacher`.
     teacher_bf16: bool = False
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else

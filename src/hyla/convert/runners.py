@@ -263,8 +263,11 @@ def run_align(run: Run, stage: Stage) -> dict:
     path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
                                  batched=run.plan.align.batched_twins)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
+    # align.teacher_bf16: the per-twin loop compiles the teacher's blocks too (they record the mixers themselves).
+    frozen = list(teacher.model.layers) if run.plan.align.teacher_bf16 else []
     summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
-                           fast=fast, teacher=teacher, loss_compiled=path.compiled and path.batched)
+                           frozen_blocks=frozen, fast=fast, teacher=teacher,
+                           loss_compiled=path.compiled and path.batched)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}

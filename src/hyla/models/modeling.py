@@ -52,8 +52,15 @@ class HypeNetBlock(nn.Module):
             config.hidden_size, config.intermediate_size, act=config.hidden_act, bias=config.mlp_bias
         )
 
-    def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        hidden_states = hidden_states + self.mixer(self.input_layernorm(hidden_states), context)
+    def forward(self, hidden_states: torch.Tensor, context: MixerContext,
+                record: list | None = None) -> torch.Tensor:
+        """`record`: a list the mixer's input and output are appended to, as a pair (stage 1's targets; a list,
+        not a hook, so that a compiled block records without recompiling)."""
+        mixer_input = self.input_layernorm(hidden_states)
+        mixer_output = self.mixer(mixer_input, context)
+        if record is not None:
+            record.append((mixer_input, mixer_output))
+        hidden_states = hidden_states + mixer_output
         return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
