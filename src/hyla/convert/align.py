@@ -82,6 +82,13 @@ def record_mixers(teacher: HypeNetForCausalLM, input_ids: torch.Tensor):
     return MixerRecording(pairs), model._context(pairs[0][0], None, None, None, None)
 
 
+def compute_dtype(weight: torch.Tensor) -> torch.dtype:
+    """The dtype a twin's matmuls run in: autocast's where it is on (a bf16 teacher's recording goes in as it is),
+    else the twin's own."""
+    device_type = weight.device.type
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
+
+
 def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
     """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics (tensors: the training
     step reads them back once), with the teacher's output energy (mean square) of each layer beside them, so that
@@ -89,7 +96,7 @@ def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, di
     recorder, context = record_mixers(model.teacher[0], batch["input_ids"])
     losses, energies = [], []
     for i, twin in enumerate(model.twins):
-        prediction = twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)
+        prediction = twin(recorder.inputs[i].to(compute_dtype(twin.q_proj.weight)), context)
         target = recorder.outputs[i].float()
         losses.append(F.mse_loss(prediction.float(), target))
         energies.append(target.pow(2).mean())

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hyla.convert.align import AlignmentTwins, alignment_loss, record_mixers
+from hyla.convert.align import AlignmentTwins, alignment_loss, compute_dtype, record_mixers
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.norm import rms_norm
 from hyla.layers.rope import apply_rotary
@@ -144,12 +144,9 @@ def batched_alignment_loss(model: AlignmentTwins, batch: dict, *,
     assert context.options.eme_window is None
     twins = list(model.twins)
     weight = twins[0].q_proj.weight
-    device_type = weight.device.type
-    compute_dtype = (torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type)
-                     else weight.dtype)
     indices = range(len(twins))
     mse, energy = errors(twins, [recorder.inputs[i] for i in indices], [recorder.outputs[i] for i in indices],
-                         context.rope, twins[0].log_decay(weight.device), compute_dtype)
+                         context.rope, twins[0].log_decay(weight.device), compute_dtype(weight))
     metrics = {f"mse_{i:02d}": loss for i, loss in enumerate(mse.detach())}
     metrics.update({f"energy_{i:02d}": value for i, value in enumerate(energy.detach())})
     return mse.sum(), metrics
