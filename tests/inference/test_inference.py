@@ -211,8 +211,8 @@ def test_compiled_decode_blocks_match_model_forward(fused):
 
 @pytest.mark.slow
 def test_compiled_prefill_matches_model_forward():
-    # Chunks of 5, 5 and 3 tokens a row (10 tokens a call over 2 rows): the second length turns the compiled
-    # functions' length symbolic; a later prompt of another length must still be right. The layers include RoPE
+    # Chunks of 5, 5 and 3 tokens a row (10 tokens a call over 2 rows: the block functions take 10, 10 and 6
+    # tokens, their length symbolic); a later prompt of another length must still be right. The layers include RoPE
     # attention, NoPE attention with logit scaling and Lightning.
     model = tiny_model(layer_types=["lightning", "attention_rope", "attention", "lightning"])
     tokens = torch.randint(0, 101, (2, 16), generator=torch.Generator().manual_seed(5))
@@ -244,6 +244,76 @@ def test_compiled_prefill_compiles_once_for_every_prompt_length():
         engine.reset()
         assert rel(engine.prefill(tokens[:, :length]), full[:, length - 1]) <= TOL
     assert counters["stats"]["unique_graphs"] == first
+
+
+# GLA's and GDN's gates are float32 even in a float64 model: one float32 ulp of a gate reaches the logits at ~1e-8
+# (tests/inference/test_engine_mixers.py, TOL); a wrong state, cache slot or row moves them by more than 1e-3.
+MIXED_TOL = 1e-6
+
+
+@pytest.mark.parametrize("backend", ["eager", pytest.param("inductor", marks=pytest.mark.slow)])
+# Past its recompile limit dynamo would run the blocks uncompiled, compiling nothing new: an error instead.
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+def test_compiled_prefill_compiles_one_graph_per_kind_of_block_for_every_batch(backend, monkeypatch, request):
+    """An evaluation prefills prompts of every length in batches of several rows (its warm-up one row, its last
+    batch fewer, a ragged batch in runs of fewer rows): the first prompt compiles one graph per kind of block in each
+    prefill function, and no later row count, length or chunking compiles anything new. backend="eager": dynamo's
+    own guards, which decide what recompiles, without inductor's code generation; "inductor": the engine's own."""
+    from torch._dynamo.utils import counters
+
+    from hyla.compile import raise_recompile_limits
+    from hyla.inference import engine as engine_module
+
+    request.addfinalizer(torch._dynamo.reset)
+    if backend == "eager":
+        def compiled(function, **options):
+            raise_recompile_limits()  # as the engine's own `compiled`
+            return torch.compile(function, backend="eager", **options)
+
+        monkeypatch.setattr(engine_module, "compiled", compiled)
+    kinds = ["lightning", "attention", "gla", "gdn", "swa", "attention_rope"]
+    model = tiny_model(layer_types=kinds, num_hidden_layers=len(kinds), swa_window=5, gla_gate_low_rank_dim=8)
+    tokens = torch.randint(1, 101, (3, 40), generator=torch.Generator().manual_seed(8))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+
+    def prefill(rows, length, chunk):
+        engine = InferenceEngine(model, batch_size=rows, max_length=40, prefill_chunk=chunk, compile_prefill=True)
+        return engine.prefill(tokens[:rows, :length])
+
+    torch._dynamo.reset()
+    counters.clear()
+    assert rel(prefill(1, 17, 64), full[:1, 16]) <= MIXED_TOL
+    assert counters["stats"]["unique_graphs"] == 2 * len(kinds)
+    # (rows, prompt length, prefill_chunk): chunk 8 a row splits 17 tokens 8 + 7 + 2, never a one-token chunk.
+    for rows, length, chunk in [(2, 23, 64), (3, 9, 64), (1, 30, 64), (3, 31, 64), (1, 17, 8), (2, 17, 16),
+                                (3, 40, 30)]:
+        assert rel(prefill(rows, length, chunk), full[:rows, length - 1]) <= MIXED_TOL, (rows, length, chunk)
+    # Left-padded rows of 12, 12 and 7 tokens: runs of two rows and of one.
+    counts = [12, 12, 7]
+    ids = torch.zeros(3, 12, dtype=torch.long)
+    mask = torch.zeros(3, 12, dtype=torch.long)
+    for row, count in enumerate(counts):
+        ids[row, 12 - count :], mask[row, 12 - count :] = tokens[row, :count], 1
+    engine = InferenceEngine(model, batch_size=3, max_length=40, prefill_chunk=64, compile_prefill=True)
+    expected = torch.stack([full[row, count - 1] for row, count in enumerate(counts)])
+    assert rel(engine.prefill(ids, mask), expected) <= MIXED_TOL
+    assert counters["stats"]["unique_graphs"] == 2 * len(kinds)
+    # A one-token prompt in a row of its own: one more graph per kind (dynamo specialises a size of 1), once.
+    for _ in range(2):
+        assert rel(prefill(1, 1, 64), full[:1, 0]) <= MIXED_TOL
+    assert counters["stats"]["unique_graphs"] == 4 * len(kinds)
+
+
+def test_prefill_chunks_are_never_of_one_token_but_for_a_one_token_prompt():
+    from hyla.inference.engine import _chunk_bounds
+
+    assert _chunk_bounds(17, 8) == [(0, 8), (8, 15), (15, 17)]
+    assert _chunk_bounds(16, 8) == [(0, 8), (8, 16)]
+    assert _chunk_bounds(9, 64) == [(0, 9)]
+    assert _chunk_bounds(1, 8) == [(0, 1)]
+    # Chunks of two leave a last token alone: the chunk before it cannot give one up.
+    assert _chunk_bounds(5, 2) == [(0, 2), (2, 4), (4, 5)]
 
 
 def test_decode_attention_reference_matches_softmax_over_valid_prefix():

@@ -133,10 +133,11 @@ class InferenceEngine:
         self.launch_pdl = self.step.launch_pdl
         self._prefill_blocks = (block_prefill_pre, block_prefill_post)
         if settings.compile_prefill:
-            # Chunk lengths vary (every prompt of an evaluation has its own): the chunk's length is marked symbolic
-            # from the first call (`_symbolic_length`), so one compilation serves every length; left to dynamo's
-            # automatic dynamic shapes, the second length would recompile every block once more.
-            self._prefill_blocks = tuple(compiled(f, dynamic=None, fullgraph=True) for f in self._prefill_blocks)
+            # One graph per kind of block (mixer class and its options) for every prompt: the block functions see
+            # a chunk's rows as one sequence of rows * length tokens (`_prefill_chunk`), marked symbolic from the
+            # first call (`_symbolic_length`), and nothing else is dynamic (dynamic=False: no automatic dynamic
+            # shapes, which would recompile every kind of block once more at the second length or row count).
+            self._prefill_blocks = tuple(compiled(f, dynamic=False, fullgraph=True) for f in self._prefill_blocks)
         self._tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=self.device)
         self._logits = None
         self._graph = None
@@ -200,21 +201,31 @@ class InferenceEngine:
         """input_ids [n, T] at positions start .. start + T - 1 of cache rows `rows`, in chunks of at most
         prefill_chunk tokens summed over the rows. Returns the last chunk's hidden states."""
         chunk = max(1, self.settings.prefill_chunk // input_ids.shape[0])
-        for first in range(0, input_ids.shape[1], chunk):
-            hidden = self._prefill_chunk(rows, input_ids[:, first : first + chunk], start + first)
+        for first, last in _chunk_bounds(input_ids.shape[1], chunk):
+            hidden = self._prefill_chunk(rows, input_ids[:, first:last], start + first)
         return hidden
 
     def _prefill_chunk(self, rows: slice, input_ids: torch.Tensor, start: int) -> torch.Tensor:
+        """input_ids [n, T] at positions start .. start + T - 1 of cache rows `rows`. Returns the hidden states [n,
+        T, hidden]. The block functions take the n rows as one sequence [1, n * T] (every step but the mixing is
+        per token), so that a chunk's shape is its token count alone, whatever the rows; the mixers take
+        [n, T, ...]."""
         model = self.model.model
-        position_ids = torch.arange(start, start + input_ids.shape[1], device=self.device)[None]
-        position_ids = position_ids.expand(input_ids.shape[0], -1)
-        hidden = model.embed_tokens(input_ids)
+        num_rows, length = input_ids.shape
+        position_ids = torch.arange(start, start + length, device=self.device).repeat(num_rows)[None]
+        hidden = _one_sequence(model.embed_tokens(input_ids))
         cos, sin = model.rotary_emb(position_ids, hidden.dtype)
         pre, post = self._prefill_blocks
         symbolic = self._symbolic_length if self.settings.compile_prefill else lambda *tensors: None
+
+        def by_row(tensor: torch.Tensor) -> torch.Tensor:
+            return tensor.view(num_rows, length, *tensor.shape[2:])
+
         for index, block in enumerate(model.layers):
             symbolic(hidden, position_ids, cos, sin)
             x, q, k, v, inputs = pre(block, hidden, position_ids, cos, sin, self.options)
+            q, k, v = by_row(q), by_row(k), by_row(v)
+            inputs = {name: by_row(value) for name, value in inputs.items()}
             if block.layer_type == "lightning":
                 mixed = self._lightning_mix(block.mixer, q, k, v, self.cache.states[index][rows], start)
             elif block.layer_type in GATED_LINEAR_OPS:
@@ -226,14 +237,18 @@ class InferenceEngine:
             else:
                 mixed = self._attention_mix(q, k, v, self.cache.keys[index][rows], self.cache.values[index][rows],
                                             start)
+            # The ops return their output in layouts of their own (a [.., heads, D] view of a head-major buffer,
+            # say): one layout for all, as dynamo guards on strides.
+            mixed = _one_sequence(mixed)
             symbolic(hidden, x, mixed)
             hidden = post(block, hidden, x, mixed)
-        return hidden
+        return by_row(hidden)
 
     @staticmethod
     def _symbolic_length(*tensors: torch.Tensor) -> None:
-        """Mark dimension 1 (the chunk's length) of the compiled prefill functions' inputs symbolic. A hint
-        (`maybe_mark_dynamic`): where a length must stay fixed (0 or 1 tokens), dynamo specialises it."""
+        """Mark dimension 1 (the chunk's tokens, rows * length) of the compiled prefill functions' inputs symbolic.
+        A hint (`maybe_mark_dynamic`): a single token (a one-token prompt) stays a graph of its own, as dynamo
+        specialises sizes 0 and 1."""
         for tensor in tensors:
             if tensor.shape[1] > 1:
                 torch._dynamo.maybe_mark_dynamic(tensor, 1)
@@ -410,6 +425,29 @@ def _left_padded_counts(attention_mask: torch.Tensor) -> list[int]:
     if min(counts) < 1:
         raise ValueError("every row needs at least one real token")
     return counts
+
+
+def _one_sequence(tensor: torch.Tensor) -> torch.Tensor:
+    """[n, T, ...] -> [1, n * T, ...] with contiguous strides, the leading dimension's included (dynamo guards on
+    every stride, and `contiguous()` leaves a size-1 dimension's as it is): a view where the layout allows."""
+    flat = tensor.reshape(1, -1, *tensor.shape[2:])
+    strides, step = [], 1
+    for size in reversed(flat.shape):
+        strides.append(step)
+        step *= max(size, 1)
+    if flat.stride() != tuple(reversed(strides)):
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat
+
+
+def _chunk_bounds(length: int, chunk: int) -> list[tuple[int, int]]:
+    """[first, last) of each prefill chunk of `length` tokens: `chunk` tokens each, the rest last. A rest of one
+    token takes one more from the chunk before it (.., chunk - 1, 2): a one-token chunk would be a compiled graph
+    of its own (`InferenceEngine._symbolic_length`)."""
+    bounds = [(first, min(length, first + chunk)) for first in range(0, length, chunk)]
+    if len(bounds) > 1 and chunk > 2 and bounds[-1][1] - bounds[-1][0] == 1:
+        bounds[-2:] = [(bounds[-2][0], length - 2), (length - 2, length)]
+    return bounds
 
 
 def _runs(keys: list) -> list[tuple[int, int]]:
