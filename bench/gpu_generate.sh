@@ -9,11 +9,21 @@
 #      now ship as hyla/inference/tuned/nvidia-h200.json, so it needs no flags):
 #      HypeNet-2B and the Qwen3-1.7B shape at 512K, prefill and decode, when the time left allows it (~200 s);
 #      otherwise decode only over synthetic caches (and the log says so).
+#   4. (only when named in STAGES) `hyla bench generate --rnn-mixer ... --variants ...`: each inference mode's cost on
+#      the engine at 64K (4 prompts, batch 1), one random bf16 model of the converted 135M shape per recurrent mixer
+#      (Lightning, GDN, GLA; the same 7 attention layers) under direct (no EME, no logit scaling), swla (W = 4K,
+#      S = 1K) and swla+log (EME): prefill and decode seconds a prompt, ms a decode step, and the ratios to direct.
+#      Every row on the fused-projections decode step (the tuned H200 settings take triton-fused for Lightning
+#      without EME only), so that the ratios compare SWLA's work alone. GLA runs last: fla's chunk_gla faulted
+#      (misaligned address) in an earlier sitting's ragged-batch test, and a CUDA fault ends the process. At most
+#      200 s; generate.json keeps every finished row.
 # Run from the repository root on the GPU machine with $OUT set; carry [".whl"] (the fla 0.6.0 wheels), and
 # ".gpu-inputs/cache" if an earlier session saved compiled kernels (bench/gpu_cache.sh):
 #   bash bench/gpu_generate.sh
-# Brings back (7 files): run.log, tests.txt, generate/generate.{json,md}, model/model.{json,md,png}.
-# STAGES=2,3 runs a subset; BUDGET_S (default 470) is the whole run's limit.
+#   STAGES=4 bash bench/gpu_generate.sh   # the inference modes at 64K alone
+# Brings back (7 files): run.log, tests.txt, generate/generate.{json,md}, model/model.{json,md,png}; stage 4 adds
+# variants/generate.{json,md}.
+# STAGES=2,3 runs a subset (default 1,2,3); BUDGET_S (default 470) is the whole run's limit.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 stages=",${STAGES:-1,2,3},"
@@ -61,6 +71,18 @@ if [[ $stages == *,3,* ]]; then
     --large-batch-contexts "" --out "$OUT/model" 2>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
   [ "$status" -eq 0 ] || { say "bench model failed or timed out (exit $status; model.json keeps finished systems)"; \
+    exit 1; }
+fi
+if [[ $stages == *,4,* ]]; then
+  remaining=$(left)
+  [ "$remaining" -ge 60 ] || { say "stage 4 skipped: $remaining s left"; exit 1; }
+  limit=$((remaining < 200 ? remaining - 5 : 200))
+  say "stage 4: inference modes on the engine at 64K, three recurrent mixers (at most $limit s)"
+  timeout "$limit" python3 -m hyla.cli bench generate --lengths 64K --num-prompts 4 --batch-sizes 1 --paths engine \
+    --rnn-mixer lightning,gdn,gla --variants direct,swla,swla+log --decode-step fused-projections \
+    --out "$OUT/variants" 2>&1 | grep -v "^generate:" | tee -a "$log"
+  status=${PIPESTATUS[0]}
+  [ "$status" -eq 0 ] || { say "bench generate failed or timed out (exit $status; generate.json keeps its rows)"; \
     exit 1; }
 fi
 say "done"

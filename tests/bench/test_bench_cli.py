@@ -52,6 +52,62 @@ def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
     assert "speedup" in (tmp_path / "generate.md").read_text()
 
 
+def test_bench_generate_compares_mixers_and_inference_modes(tmp_path):
+    """`--rnn-mixer` x `--variants`: one model per recurrent mixer, a row per mixer and variant with the engine's
+    prefill and decode costs and their ratios to direct; the swla+log rows ran on an engine whose cache holds SWLA's
+    window ring (W = 64, S = 32: two windows open per token), and transformers' path, under the same options, gives
+    the same greedy text (float32)."""
+    from hyla.bench.generate import COSTS, variant_options
+
+    code = main(["bench", "generate", "--toy", "--device", "cpu", "--dtype", "float32", "--lengths", "320",
+                 "--num-prompts", "2", "--batch-sizes", "2", "--max-new-tokens", "4", "--rnn-mixer", "lightning,gla",
+                 "--variants", "direct,swla+log", "--eme-window", "64", "--eme-stride", "32",
+                 "--logit-scaling-train-length", "64", "--out", str(tmp_path)])
+    assert code == 0
+    results = json.loads((tmp_path / "generate.json").read_text())
+    rows = results["rows"]
+    assert [(row["rnn_mixer"], row["variant"]) for row in rows] == [
+        ("lightning", "direct"), ("lightning", "swla+log"), ("gla", "direct"), ("gla", "swla+log")]
+    assert {mixer: sorted(set(model["config"]["layer_types"])) for mixer, model in results["models"].items()} == {
+        "lightning": ["attention", "lightning"], "gla": ["attention", "gla"]}
+    for row in rows:
+        engine = row["paths"]["engine"]
+        expected = variant_options(row["variant"], eme_window=64, eme_stride=32, train_length=64).changes()
+        assert row["options"] == engine["inference_options"] == row["paths"]["hf"]["inference_options"] == expected
+        if row["variant"] == "swla+log":
+            assert engine["swla"]["window"] == 64 and engine["swla"]["stride"] == 32
+            # [batch, ring slots, heads, head dim, head dim] in every recurrent layer
+            assert [shape[:2] for shape in engine["swla"]["ring_shapes"]] == [[2, 2]]
+        else:
+            assert engine["swla"] is None
+        assert row["same_predictions"] == 1.0
+        costs = row["engine_costs"]
+        assert costs["prefill_s_per_prompt"] == pytest.approx(engine["timed"]["prefill_s"] / 2)
+        assert costs["decode_ms_per_step"] > 0 and costs["seconds_per_prompt"] == engine["seconds_per_prompt"]
+        direct = next(other for other in rows if other["rnn_mixer"] == row["rnn_mixer"] and
+                      other["variant"] == "direct")
+        for name in COSTS:
+            assert row["ratios"][name] == pytest.approx(costs[name] / direct["engine_costs"][name])
+        assert row["ratios"]["hf_seconds_per_prompt"] == pytest.approx(
+            row["paths"]["hf"]["seconds_per_prompt"] / direct["paths"]["hf"]["seconds_per_prompt"])
+    markdown = (tmp_path / "generate.md").read_text()
+    assert "| gla | swla+log | 320 | 2 | 2 | eager |" in markdown and "SWLA window W = 64, stride S = 32" in markdown
+
+
+@pytest.mark.parametrize("options,message", [
+    (["--rnn-mixer", "swa"], "unknown recurrent mixers"),
+    (["--variants", "direct,eme"], "unknown variant"),
+    (["--variants", "direct,log", "--eme-window", "64"], "--eme-window applies to the swla variants"),
+    (["--logit-scaling-train-length", "64"], "--logit-scaling-train-length applies to the log variants"),
+    (["--variants", "swla", "--eme-window", "64", "--eme-stride", "128"], "EME needs 1 <= eme_stride <= eme_window"),
+    (["--variants", "swla", "--decode-step", "triton-fused"], "the swla variants run SWLA's window states"),
+])
+def test_bench_generate_refuses_modes_it_cannot_run(tmp_path, capsys, options, message):
+    assert main(["bench", "generate", "--toy", "--device", "cpu", "--out", str(tmp_path), *options]) != 0
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())  # refused before any model is built
+
+
 def test_synthetic_niah_prompts_have_exact_token_counts():
     from hyla.bench.generate import synthetic_niah_samples, synthetic_tokenizer
 

@@ -168,21 +168,48 @@ def _register_generate(verbs) -> None:
     generate.add_argument("--max-new-tokens", type=_positive, default=64)
     generate.add_argument("--paths", default="engine,hf", help="comma list of engine, hf")
     generate.add_argument("--engine-settings", metavar="JSON", help="the engine's settings file (default: tuned)")
+    generate.add_argument("--decode-step", choices=DECODE_STEPS,
+                          help="the engine's decode step for every run (default: the tuned settings', which fall "
+                               "back from triton-fused to fused-projections for GLA/GDN layers and under EME)")
     generate.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     generate.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    modes = generate.add_argument_group(
+        "inference modes (with either option: a row per recurrent mixer, variant and length, and each variant's "
+        "costs against direct)")
+    modes.add_argument("--rnn-mixer", help="comma list of lightning, gla, gdn: the mixer of every layer that is not "
+                                           "attention, one model each (default lightning)")
+    modes.add_argument("--variants", help="comma list of direct (no logit scaling), per-query (the model's s_t), log "
+                                          "(c(L) on NoPE attention), swla (SWLA, no logit scaling), swla+log (EME): "
+                                          "seed 003's modes (default per-query, the model as built)")
+    modes.add_argument("--eme-window", type=_count, default=None, help="the swla variants' SWLA window W "
+                                                                       "(default 4K)")
+    modes.add_argument("--eme-stride", type=_count, default=None, help="the swla variants' SWLA stride S "
+                                                                       "(default 1K)")
+    modes.add_argument("--logit-scaling-train-length", type=_count, default=None,
+                       help="the log variants' L0 of c(L) (default 4K)")
     _common(generate)
     generate.set_defaults(handler=run_generate)
+
+
+def _comma_list(text: str | None) -> tuple[str, ...] | None:
+    return None if text is None else tuple(part.strip() for part in text.split(",") if part.strip())
 
 
 def run_generate(args: argparse.Namespace) -> int:
     from hyla.bench.generate import GenerateBenchSettings, generate_markdown, run_generate_bench
 
     defaults = GenerateBenchSettings()
+    modes = {"eme_window": args.eme_window, "eme_stride": args.eme_stride,
+             "logit_scaling_train_length": args.logit_scaling_train_length}
     settings = GenerateBenchSettings(
         lengths=args.lengths or defaults.lengths, num_prompts=args.num_prompts, batch_sizes=args.batch_sizes,
         max_new_tokens=args.max_new_tokens, paths=tuple(args.paths.split(",")), engine_settings=args.engine_settings,
-        toy=args.toy, device=args.device, dtype=args.dtype)
-    settings.plan()  # a bad plan fails before any model is built
+        toy=args.toy, device=args.device, dtype=args.dtype, decode_step=args.decode_step,
+        rnn_mixers=_comma_list(args.rnn_mixer), variants=_comma_list(args.variants),
+        **{name: value for name, value in modes.items() if value is not None})
+    # a bad plan, or an option no variant uses, fails before any model is built
+    settings.plan()
+    settings.check_used([name for name, value in modes.items() if value is not None])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment()

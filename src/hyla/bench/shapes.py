@@ -4,7 +4,7 @@ smoke tests."""
 
 from __future__ import annotations
 
-from hyla.models.configuration import HypeNetConfig
+from hyla.models.configuration import LINEAR_LAYER_TYPES, HypeNetConfig
 
 HYPENET_2B_ATTENTION_LAYERS = (2, 3, 6, 8, 9, 21, 25)
 QWEN3_1P7B = dict(
@@ -57,12 +57,15 @@ def qwen3_hf_config(*, toy: bool = False):
     return Qwen3Config(**sizes, attn_implementation="sdpa")
 
 
-def converted_135m_config(*, toy: bool = False) -> HypeNetConfig:
-    """A HypeNet of the shape hyla converts SmolLM2-135M to: its sizes, Lightning layers with HypeNet's options,
-    7 NoPE attention layers (output gates, logit scaling a = 500, no q/k norms: SmolLM2 has none)."""
+def converted_135m_config(*, toy: bool = False, rnn_mixer: str = "lightning") -> HypeNetConfig:
+    """A HypeNet of the shape hyla converts SmolLM2-135M to: its sizes, 7 NoPE attention layers (output gates,
+    logit scaling a = 500, no q/k norms: SmolLM2 has none) and `rnn_mixer` layers (Lightning, GLA or GDN, each with
+    the config's defaults) everywhere else, as a conversion's `model.rnn_mixer` makes them."""
+    if rnn_mixer not in LINEAR_LAYER_TYPES:
+        raise ValueError(f"rnn_mixer must be one of {', '.join(LINEAR_LAYER_TYPES)}, got {rnn_mixer!r}")
     sizes = TOY_CONVERTED if toy else SMOLLM2_135M
     attention = TOY_ATTENTION_LAYERS if toy else SMOLLM2_135M_ATTENTION_LAYERS
-    layer_types = ["attention" if i in attention else "lightning" for i in range(sizes["num_hidden_layers"])]
+    layer_types = ["attention" if i in attention else rnn_mixer for i in range(sizes["num_hidden_layers"])]
     return HypeNetConfig(
         **sizes, layer_types=layer_types, attention_qk_norm=False, attention_output_gate=True,
         attention_logit_scaling_a=500.0,

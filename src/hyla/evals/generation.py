@@ -64,9 +64,14 @@ def model_device(model: Any) -> torch.device:
 
 class Generation:
     """How one evaluation generates for `model`: path "auto" (the engine where it runs the model, else
-    transformers'), "engine" or "hf"; settings: the engine's (None: the tuned settings of the model's device)."""
+    transformers'), "engine" or "hf"; settings: the engine's (None: the tuned settings of the model's device);
+    overrides: EngineSettings fields replaced on top of them (the engine path), e.g. decode_step="eager".
 
-    def __init__(self, model: Any, path: str = "auto", *, settings=None):
+    totals: calls (batches), prompt_tokens and new_tokens (summed over rows), new_positions (each batch's generated
+    width: the first position comes from the prefill, each later one from a decode step over every row), and the
+    seconds of prefill, decode (the engine path) and all of it."""
+
+    def __init__(self, model: Any, path: str = "auto", *, settings=None, **overrides):
         from hyla.inference.generate import generation_path
 
         self.model = model
@@ -75,9 +80,9 @@ class Generation:
         if self.path == "engine":
             from hyla.inference.generate import GenerationSession
 
-            self.session = GenerationSession(model, settings=settings)
-        self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "prefill_s": 0.0, "decode_s": 0.0,
-                       "seconds": 0.0}
+            self.session = GenerationSession(model, settings=settings, **overrides)
+        self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "new_positions": 0, "prefill_s": 0.0,
+                       "decode_s": 0.0, "seconds": 0.0}
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
     # ones, which inference tensors allow only inside inference mode.
@@ -102,6 +107,7 @@ class Generation:
             self.totals["prompt_tokens"] += int(attention_mask.sum())
             self.totals["new_tokens"] += (output.shape[1] - input_ids.shape[1]) * output.shape[0]
         self.totals["calls"] += 1
+        self.totals["new_positions"] += output.shape[1] - input_ids.shape[1]
         self.totals["seconds"] += time.perf_counter() - started
         return output
 
