@@ -39,6 +39,22 @@ def test_triton_decode_matches_reference(batch, heads, kv_heads, max_length, len
     assert rel(out, ref) <= BF16_TOL
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_float32_triton_decode_keeps_float32_products(head_dim):
+    """fp32 inputs get IEEE fp32 products (`hyla.ops.decode_attention.gpu.dot_precision`), not Triton's default TF32
+    (3.7e-4 off in the interpreter's emulation, tests/ops/test_kernels_interpreted.py): only fp32 summation order
+    differs from the float64 reference, 2.0e-7 there; 1e-5 leaves room for longer sums and stays 30x below TF32."""
+    gen = torch.Generator(device="cuda").manual_seed(head_dim)
+    lengths = [1, 300, 4096]
+    q = torch.randn(3, 8, head_dim, device="cuda", generator=gen)
+    keys, values = (torch.randn(3, 2, 4096, head_dim, device="cuda", generator=gen) for _ in range(2))
+    out = decode_attention(q, keys, values, torch.tensor(lengths, device="cuda"), scale=head_dim**-0.5)
+    for row, length in enumerate(lengths):
+        ref = decode_attention_reference(q[row:row + 1].double(), keys[row:row + 1, :, :length].double(),
+                                         values[row:row + 1, :, :length].double(), length, scale=head_dim**-0.5)
+        assert rel(out[row:row + 1], ref) <= 1e-5, f"row {row}"
+
+
 def test_triton_decode_reads_each_rows_own_length():
     """Rows of a ragged batch hold different lengths (engine prefill of a left-padded batch): each row reads only its
     own positions, NaN past them."""

@@ -1,7 +1,8 @@
 """hyla's Triton kernels on CPU through Triton's interpreter, against their float64 references: the split-K decode
-attention (shared and per-row lengths, every launch setting the sweep may pick, NaN past each row's length), the
-batch-1 matrix-vector kernel with every prologue and epilogue, the Lightning step; then the engine's triton-fused and
-Triton-matvec decode steps against the model's forward, and the three `hyla bench sweep --smoke` runs.
+attention (shared and per-row lengths, every launch setting the sweep may pick, NaN past each row's length, float32
+products kept float32 where the GPU would round them to TF32), the batch-1 matrix-vector kernel with every prologue
+and epilogue, the Lightning step; then the engine's triton-fused and Triton-matvec decode steps against the model's
+forward, and the three `hyla bench sweep --smoke` runs.
 
 Runs only under TRITON_INTERPRET=1 (the interpreter must be on before triton is imported, and hyla's kernels then run
 on CPU tensors): `test_kernels_on_cpu.py` starts it in its own process, so that the rest of the suite sees no
@@ -10,6 +11,7 @@ interpreter. Directly: TRITON_INTERPRET=1 python -m pytest tests/ops/test_kernel
 
 import os
 
+import numpy as np
 import pytest
 import torch
 
@@ -58,6 +60,51 @@ def test_decode_attention_kernel(batch, heads, kv_heads, max_length, lengths, dt
                                      torch.tensor(per_row), scale=32**-0.5)
     assert torch.isfinite(out).all()
     assert rel(out, ref) <= (F16_TOL if dtype == torch.float16 else F32_TOL)
+
+
+def _round_to_tf32(x):
+    # round to nearest on the 13 low mantissa bits, as Hopper's tensor cores take float32 inputs (cvt.rna.tf32.f32)
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+@pytest.fixture
+def tf32_dots(monkeypatch):
+    """The interpreter computes every float32 `tl.dot` in float32; with this, dots that ask for TF32 (Triton's
+    default) get their inputs rounded to TF32 as on the GPU."""
+    import triton.runtime.interpreter as interpreter
+    from triton._C.libtriton import ir
+
+    create_dot = interpreter.InterpreterBuilder.create_dot
+
+    def rounded(self, a, b, d, input_precision, max_num_imprecise_acc):
+        if input_precision == ir.INPUT_PRECISION.TF32 and a.data.dtype == np.float32:
+            a = interpreter.TensorHandle(_round_to_tf32(a.data), a.dtype)
+            b = interpreter.TensorHandle(_round_to_tf32(b.data), b.dtype)
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", rounded)
+
+
+@pytest.mark.parametrize("precision", ["ieee", "tf32"])
+def test_float32_decode_attention_keeps_float32_products(tf32_dots, monkeypatch, precision):
+    """An fp32 model's decode attention in fp32: the kernel asks for IEEE products (`dot_precision`) and stays within
+    F32_TOL of the float64 reference (2.0e-7 measured); with TF32 products, Triton's default, the same call is
+    3.7e-4 off (the "tf32" case, which also shows that the rounding above takes effect)."""
+    import hyla.ops.decode_attention.gpu as decode_gpu
+
+    if precision == "tf32":
+        monkeypatch.setattr(decode_gpu, "dot_precision", lambda dtype: "tf32")
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 32, generator=gen)
+    keys, values = (torch.randn(2, 2, 200, 32, generator=gen) for _ in range(2))
+    lengths = torch.tensor([200, 77])
+    out = decode_gpu.decode_attention_triton(q, keys, values, lengths, scale=32**-0.5)
+    ref = decode_attention_reference(q.double(), keys.double(), values.double(), lengths, scale=32**-0.5)
+    if precision == "ieee":
+        assert rel(out, ref) <= F32_TOL
+    else:
+        assert rel(out, ref) > 1e-4
 
 
 @pytest.mark.parametrize("n,k,has_bias,block_n,block_k", [(100, 128, True, 8, 64), (7, 64, False, 4, 32),

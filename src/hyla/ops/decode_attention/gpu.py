@@ -23,12 +23,20 @@ MAX_SPLITS = 128
 DEFAULT_CONFIG = DecodeKernelConfig()
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """The kernel's `tl.dot` input precision for q/k/v of `dtype`: Triton computes float32 products in TF32 by default
+    (~1e-3 relative on Hopper's tensor cores), which would leave an fp32 model's decode off its own forward by far
+    more than fp32 rounding; "ieee" keeps them fp32. Other dtypes ignore the setting (their default, "tf32")."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 @triton.jit
 def _split_kernel(
     q_ptr, k_ptr, v_ptr, length_ptr, part_out_ptr, part_lse_ptr, scale,
     stride_qb, stride_qh, stride_kb, stride_kh, stride_kt, stride_vb, stride_vh, stride_vt, stride_length,
     num_kv_heads, num_splits,
     GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     row_head = tl.program_id(0)
     split = tl.program_id(1)
@@ -55,14 +63,14 @@ def _split_kernel(
         valid = positions < end
         offsets = positions.to(tl.int64)[:, None]
         k = tl.load(k_base + offsets * stride_kt + dims[None, :], mask=valid[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k))
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         scores = tl.where(valid[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, 1))
         correction = tl.exp2(running_max - new_max)
         probs = tl.exp2(scores - new_max[:, None])
         running_sum = running_sum * correction + tl.sum(probs, 1)
         v = tl.load(v_base + offsets * stride_vt + dims[None, :], mask=valid[:, None], other=0.0)
-        acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v)
+        acc = acc * correction[:, None] + tl.dot(probs.to(v.dtype), v, input_precision=DOT_PRECISION)
         running_max = new_max
     # An empty split leaves sum 0 and max -inf: it writes output 0 and log-sum-exp -inf, weight 0 in stage 2.
     out = acc / tl.maximum(running_sum, 1e-30)[:, None]
@@ -125,7 +133,7 @@ def decode_attention_triton(
         values.stride(0), values.stride(1), values.stride(2), 0 if length.numel() == 1 else length.stride(-1),
         num_kv_heads, num_splits,
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=config.block_n, HEAD_DIM=head_dim,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        DOT_PRECISION=dot_precision(keys.dtype), num_warps=config.num_warps, num_stages=config.num_stages,
     )
     out = torch.empty(batch, num_heads, head_dim, device=q.device, dtype=q.dtype)
     _merge_kernel[(batch * num_heads,)](
