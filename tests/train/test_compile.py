@@ -102,13 +102,17 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
-    # does leaving out `align_documents` while it is off (a field added later; on, it changes the training windows).
+    # does leaving out `align_documents` and `teacher_bf16` while they are off (fields added later; on, they change
+    # the training windows or the teacher's targets).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
                   "data_parallel", "batched_twins")
-    off_by_default = ("align_documents",)
+    off_by_default = ("align_documents", "teacher_bf16")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}
     aligned = apply_overrides(make_plan("smoke", 1_000_000), ["distill.align_documents=true"])
     assert aligned.distill.settings()["align_documents"] is True
+    half = apply_overrides(make_plan("smoke", 1_000_000), ["align.teacher_bf16=true"])
+    assert half.align.settings()["teacher_bf16"] is True
+    assert stage_settings(half, request)["align"] != stage_settings(plan, request)["align"]
     changed = apply_overrides(make_plan("smoke", 1_000_000), ["distill.seq_len=64"])
     assert stage_settings(changed, request)["distill"] != stage_settings(plan, request)["distill"]
