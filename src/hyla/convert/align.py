@@ -13,27 +13,6 @@ from hyla.models import HypeNetForCausalLM
 from hyla.models.transfer import TWIN_BUILDERS
 
 
-class MixerRecorder:
-    """Forward hooks on every block's mixer of the teacher: its input (the normed hidden states) and output."""
-
-    def __init__(self, teacher: HypeNetForCausalLM):
-        self.inputs: dict[int, torch.Tensor] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
-        self.handles = [
-            block.mixer.register_forward_hook(self._hook(i)) for i, block in enumerate(teacher.model.layers)
-        ]
-
-    def _hook(self, index: int):
-        def record(module, args, output):
-            self.inputs[index], self.outputs[index] = args[0].detach(), output.detach()
-
-        return record
-
-    def close(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-
-
 class AlignmentTwins(nn.Module):
     """The trainable twins, one per layer (a ModuleList so that optimizer, checkpoint and FSDP treat them as a model)."""
 

@@ -87,7 +87,7 @@ def _input_recorder(modules: dict[int, torch.nn.Module], store: dict[int, torch.
 @torch.no_grad()
 def collect_output_stats(twins, batches: Iterable[dict]) -> dict[int, OutputStats]:
     """Run teacher and twins (`hyla.convert.align.AlignmentTwins`) over `batches`; the sums of `OutputStats`."""
-    from hyla.convert.align import MixerRecorder
+    from hyla.convert.align import record_mixers
 
     teacher = twins.teacher[0]
     stats: dict[int, dict] = {}
@@ -101,12 +101,7 @@ def collect_output_stats(twins, batches: Iterable[dict]) -> dict[int, OutputStat
         for twin in twins.twins:
             twin.o_norm.weight.fill_(1.0)
         for batch in batches:
-            recorder = MixerRecorder(teacher)
-            try:
-                teacher.model(batch["input_ids"].to(device), use_cache=False)
-            finally:
-                recorder.close()
-            context = teacher.model._context(recorder.inputs[0], None, None, None, None)
+            recorder, context = record_mixers(teacher, batch["input_ids"].to(device))
             for i, twin in enumerate(twins.twins):
                 twin(recorder.inputs[i].to(twin.q_proj.weight.dtype), context)
                 _accumulate(stats.setdefault(i, {}), teacher_inputs[i], twin_inputs[i], recorder.outputs[i],

@@ -61,7 +61,7 @@ class ReselectRequest:
 def teacher_output_energy(teacher_spec: str, corpus: str, *, batches: int, batch_size: int,
                           seq_len: int) -> list[float]:
     """Mean square of each layer's attention output of the teacher over `batches` windows of `corpus`."""
-    from hyla.convert.align import MixerRecorder
+    from hyla.convert.align import record_mixers
     from hyla.data.loader import TokenLoader
     from hyla.models.loading import load_teacher
     from hyla.models.transfer import to_hypenet
@@ -71,11 +71,7 @@ def teacher_output_energy(teacher_spec: str, corpus: str, *, batches: int, batch
     loader = TokenLoader(corpus, seq_len=seq_len, batch_size=batch_size, seed=0)
     sums = torch.zeros(len(teacher.model.layers), dtype=torch.float64)
     for _ in range(batches):
-        recorder = MixerRecorder(teacher)
-        try:
-            teacher.model(next(loader)["input_ids"], use_cache=False)
-        finally:
-            recorder.close()
+        recorder, _ = record_mixers(teacher, next(loader)["input_ids"])
         sums += torch.tensor([recorder.outputs[i].double().pow(2).mean().item() for i in range(len(sums))])
     return (sums / batches).tolist()
 
