@@ -47,6 +47,18 @@ def test_bench_train_bf16_teacher_path_runs_the_stages_with_a_teacher(tmp_path):
         assert by_path[(stage, "fast-bf16-teacher")] != by_path[(stage, "fast")], f"{stage}: float32 teacher"
 
 
+def test_bench_train_batched_twins_with_a_bf16_teacher_is_an_align_path(tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "1", "--no-losses",
+                 "--paths", "fast-batched,fast-batched-bf16-teacher", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    cases = {case["path"]: case for case in results["cases"]}
+    assert {(case["stage"], case["path"]) for case in results["cases"]} == {
+        ("align", "fast-batched"), ("align", "fast-batched-bf16-teacher")}
+    assert all(case["alignment_loss"]["batched"] for case in cases.values())
+    batched, bf16 = cases["fast-batched"]["losses"][0], cases["fast-batched-bf16-teacher"]["losses"][0]
+    assert bf16 == pytest.approx(batched, rel=0.05) and bf16 != batched  # the teacher's bf16 rounding only
+
+
 @pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
 def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2

@@ -204,3 +204,16 @@ def test_stage_1_on_the_fast_path_compiles_the_batched_loss_and_trains_the_loops
     assert results["alignment_loss"]["batched"] and results["fast_path"]["compile"]
     # As above, with inductor's fused float32 kernels on the batched side.
     _assert_same_twins(_trained_twins(tmp_path / "loop"), _trained_twins(tmp_path / "fast"), rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_stage_1_batched_loss_with_a_bf16_teacher_compiles_the_teachers_blocks(tiny_teacher, tmp_path, capsys):
+    import json
+
+    assert main(convert_args(tiny_teacher, tmp_path / "fast", "--until-stage", "align", "--set", "align.compile=true",
+                             "--set", "align.batched_twins=true", "--set", "align.teacher_bf16=true")) == 0
+    printed = capsys.readouterr().out
+    # The tiny teacher's 4 blocks, in bf16, compiled as blocks beside the batched loss compiled whole.
+    assert "[align] torch.compile: the loss function, whole, and 4 frozen teacher blocks" in printed
+    results = json.loads((tmp_path / "fast" / "01-align" / "manifest.json").read_text())["results"]
+    assert results["alignment_loss"]["batched"] and results["fast_path"]["compile"]

@@ -29,7 +29,10 @@ STAGES = ("align", "distill", "finetune")
 # fast-batched: the fast path with stage 1's batched twins (align.batched_twins); align cases only.
 # fast-bf16-teacher: the fast path with the frozen teacher in bf16, its blocks compiled in stage 1 too
 # (align.teacher_bf16, distill.teacher_bf16); align and distill cases only.
-PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher")
+# fast-batched-bf16-teacher: both (align.batched_twins and align.teacher_bf16); align cases only.
+PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher", "fast-batched-bf16-teacher")
+BATCHED_PATHS = ("fast-batched", "fast-batched-bf16-teacher")
+BF16_TEACHER_PATHS = ("fast-bf16-teacher", "fast-batched-bf16-teacher")
 TEACHER_STAGES = ("align", "distill")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -211,11 +214,12 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
-                   batched=path == "fast-batched", teacher_bf16=path == "fast-bf16-teacher")
+                   batched=path in BATCHED_PATHS, teacher_bf16=path in BF16_TEACHER_PATHS)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
-    if fast.compile and (built.alignment is None or built.alignment.compile_twins):
-        compile_blocks([*built.blocks, *built.frozen_blocks])
+    if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
+        trained = built.blocks if built.alignment is None or built.alignment.compile_twins else []
+        compile_blocks([*trained, *built.frozen_blocks])
     built.model.train()
     budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=min(budget.warmup_steps, 1),
@@ -370,9 +374,9 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
                "peak_flops": peak_flops(device), "cases": [], "losses": []}
     for case in settings.cases:
         for path in settings.paths:
-            if path == "fast-batched" and case.stage != "align":
+            if path in BATCHED_PATHS and case.stage != "align":
                 continue  # batched twins are stage 1's; the other stages' fast path is "fast"
-            if path == "fast-bf16-teacher" and case.stage not in TEACHER_STAGES:
+            if path in BF16_TEACHER_PATHS and case.stage not in TEACHER_STAGES:
                 continue  # stage 3 has no teacher
             print(f"{case.label} {path}", flush=True)
             try:

@@ -178,7 +178,10 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     run.log(f"[{name}] fast path: {fast.describe()}")
     run.log(f"[{name}] data parallel: {choice.describe()}")
     if fast.compile and loss_compiled:
-        run.log(f"[{name}] torch.compile: the loss function, whole (no block compiled on its own)")
+        # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks.
+        count = compile_blocks(frozen_blocks) if frozen_blocks else 0
+        frozen = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
+        run.log(f"[{name}] torch.compile: the loss function, whole{frozen}")
     elif fast.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")
@@ -263,7 +266,7 @@ def run_align(run: Run, stage: Stage) -> dict:
     path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
                                  batched=run.plan.align.batched_twins)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
-    # align.teacher_bf16: the per-twin loop compiles the teacher's blocks too (they record the mixers themselves).
+    # align.teacher_bf16: the teacher's blocks are compiled too (they record the mixers themselves), on either path.
     frozen = list(teacher.model.layers) if run.plan.align.teacher_bf16 else []
     summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
                            frozen_blocks=frozen, fast=fast, teacher=teacher,
