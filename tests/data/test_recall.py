@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from hyla.data.recall import MAX_FACTS, make_document, parse_recall_spec, recall_documents
+from hyla.data.recall import MAX_FACTS, REPEAT_CHARS, make_document, parse_recall_spec, recall_documents
 from hyla.data.sources import open_source
 from hyla.evals.niah_samples import NEEDLE_TEMPLATE
 
@@ -65,7 +65,10 @@ def test_spec_forms_and_errors(tmp_path):
     assert parse_recall_spec("recall:stdlib").inner == "stdlib"
     spec = parse_recall_spec("recall@100-200:/data/text")
     assert (spec.inner, spec.min_chars, spec.max_chars) == ("/data/text", 100, 200)
-    for bad in ("recall:", "recall@5:stdlib", "recall@200-100:stdlib"):
+    spec = parse_recall_spec("recall-repeat@300-900:wordnet")
+    assert (spec.inner, spec.min_chars, spec.max_chars, spec.repeat) == ("wordnet", 300, 900, True)
+    assert parse_recall_spec("recall-repeat:stdlib").repeat and not parse_recall_spec("recall:stdlib").repeat
+    for bad in ("recall:", "recall@5:stdlib", "recall@200-100:stdlib", "recall-repeat:", "recall-again:stdlib"):
         with pytest.raises(ValueError, match="recall"):
             parse_recall_spec(bad)
     with pytest.raises(FileNotFoundError, match="source not found"):
@@ -95,3 +98,42 @@ def test_prepare_interleaves_recall_documents_with_plain_text(tmp_path, tokenize
     sources = json.loads((out / "manifest.json").read_text())["sources"]
     assert [s["spec"] for s in sources] == [str(text_folder), f"recall@300-600:{text_folder}"]
     assert all(s["num_tokens"] > 0 for s in sources)
+
+
+SENTENCES = [f"Sentence {i} says something plain about item {i}." for i in range(3000)]
+PROSE = " ".join(SENTENCES)
+
+
+def test_repeat_haystack_is_one_passage_of_whole_sentences_repeated_with_the_facts_among_the_repetitions():
+    # two texts: a passage may span the line break between them (it becomes a space: one line per passage)
+    docs = list(recall_documents(iter([" ".join(SENTENCES[:800]), " ".join(SENTENCES[800:])]), seed=1,
+                                 min_chars=2000, max_chars=6000, repeat=True))
+    assert len(docs) > 20
+    passages = []
+    for doc in docs:
+        body, question = doc.text.rsplit("\n\n", 1)
+        match = QUESTION.fullmatch(question)
+        assert match and match.group(5) == doc.values[doc.asked]
+        lines = body.split("\n")
+        facts = [line for line in lines if any(key in line for key in doc.keys)]
+        assert len(facts) == len(doc.keys)
+        haystack = [line for line in lines if line not in facts]
+        assert len(set(haystack)) == 1, "every haystack line is the same passage"
+        passage = haystack[0]
+        assert passage.startswith("Sentence ") and passage.endswith(".")  # whole sentences of the source
+        assert REPEAT_CHARS[0] // 3 <= len(passage) <= 2 * REPEAT_CHARS[1]
+        # repeated to the drawn length: within one passage of [min_chars, max_chars]
+        assert 2000 - len(passage) - 1 <= len("\n".join(haystack)) <= 6000
+        passages.append(passage)
+    # consecutive documents repeat consecutive passages of the text: nothing reused, nothing skipped
+    assert " ".join(passages) == PROSE[: len(" ".join(passages))]
+
+
+def test_repeat_documents_are_seeded_and_their_source_says_so(tmp_path):
+    first = [d.text for d in recall_documents(iter([PROSE]), seed=2, repeat=True)]
+    assert first == [d.text for d in recall_documents(iter([PROSE]), seed=2, repeat=True)]
+    assert first != [d.text for d in recall_documents(iter([PROSE]), seed=3, repeat=True)]
+    (tmp_path / "a.txt").write_text(PROSE)
+    source = open_source(f"recall-repeat@1000-2000:{tmp_path / 'a.txt'}")
+    assert "recall documents (1000-2000 characters of one repeated passage)" in source.description
+    assert len(list(source.documents())) > 50

@@ -15,7 +15,10 @@ Koravin is 48213." Generation is sequential under one seeded RNG, so the same so
 documents.
 
 Spec: `recall:SPEC` (haystack lengths 2,000-14,000 characters) or `recall@MIN-MAX:SPEC` (characters), where SPEC is
-any other source spec.
+any other source spec. `recall-repeat:SPEC` / `recall-repeat@MIN-MAX:SPEC`: the haystack is one short passage of the
+source (one to a few sentences, 60-300 characters, on one line) repeated line after line to the drawn length, the
+facts among the repetitions. A long run of identical lines is where a recurrent layer's state fills with one
+pattern and a hybrid tends to continue the pattern instead of answering; these documents ask for the answer there.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ from dataclasses import dataclass
 
 DEFAULT_CHARS = (2000, 14000)
 MAX_FACTS = 4
-_SPEC = re.compile(r"recall(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
+_SPEC = re.compile(r"recall(-repeat)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
               "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
@@ -66,19 +70,22 @@ class RecallSpec:
     inner: str
     min_chars: int = DEFAULT_CHARS[0]
     max_chars: int = DEFAULT_CHARS[1]
+    repeat: bool = False  # the haystack: one short passage repeated (recall-repeat), else consecutive text
 
 
 def parse_recall_spec(spec: str) -> RecallSpec:
-    """`recall:SPEC` or `recall@MIN-MAX:SPEC` -> RecallSpec; ValueError with the expected form otherwise."""
+    """`recall[-repeat]:SPEC` or `recall[-repeat]@MIN-MAX:SPEC` -> RecallSpec; ValueError with the expected form
+    otherwise."""
     match = _SPEC.fullmatch(spec)
-    if match is None or not match.group(3).strip():
-        raise ValueError(f"source {spec}: expected recall:SPEC or recall@MIN-MAX:SPEC (haystack characters)")
-    low, high, inner = match.groups()
+    if match is None or not match.group(4).strip():
+        raise ValueError(f"source {spec}: expected recall[-repeat]:SPEC or recall[-repeat]@MIN-MAX:SPEC "
+                         "(haystack characters)")
+    repeat, low, high, inner = match.groups()
     if low is None:
-        return RecallSpec(inner)
+        return RecallSpec(inner, repeat=bool(repeat))
     if not 0 < int(low) <= int(high):
         raise ValueError(f"source {spec}: need 0 < MIN <= MAX characters, got {low}-{high}")
-    return RecallSpec(inner, int(low), int(high))
+    return RecallSpec(inner, int(low), int(high), repeat=bool(repeat))
 
 
 @dataclass
@@ -109,19 +116,48 @@ def make_document(haystack: str, rng: random.Random) -> RecallDoc:
     return RecallDoc("\n".join(lines).rstrip() + "\n\n" + question, kind, keys, values, asked)
 
 
+def _sentence_end(text: str, start: int, stop: int, *, last: bool) -> int:
+    """The index just past a sentence end (". " or ".\\n") in text[start:stop], the last or first one; -1 if none."""
+    ends = [i + 1 for i in (text.rfind(m, start, stop) if last else text.find(m, start, stop) for m in (". ", ".\n"))
+            if i >= 0]
+    return (max(ends) if last else min(ends)) if ends else -1
+
+
+def _passage(text: str, length: int) -> tuple[str, int]:
+    """About `length` characters of the start of `text`, whole sentences where it can (the last sentence end in the
+    last two thirds, else the first one before twice the length, else the last space), on one line; and how many
+    characters of `text` it used."""
+    cut = _sentence_end(text, length // 3, length, last=True)
+    if cut < 0:
+        cut = _sentence_end(text, length, 2 * length, last=False)
+    if cut < 0:
+        cut = text.rfind(" ", length // 3, length)
+        cut = cut if cut > 0 else length
+    return " ".join(text[:cut].split()), cut
+
+
 def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
-                     max_chars: int = DEFAULT_CHARS[1]) -> Iterator[RecallDoc]:
+                     max_chars: int = DEFAULT_CHARS[1], repeat: bool = False) -> Iterator[RecallDoc]:
     """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
-    [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped."""
+    [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped.
+    `repeat`: each haystack is instead a passage of 60-300 characters of `texts` (consecutive passages for
+    consecutive documents) repeated one per line to the drawn length."""
     rng = random.Random(f"hyla-recall-{seed}")
     pending = ""
     target = rng.randint(min_chars, max_chars)
+    need = rng.randint(*REPEAT_CHARS) if repeat else target  # characters of text the next haystack takes
     for text in texts:
         pending += text if not pending else "\n" + text
-        while len(pending) >= target:
-            cut = pending.rfind("\n", 0, target)
-            cut = cut if cut > target // 2 else target
-            haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
+        while len(pending) >= need:
+            if repeat:
+                passage, used = _passage(pending, need)
+                pending = pending[used:].lstrip()
+                haystack = "\n".join([passage] * max(1, target // (len(passage) + 1))) if passage else ""
+            else:
+                cut = pending.rfind("\n", 0, target)
+                cut = cut if cut > target // 2 else target
+                haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
             if haystack.strip():
                 yield make_document(haystack, rng)
             target = rng.randint(min_chars, max_chars)
+            need = rng.randint(*REPEAT_CHARS) if repeat else target

@@ -8,7 +8,8 @@ Source specs (`hyla data prepare --source`):
 - `hf:NAME[:CONFIG][:SPLIT]`: a Hugging Face dataset, streamed (needs the `datasets` package and internet);
 - `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`);
 - `recall:SPEC` or `recall@MIN-MAX:SPEC`: synthetic recall documents (key-value facts and a question about one of
-  them) built on the text of the source SPEC (see `hyla.data.recall`);
+  them) built on the text of the source SPEC (see `hyla.data.recall`); `recall-repeat:...` the same with a haystack of
+  one short passage repeated;
 - an offline text by name, `NAME` or `NAME:PATH` (`hotpotqa`, `aa-lcr`, `perl-doc`, `wordnet`, ...; see
   `hyla.data.offline`); a local folder of one of these names needs a path form (`./hotpotqa`);
 - `docs@A-B:SPEC`: documents A to B − 1 (counted from 0) of the source SPEC, e.g. to hold some out.
@@ -58,17 +59,19 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                       lambda: _file_documents(files, text_field))
     if spec.startswith("hf:"):
         return _open_hf_dataset(spec, text_field)
-    if spec.startswith("recall:") or spec.startswith("recall@"):
+    if spec.startswith(("recall:", "recall@", "recall-repeat:", "recall-repeat@")):
         from hyla.data.recall import parse_recall_spec, recall_documents
 
         recall = parse_recall_spec(spec)
         inner = open_source(recall.inner, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
                             generation=generation)
-        return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters of haystack) on "
+        haystack = "of one repeated passage" if recall.repeat else "of haystack"
+        return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}) on "
                       f"{inner.description}",
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
                                                                     min_chars=recall.min_chars,
-                                                                    max_chars=recall.max_chars)))
+                                                                    max_chars=recall.max_chars,
+                                                                    repeat=recall.repeat)))
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
                                     generation=generation)
