@@ -37,7 +37,8 @@ from hyla.data.generated import GenerationSettings
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
-                "'docs@A-B:SPEC' or an offline text name (hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
+                "'recall-repeat:SPEC', 'docs@A-B:SPEC' or an offline text name (hotpotqa, aa-lcr, perl-doc, wordnet, "
+                "...)")
 _DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
 
 
