@@ -110,3 +110,17 @@ def test_flops_per_token_match_torchs_flop_counter():
     counted = counted_flops(lambda: alignment_loss(twins, batch)[0].backward())
     formula = training_flops_per_token("align", twins, length, teacher)["total"]
     assert counted / tokens == pytest.approx(formula + attention_square_excess(teacher, length), rel=1e-2)
+
+
+def test_the_profile_says_whether_the_host_or_the_gpu_sets_the_pace():
+    from hyla.bench.train_report import bound_by, profile_lines
+
+    # sitting B's measurements (docs/results/train-speed.md): alignment with the bf16 teacher, and distillation
+    assert bound_by(131.7, 0.205).endswith("(64%): bound by the host (launches, Python).")
+    assert bound_by(282.1, 0.294).endswith("(96%): bound by the GPU.")
+    assert bound_by(None, 0.2) == "" and bound_by(100.0, None) == ""  # CPU runs have no kernel times
+    case = {"stage": "align", "batch": 128, "seq_len": 512, "path": "fast", "median_step_s": 0.205,
+            "profile": {"wall_ms": 230.1, "kernel_ms": 131.7, "kernels": 2852, "by_kind_ms": {"matmul": 43.2},
+                        "top": [{"us_per_step": 1000.0, "calls_per_step": 3, "name": "k"}]}}
+    header = profile_lines({"cases": [case]})[1]
+    assert "matmul 43.2 ms. Its kernels fill 132 ms of the timed step's 205 ms (64%): bound by the host" in header

@@ -60,6 +60,20 @@ def target_lines(results: dict) -> list[str]:
     return lines
 
 
+# A step whose kernels fill less of its time than this is bound by the host (launches, Python), not by the GPU.
+GPU_BOUND_SHARE = 0.8
+
+
+def bound_by(kernel_ms: float | None, step_s: float | None) -> str:
+    """What sets a step's pace, from its kernels' device time against the timed step's median: "" when unknown."""
+    if not kernel_ms or not step_s:
+        return ""
+    share = kernel_ms / (step_s * 1e3)
+    where = "the GPU" if share >= GPU_BOUND_SHARE else "the host (launches, Python)"
+    return (f" Its kernels fill {kernel_ms:.0f} ms of the timed step's {step_s * 1e3:.0f} ms ({share:.0%}): bound by "
+            f"{where}.")
+
+
 def profile_lines(results: dict, top: int = 12) -> list[str]:
     lines = []
     for case in results["cases"]:
@@ -70,7 +84,8 @@ def profile_lines(results: dict, top: int = 12) -> list[str]:
         lines += ["", f"**{case['stage']} {case['batch']}x{case['seq_len']} ({case['path']}), one profiled step**: "
                   f"wall {profile['wall_ms']:.1f} ms, kernels " + (f"{kernel_ms:.1f} ms" if kernel_ms else "-")
                   + f", {profile['kernels']:.0f} kernels; by kind: "
-                  + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in profile["by_kind_ms"].items()), "",
+                  + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in profile["by_kind_ms"].items()) + "."
+                  + bound_by(kernel_ms, case.get("median_step_s")), "",
                   "| ms | calls | kernel |", "|---|---|---|"]
         lines += [f"| {row['us_per_step'] / 1e3:.2f} | {row['calls_per_step']:.0f} | `{row['name'][:100]}` |"
                   for row in profile["top"][:top]]
