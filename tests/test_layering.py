@@ -16,7 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hyla"
 # Lowest first. A module may import its own area and the areas of lower tiers; areas of one tier not each other.
 TIERS = (
     ("version",),
-    ("validation", "outputs", "compile"),
+    ("validation", "outputs", "compile", "progress"),
     ("ops",),
     ("layers",),
     ("inference",),

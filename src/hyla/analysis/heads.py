@@ -11,7 +11,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from tqdm.auto import tqdm
 
 from hyla.analysis.capture import MixerLayer, capture_heads
 from hyla.analysis.concentration import (
@@ -21,6 +20,7 @@ from hyla.analysis.concentration import (
     normalized_entropy,
     top_k_hit_rate,
 )
+from hyla.progress import progress
 
 DEFAULT_TOP_K = 64
 DEFAULT_BLOCK_SIZE = 128
@@ -120,7 +120,7 @@ def measure_probes(model: torch.nn.Module, probes: Sequence[Probe], *, progress:
     """`measure_probe` for each probe (options as there), with a progress bar."""
     if not probes:
         raise ValueError("no sequences to analyse")
-    return [measure_probe(model, probe, **options) for probe in tqdm(probes, desc="analyze", disable=not progress)]
+    return [measure_probe(model, probe, **options) for probe in progress(probes, desc="analyze", disable=not progress)]
 
 
 def _mean_std(values: list[torch.Tensor]) -> tuple[list[float], list[float]]:

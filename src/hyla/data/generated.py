@@ -70,7 +70,7 @@ class GenerationSettings:
 
 def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_progress: bool = True) -> Iterator[str]:
     """Sample `settings.num_documents` documents from the teacher, `batch_size` prompts at a time."""
-    from tqdm.auto import tqdm
+    from hyla.progress import progress
 
     from hyla.models.loading import load_teacher
 
@@ -78,7 +78,7 @@ def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_prog
     model = generating_model(teacher.model)
     prompts = _prompt_order(settings)
     batches = range(0, settings.num_documents, settings.batch_size)
-    for start in tqdm(batches, desc="teacher text", unit="batch", disable=not show_progress, leave=False):
+    for start in progress(batches, desc="teacher text", unit="batch", disable=not show_progress, leave=False):
         batch_prompts = prompts[start:start + settings.batch_size]
         yield from sample_batch(model, teacher.tokenizer, batch_prompts, settings, start)
 

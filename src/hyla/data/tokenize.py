@@ -159,12 +159,12 @@ class ShardWriter:
 def write_documents(writer: ShardWriter, documents: Iterator[tuple[int, str]], tokenizer, separator_id: int,
                     max_tokens: int | None, *, num_sources: int, show_progress: bool) -> dict[str, Any]:
     """Tokenize and write documents, stopping at `max_tokens` (the last document is cut there)."""
-    from tqdm.auto import tqdm
+    from hyla.progress import progress
 
     per_source = [{"num_documents": 0, "num_tokens": 0} for _ in range(num_sources)]
     budget = max_tokens if max_tokens is not None else float("inf")
     truncated = False
-    bar = tqdm(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing", disable=not show_progress)
+    bar = progress(total=max_tokens, unit="tok", unit_scale=True, desc="tokenizing", disable=not show_progress)
     try:
         for source_index, tokens in _tokenized(documents, tokenizer, separator_id, writer.dtype):
             room = int(min(budget - writer.num_tokens, len(tokens)))

@@ -15,10 +15,9 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from hyla.evals.generation import Generation, as_generation, generate_greedy
 from hyla.evals.haystack import count_tokens, essay_word_prefix, fit_num_units, load_essay_words, split_sentences
+from hyla.progress import progress
 
 BABILONG_MAX_NEW_TOKENS = 16
 PEOPLE = ("Mary", "John", "Daniel", "Sandra")
@@ -212,7 +211,7 @@ def evaluate_babilong(
     path ("auto", "engine", "hf") or a Generation; the result's: the path taken and its time)."""
     records = []
     generation = as_generation(model, generation)
-    for task, length in tqdm([(t, n) for t in tasks for n in lengths], desc="babilong", unit="task×length"):
+    for task, length in progress([(t, n) for t in tasks for n in lengths], desc="babilong", unit="task×length"):
         samples = build_babilong_samples(tokenizer, task, length, num_samples, seed)
         predictions = generate_greedy(
             model, tokenizer, [s.input for s in samples], max_new_tokens=max_new_tokens, batch_size=batch_size,

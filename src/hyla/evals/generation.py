@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
+
+from hyla.progress import progress
 
 # RULER generates up to 128 tokens; the answers of NIAH and BABILong fit in far fewer, so 32 saves time.
 DEFAULT_MAX_NEW_TOKENS = 32
@@ -146,7 +147,7 @@ def generate_greedy(
     order = sorted(range(len(prompts)), key=lambda index: len(encoded[index]))
     completions: list[str] = [""] * len(prompts)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc=description, disable=not show_progress, leave=False):
+    for batch in progress(batches, desc=description, disable=not show_progress, leave=False):
         texts = _generate_batch(generation, tokenizer, [encoded[index] for index in batch], max_new_tokens, device)
         for index, text in zip(batch, texts):
             completions[index] = text

@@ -6,9 +6,9 @@ import math
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from hyla.evals.generation import model_device, pad_token_id
+from hyla.progress import progress
 
 
 def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
@@ -65,7 +65,7 @@ def encoded_scores(
     order = sorted(range(len(encoded)), key=lambda index: -(len(encoded[index][0]) + len(encoded[index][1])))
     results: list[tuple[float, bool]] = [(0.0, False)] * len(encoded)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    for batch in tqdm(batches, desc=description, disable=not show_progress, leave=False):
+    for batch in progress(batches, desc=description, disable=not show_progress, leave=False):
         batch_scores = _score_batch(model, [encoded[index] for index in batch], max_length, tokenizer)
         for index, result in zip(batch, batch_scores):
             results[index] = result

@@ -15,8 +15,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tqdm.auto import tqdm
-
 from hyla.evals.generation import Generation, as_generation, generate_greedy
 from hyla.evals.niah_samples import (
     RULER_TOKENS_TO_GENERATE,
@@ -26,6 +24,7 @@ from hyla.evals.niah_samples import (
     build_samples,
     get_task,
 )
+from hyla.progress import progress
 
 __all__ = [
     "TASKS",
@@ -181,7 +180,7 @@ def evaluate_niah(
     records: list[dict[str, Any]] = []
     generation = as_generation(model, generation)
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
-    for task, length in tqdm(groups, desc="niah", unit="task×length"):
+    for task, length in progress(groups, desc="niah", unit="task×length"):
         samples = build_samples(
             tokenizer, task, length, num_samples, seed, num_depths=num_depths, tokens_to_generate=tokens_to_generate
         )

@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from hyla.evals.generation import model_device
 from hyla.evals.haystack import load_essay_text
+from hyla.progress import progress
 
 DEFAULT_CHUNK_SIZE = 4096
 _MAX_CURVE_POINTS = 256
@@ -111,7 +111,7 @@ def ppl_by_position(
         raise ValueError(f"bucket edges must rise from 0 to at most {seq_len}, got {edges}")
     batches = [input_ids[start : start + batch_size] for start in range(0, num_sequences, batch_size)]
     losses = torch.cat(
-        [token_losses(model, batch, chunk_size=chunk_size) for batch in tqdm(batches, desc="ppl", leave=False)]
+        [token_losses(model, batch, chunk_size=chunk_size) for batch in progress(batches, desc="ppl", leave=False)]
     )
     buckets = bucket_means(losses, edges)
     summary = {"loss": losses.mean().item()}

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from tqdm import tqdm
+from hyla.progress import progress
 
 
 class StepLog:
@@ -17,7 +17,7 @@ class StepLog:
         self.enabled = enabled
         self.started = time.perf_counter()
         self.start_step = start_step
-        self.bar = tqdm(
+        self.bar = progress(
             total=total_steps, initial=start_step, desc=description, unit="step", dynamic_ncols=True,
             disable=not enabled, file=sys.stderr,
         )
