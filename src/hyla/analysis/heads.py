@@ -20,7 +20,7 @@ from hyla.analysis.concentration import (
     normalized_entropy,
     top_k_hit_rate,
 )
-from hyla.progress import progress
+from hyla.progress import progress as progress_bar
 
 DEFAULT_TOP_K = 64
 DEFAULT_BLOCK_SIZE = 128
@@ -120,7 +120,8 @@ def measure_probes(model: torch.nn.Module, probes: Sequence[Probe], *, progress:
     """`measure_probe` for each probe (options as there), with a progress bar."""
     if not probes:
         raise ValueError("no sequences to analyse")
-    return [measure_probe(model, probe, **options) for probe in progress(probes, desc="analyze", disable=not progress)]
+    return [measure_probe(model, probe, **options) for probe in progress_bar(probes, desc="analyze",
+                                                                        disable=not progress)]
 
 
 def _mean_std(values: list[torch.Tensor]) -> tuple[list[float], list[float]]:
