@@ -180,8 +180,8 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     if fast.compile and loss_compiled:
         # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks.
         count = compile_blocks(frozen_blocks) if frozen_blocks else 0
-        frozen = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
-        run.log(f"[{name}] torch.compile: the loss function, whole{frozen}")
+        teacher_blocks = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
+        run.log(f"[{name}] torch.compile: the loss function, whole{teacher_blocks}")
     elif fast.compile:
         count = compile_blocks([*blocks, *frozen_blocks])
         run.log(f"[{name}] torch.compile: {count} blocks")

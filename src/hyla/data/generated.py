@@ -70,9 +70,8 @@ class GenerationSettings:
 
 def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_progress: bool = True) -> Iterator[str]:
     """Sample `settings.num_documents` documents from the teacher, `batch_size` prompts at a time."""
-    from hyla.progress import progress
-
     from hyla.models.loading import load_teacher
+    from hyla.progress import progress
 
     teacher = load_teacher(teacher_spec, dtype=settings.dtype, device=settings.device)
     model = generating_model(teacher.model)

@@ -4,6 +4,7 @@ CPU. Tests and benchmarks override it with `use_backend(...)` or the environment
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 from collections.abc import Iterator
@@ -36,17 +37,16 @@ def use_backend(name: str) -> Iterator[None]:
         _override.pop()
 
 
-_fla_found: list[bool] = []  # found once per process
+@functools.cache
+def _fla_found() -> bool:
+    return importlib.util.find_spec("fla") is not None and importlib.util.find_spec("triton") is not None
 
 
 @torch.compiler.assume_constant_result
 def fla_available() -> bool:
     """True when flash-linear-attention and triton can be imported (checked without importing them). Compiled code
     takes its value as a constant (dynamo would otherwise trace the package search, or warn about a cache wrapper)."""
-    if not _fla_found:
-        found = importlib.util.find_spec("fla") is not None and importlib.util.find_spec("triton") is not None
-        _fla_found.append(found)
-    return _fla_found[0]
+    return _fla_found()
 
 
 def resolve_backend(tensor: torch.Tensor) -> str:
