@@ -107,7 +107,7 @@ def test_the_recipe_preset_is_sized_as_documented():
     assert tokens == {"align": 50_000_000, "distill": 150_000_000, "finetune": 50_000_000}
     seconds = tokens["align"] / 400e3 + tokens["distill"] / 200e3 + tokens["finetune"] / 150e3
     assert 19 * 60 < seconds < 21 * 60
-    assert plan.distill.lr == 1e-4 and plan.distill.seq_len == 4096 and plan.distill.batch_size == 16
+    assert plan.distill.lr == 3e-4 and plan.distill.seq_len == 4096 and plan.distill.batch_size == 16
     assert plan.model.twin_init == "lstsq" and plan.selection.noise_z == 2.0
     assert len(plan.selection.niah_tasks) * plan.selection.niah_samples >= 100
     assert plan.selection.niah_lengths == [4096]
