@@ -1,8 +1,11 @@
 """torch.compile helpers shared by training and inference.
 
-Every block of a model runs the same code on different weights, and dynamo guards on a block's plain attributes (its
-layer index, for one), so a 30-layer model can need one compiled entry per layer: `raise_recompile_limits` allows
-that instead of dynamo's default of 8, past which it silently runs the remaining layers uncompiled.
+Every block of a model runs the same code on different weights, and dynamo guards on the Python values a block's
+forward reads: one that differs from layer to layer (an int attribute it uses, the length of a list it appends to)
+compiles a graph per layer. The conversion's training steps read none, and compile one graph per kind of block and
+grad mode (tests/train/test_compile.py counts them). `raise_recompile_limits` keeps dynamo's default of 8 entries
+of one function, past which it silently runs the remaining calls uncompiled, from capping a process that compiles
+many kinds of block, grad modes and shapes.
 """
 
 from __future__ import annotations

@@ -1,10 +1,12 @@
 """`compile=true` for training stages: blocks compiled in place compute the same loss and gradients as the eager
-model, keep their parameter names, and leave the stages' hashes alone (speed only)."""
+model, keep their parameter names, compile one graph per kind of block, and leave the stages' hashes alone (speed
+only)."""
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 from types import SimpleNamespace
 
 import pytest
@@ -89,6 +91,66 @@ def test_compiled_teacher_blocks_record_their_mixers_without_recompiling():
             for want, got in ((expected.inputs[i], actual.inputs[i]), (expected.outputs[i], actual.outputs[i])):
                 assert ((want - got).norm() / want.norm()).item() <= 1e-12, (step, i)
     assert graphs[0] > 0 and graphs[1] == graphs[0] and graphs[2] == graphs[0]
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["per-twin-loop", "batched-twins"])
+@pytest.mark.parametrize("teacher_bf16", [False, True], ids=["float32-teacher", "bf16-teacher"])
+# Past its recompile limit dynamo would run the blocks uncompiled, compiling nothing new: an error instead.
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(batched, teacher_bf16, monkeypatch, request):
+    """Stages 1 and 2 of `hyla convert` on the fast path, in one process as the pipeline runs them: stage 1 compiles
+    one graph for the twins (block by block, or the batched loss) and, with `teacher_bf16`, one for the teacher's
+    recording blocks; stage 2 one for each kind of student block and one for the teacher's blocks. No graph per
+    layer, and nothing new at a second step. Dynamo's "eager" backend: its guards, which decide what recompiles,
+    without inductor's code generation."""
+    from torch._dynamo.utils import counters
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hyla.convert.align import AlignmentTwins
+    from hyla.convert.align_batched import choose_alignment_path, compiled_twin_errors
+    from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss
+    from hyla.models.transfer import to_hypenet
+
+    original_compile = torch.compile
+    # nn.Module.compile and the batched loss both call torch.compile.
+    monkeypatch.setattr(torch, "compile", lambda function, **options:
+                        original_compile(function, **{**options, "backend": "eager"}))
+    request.addfinalizer(torch._dynamo.reset)
+    request.addfinalizer(compiled_twin_errors.cache_clear)
+    torch.manual_seed(0)
+    hf_teacher = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=48,
+                                              num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                                              max_position_embeddings=128))
+    teacher = to_hypenet(hf_teacher, attention_rope=True).eval()
+    teacher = bf16_teacher(teacher) if teacher_bf16 else teacher
+    batches = [{"input_ids": ids, "labels": ids}
+               for ids in torch.randint(0, 60, (2, 1, 16), generator=torch.Generator().manual_seed(1))]
+    torch._dynamo.reset()
+    compiled_twin_errors.cache_clear()
+    counters.clear()
+
+    def graphs_per_step(model, loss_fn) -> list[int]:
+        graphs = []
+        for batch in batches:
+            loss_fn(model, batch)[0].backward()
+            graphs.append(counters["stats"]["unique_graphs"])
+        return graphs
+
+    # What hyla.convert.runners' run_align and train_budget compile.
+    twins = AlignmentTwins.for_training(teacher, hf_teacher, copy.deepcopy(teacher.config), torch.device("cpu"))
+    path = choose_alignment_path(twins, compile=True, batched=batched)
+    assert path.batched == batched and path.compiled
+    frozen = list(teacher.model.layers) if teacher_bf16 else []
+    compile_blocks(frozen if path.batched else [*twins.twins, *frozen])
+    # The twins' graph (or the batched loss's), and the teacher's recording block where it is compiled.
+    stage_1 = 2 if teacher_bf16 else 1
+    assert graphs_per_step(twins, path.loss_fn) == [stage_1, stage_1]
+    # Stage 2 (run_distill), fused loss (the CUDA default): a Lightning and an attention block of the student, and the
+    # teacher's block without recording and without gradients.
+    student = build_student(hf_teacher, [1, 4]).float()
+    compile_blocks([*student.model.layers, *teacher.model.layers])
+    distill = functools.partial(distill_loss, fused=True)
+    assert graphs_per_step(StudentWithTeacher(student, teacher), distill) == [stage_1 + 3, stage_1 + 3]
 
 
 def test_fast_path_settings_leave_stage_hashes_alone():

@@ -57,7 +57,11 @@ def record_mixers(teacher: HypeNetForCausalLM, input_ids: torch.Tensor):
         hidden_states = model.embed_tokens(input_ids)
         context = model._context(hidden_states, None, None, None, None, model.inference_options)
         for block in model.layers:
-            hidden_states = block(hidden_states, context, pairs)
+            # A new list for every block: a compiled block guards on the length of the list it appends to, so one
+            # list growing from block to block would compile the teacher's block once per layer.
+            recorded: list[tuple[torch.Tensor, torch.Tensor]] = []
+            hidden_states = block(hidden_states, context, recorded)
+            pairs.extend(recorded)
     return MixerRecording(pairs), model._context(pairs[0][0], None, None, None, None)
 
 

@@ -54,8 +54,9 @@ class HypeNetBlock(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext,
                 record: list | None = None) -> torch.Tensor:
-        """`record`: a list the mixer's input and output are appended to, as a pair (stage 1's targets; a list,
-        not a hook, so that a compiled block records without recompiling)."""
+        """`record`: an empty list the mixer's input and output are appended to, as a pair (stage 1's targets; a
+        list, not a hook, so that a compiled block records without recompiling; empty, because dynamo guards on its
+        length: one list passed from block to block would compile a graph per layer)."""
         mixer_input = self.input_layernorm(hidden_states)
         mixer_output = self.mixer(mixer_input, context)
         if record is not None:
