@@ -41,6 +41,10 @@
 # AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS, at
 # most AFTER_S=300 s and what is left of the call's CALL_S=600, once (a later call with the same AFTER skips it):
 # the next step needs no call of its own, and leaves no gap in which the machine goes back.
+# `WARM=1 ... part1` also starts, in the background, one step of each stage at the recipe's shapes on random weights
+# (`hyla bench train --paths fast`, WARM_CASES): a fresh machine's compiler and fla's autotuning fill their on-disk
+# caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
+# stage-1 first step took 148 s fresh; a warm cache's, 37 s). $keep/warm.log; every `collect` prints its last line.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
 # `bash scripts/gpu-session/experiment.sh hyla bench train --out \$OUT/bench --cases align:128x512`).
 set -uo pipefail
@@ -84,6 +88,22 @@ smoke_status() {
   cp $keep/smoke-report.txt "$OUT/" 2>/dev/null
 }
 
+start_warm() {  # the stages' first steps compiled and autotuned in the background (outlives the call)
+  rm -rf $keep/warm && mkdir -p $keep/warm && cp -r src $keep/warm/ || exit 1
+  # shellcheck disable=SC2086 # WARM_CASES is one argument
+  ( cd $keep/warm && PYTHONPATH=$keep/site:$keep/warm/src setsid nohup python3 -m hyla.cli bench train \
+      --out $keep/warm/out --cases "${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384}" --paths fast \
+      --steps 1 --warmup 0 --no-profile --no-losses > $keep/warm.log 2>&1 < /dev/null & )
+  echo "compile warm-up started in the background: $keep/warm.log"
+}
+
+warm_status() {
+  [ -f $keep/warm.log ] || return 0
+  local state=finished
+  pgrep -f "$keep/warm/out" >/dev/null && state=running
+  echo "--- compile warm-up ($state): $(grep -v '^\s*$' $keep/warm.log | tail -n 1 | cut -c1-160)"
+}
+
 collect() {
   local start=$SECONDS
   while [ $((SECONDS - start)) -lt "$wait_s" ] && runner_alive; do
@@ -92,6 +112,7 @@ collect() {
       hyla experiment status $run | head -n 3
       nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader
       smoke_status | head -n 3
+      warm_status
     fi
   done
   runner_alive && echo "the run goes on after ${wait_s} s: call wait again"
@@ -166,6 +187,7 @@ part1)
   install_wheels || exit 1
   # train.json is rewritten after each case, so a cut run keeps what it measured.
   # shellcheck disable=SC2086 # PROBE_ARGS holds several arguments
+  [ "${WARM:-0}" = 1 ] && start_warm
   [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout "${PROBE_TIMEOUT_S:-520}" python3 -m hyla.cli bench train \
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
