@@ -49,7 +49,14 @@ def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
         assert row["paths"]["engine"]["engine"]["decode_step"] == "eager"
         assert row["same_predictions"] == 1.0 and row["speedup"] > 0
         assert row["paths"]["engine"]["timed"]["prompt_tokens"] == row["paths"]["hf"]["timed"]["prompt_tokens"] > 0
-    assert "speedup" in (tmp_path / "generate.md").read_text()
+        for path in ("engine", "hf"):
+            host, timed = row["paths"][path]["host_s_per_prompt"], row["paths"][path]["timed"]
+            assert host["outside_generation"] == pytest.approx(
+                (row["paths"][path]["seconds"] - timed["seconds"]) / row["num_prompts"])
+            assert host["encode"] == pytest.approx(timed["encode_s"] / row["num_prompts"])
+            assert (host["engine_outside_prefill_decode"] is None) == (path == "hf")
+    markdown = (tmp_path / "generate.md").read_text()
+    assert "speedup" in markdown and "engine outside generation s/prompt" in markdown
 
 
 def test_bench_generate_compares_mixers_and_inference_modes(tmp_path):

@@ -8,7 +8,9 @@ or haystack files are needed) with a 7-digit needle at an even spread of depths.
 benchmark measures time. Per length, each path first runs one batch untimed (compilation, autotuning, graph capture:
 reported as warm-up), then every prompt, timed; the speedup is hf seconds / engine seconds. `same_predictions` is the
 fraction of prompts whose greedy text is equal on both paths (bf16 on a GPU: random-weight logits have near ties, so
-some differ; the exact-equality tests run in float32, tests/inference/test_generate_gpu.py).
+some differ; the exact-equality tests run in float32, tests/inference/test_generate_gpu.py). Each path also reports
+its host seconds a prompt (`host_seconds_per_prompt`): outside generation (encoding, the padded tensors, detokenizing,
+the rest) and, on the engine, inside `Generation.batch` but outside prefill and decode.
 
 With `rnn_mixers` or `variants` it compares what each inference mode costs: one model per recurrent mixer (Lightning,
 GLA or GDN in the 23 layers that are not attention, the same 7 attention layers), each run under seed 003's
@@ -192,10 +194,27 @@ def _run_path(model, tokenizer, samples, batch_size: int, settings: GenerateBenc
     timed = {name: described[name] - warm[name] for name in warm}
     log(f"  {path:6s} {len(samples)} prompts in {seconds:8.2f} s ({seconds / len(samples):.3f} s a prompt; warm-up "
         f"{warmup_s:.2f} s){' ' + str(described['engine']) if described['engine'] else ''}")
+    host = host_seconds_per_prompt(timed, seconds, len(samples), engine=generation.session is not None)
+    log("  host a prompt: " + ", ".join(f"{name} {value:.4f} s" for name, value in host.items() if value is not None))
     return {"path": described["path"], "reason": described["reason"], "engine": described["engine"],
             **_ran_with(generation), "seconds": seconds, "seconds_per_prompt": seconds / len(samples),
-            "warmup_s": warmup_s, "timed": timed, "predictions": [record["pred"] for record in records],
+            "warmup_s": warmup_s, "timed": timed, "host_s_per_prompt": host,
+            "predictions": [record["pred"] for record in records],
             "accuracy": sum(record["score"] for record in records) / len(records)}
+
+
+def host_seconds_per_prompt(timed: dict, seconds: float, num_prompts: int, *, engine: bool) -> dict:
+    """Seconds a prompt outside `Generation.batch` (the evaluation's own host work: encoding, the padded tensors and
+    their copy to the device, detokenizing, and the rest: scoring, sorting, progress), and on the engine path the
+    seconds inside it outside prefill and decode (the session's checks, reset, output assembly). None: not measured
+    (a Generation without host timings; the hf path has no prefill and decode split)."""
+    outside = seconds - timed["seconds"]
+    parts = {name: timed.get(f"{name}_s") for name in ("encode", "tensors", "detokenize")}
+    measured = [value for value in parts.values() if value is not None]
+    rest = outside - sum(measured) if len(measured) == len(parts) else None
+    in_batch = timed["seconds"] - timed["prefill_s"] - timed["decode_s"] if engine else None
+    values = {"outside_generation": outside, **parts, "rest": rest, "engine_outside_prefill_decode": in_batch}
+    return {name: None if value is None else value / num_prompts for name, value in values.items()}
 
 
 def _ran_with(generation) -> dict:
@@ -369,17 +388,24 @@ def generate_markdown(results: dict, command: str) -> str:
     if "rows" in results:
         return variant_markdown(results, command)
     lines = ["# NIAH generation: hyla's engine against transformers' generate", "",
-             "| length | prompts | batch | engine s/prompt | hf s/prompt | speedup | same predictions | engine warm-up s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| length | prompts | batch | engine s/prompt | hf s/prompt | speedup | same predictions | engine warm-up s "
+             "| engine outside generation s/prompt |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in results["lengths"]:
         paths = row["paths"]
         cell = lambda path: f"{paths[path]['seconds_per_prompt']:.3f}" if path in paths else "n/a"  # noqa: E731
         lines.append(f"| {row['length']} | {row['num_prompts']} | {row['batch_size']} | {cell('engine')} | "
                      f"{cell('hf')} | {row.get('speedup', float('nan')):.1f}x | "
                      f"{row.get('same_predictions', float('nan')):.2f} | "
-                     f"{paths['engine']['warmup_s'] if 'engine' in paths else float('nan'):.1f} |")
+                     f"{paths['engine']['warmup_s'] if 'engine' in paths else float('nan'):.1f} | "
+                     f"{_outside_generation(paths.get('engine'))} |")
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines) + "\n"
+
+
+def _outside_generation(path: dict | None) -> str:
+    host = (path or {}).get("host_s_per_prompt") or {}
+    return "n/a" if host.get("outside_generation") is None else f"{host['outside_generation']:.3f}"
 
 
 def variant_markdown(results: dict, command: str) -> str:
