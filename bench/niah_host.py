@@ -2,8 +2,9 @@
 stand-in that returns each prompt plus fixed tokens at once: encoding, the padded tensors, detokenizing the new
 tokens, scoring, and the rest of `evaluate_samples` (sorting, the progress bar). Prompts are built before the timed
 region, as `hyla bench generate` builds them: the bench's own (synthetic word-level tokenizer, RULER-style needle)
-and, with --tokenizer, RULER NIAH prompts of a real tokenizer (`build_samples`). With --engine it also times the
-per-batch host work of `GenerationSession.generate` around prefill and decode, on the converted 135M shape on CPU.
+and, with --tokenizer, RULER NIAH prompts of a real tokenizer (`build_samples`); each set twice where hyla keeps
+a sample's token ids: without them (encoded when evaluated) and with them. With --engine it also times the per-batch
+host work of `GenerationSession.generate` around prefill and decode, on the converted 135M shape on CPU.
 
     python bench/niah_host.py --length 64K --prompts 8 --batch-size 1 --tokenizer smollm2-135m --task SK2 --engine
 
@@ -18,6 +19,7 @@ import statistics
 import time
 from collections import defaultdict
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 
@@ -123,6 +125,23 @@ def time_engine_host(length: int, max_new_tokens: int, repeats: int) -> dict[str
     return {**timings, "engine build (once per engine)": allocate_s}
 
 
+def with_and_without_ids(name: str, tokenizer, samples: list) -> list[tuple]:
+    """The samples without token ids (encoded when evaluated), and, where hyla keeps a sample's token ids
+    (`NiahSample.prompt_ids`, not on older versions), with the ids `build_samples` keeps (the bench's synthetic
+    samples: those `hyla bench generate` gives them)."""
+    fields = getattr(samples[0], "__dataclass_fields__", {})
+    if "prompt_ids" not in fields:
+        return [(name, tokenizer, samples)]
+    from hyla.evals.tokens import kept_prompt_ids
+
+    kept = [sample.prompt_ids for sample in samples]
+    if any(ids is None for ids in kept):
+        kept = kept_prompt_ids(tokenizer, [sample.input for sample in samples])
+    encoded = [replace(sample, prompt_ids=None) for sample in samples]
+    return [(f"{name}, encoded", tokenizer, encoded),
+            (f"{name}, ids kept", tokenizer, [replace(s, prompt_ids=ids) for s, ids in zip(samples, kept)])]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--length", default="64K")
@@ -135,7 +154,8 @@ def main() -> None:
     parser.add_argument("--engine", action="store_true", help="also the engine's per-batch host work on CPU")
     args = parser.parse_args()
     length = parse_length(args.length)
-    cases = [("synthetic word-level (the bench's)", synthetic_tokenizer(49152),
+    synthetic = synthetic_tokenizer(49152)
+    cases = [("synthetic word-level (the bench's)", synthetic,
               synthetic_niah_samples(49152, length, args.prompts, tokens_to_generate=128, seed=0))]
     if args.tokenizer:
         from hyla.evals.niah_samples import build_samples
@@ -144,6 +164,7 @@ def main() -> None:
         tokenizer = load_tokenizer(args.tokenizer)
         cases.append((f"{args.tokenizer} {args.task}", tokenizer, build_samples(tokenizer, args.task, length,
                                                                                  args.prompts)))
+    cases = [case for name, tokenizer, samples in cases for case in with_and_without_ids(name, tokenizer, samples)]
     print(f"length {args.length}, {args.prompts} prompts, batch {args.batch_size}, {args.max_new_tokens} new tokens, "
           f"torch {torch.__version__} with {torch.get_num_threads()} threads; ms a prompt, median of {args.repeats}")
     print("| prompts | " + " | ".join(STAGES) + " | rest | all |")

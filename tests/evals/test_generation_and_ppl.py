@@ -7,13 +7,13 @@ import torch
 
 from hyla.evals.generation import (
     Generation,
-    _plain_backend,
     encode_prompts,
     generate_greedy,
     left_padded_batch,
     left_padded_ids,
 )
 from hyla.evals.ppl import bucket_means, default_bucket_edges, long_token_sequences, ppl_by_position, token_losses
+from hyla.evals.tokens import plain_backend
 
 
 def _tiny_hypenet(vocab_size: int = 97):
@@ -37,62 +37,48 @@ def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm
 
 def test_prompts_encoded_in_one_call_equal_each_prompt_encoded_alone(smollm2_tokenizer):
     prompts = ["The grass is green. " * 50, "hi", "", "One of the special magic numbers for x-y is: 1234567."]
-    assert _plain_backend(smollm2_tokenizer) is not None  # the backend's own batched call, without offsets
+    assert plain_backend(smollm2_tokenizer) is not None  # the backend's own batched call, without offsets
     assert encode_prompts(smollm2_tokenizer, prompts) == [smollm2_tokenizer(p)["input_ids"] for p in prompts]
     assert encode_prompts(smollm2_tokenizer, []) == []
-
-
-def _word_tokenizer(*, bos: bool = False, **kwargs):
-    """A word-level tokenizer: "<pad>" 0, "<eos>" 1, "<bos>" 2, "w3".."w49"; with bos, a template that adds "<bos>"."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, **{f"w{index}": index for index in range(4, 50)}}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    if bos:
-        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
-                                   bos_token="<bos>", unk_token="<unk>", **kwargs)
 
 
 _WORD_PROMPTS = ["w4 w5 w6 w7 w8 w9 w10", "w11", "", "w12 <eos> w13 unknown w14", "w15  w16\nw17"]
 
 
 @pytest.mark.parametrize("bos", [False, True])
-def test_word_level_prompts_encode_as_the_tokenizer_encodes_them(bos):
-    tokenizer = _word_tokenizer(bos=bos)
-    assert _plain_backend(tokenizer) is not None
+def test_word_level_prompts_encode_as_the_tokenizer_encodes_them(make_word_tokenizer, bos):
+    tokenizer = make_word_tokenizer(bos=bos)
+    assert plain_backend(tokenizer) is not None
     assert encode_prompts(tokenizer, _WORD_PROMPTS) == [tokenizer(p)["input_ids"] for p in _WORD_PROMPTS]
 
 
-def test_prompts_encode_as_the_tokenizer_does_when_its_backend_would_truncate_or_split_specials():
+def test_a_backend_set_to_truncate_or_split_specials_encodes_as_its_tokenizer(make_word_tokenizer):
     """A backend left with truncation on, or told to split special tokens differently from the tokenizer, is not
     called directly: the tokenizer's own call (which resets both) encodes, untruncated."""
-    truncating = _word_tokenizer()
+    truncating = make_word_tokenizer()
     truncating.backend_tokenizer.enable_truncation(max_length=2)
-    assert _plain_backend(truncating) is None
+    assert plain_backend(truncating) is None
     encoded = encode_prompts(truncating, _WORD_PROMPTS)
-    assert len(encoded[0]) == 7 and encoded == [_word_tokenizer()(p)["input_ids"] for p in _WORD_PROMPTS]
-    splitting = _word_tokenizer(split_special_tokens=True)
+    assert len(encoded[0]) == 7 and encoded == [make_word_tokenizer()(p)["input_ids"] for p in _WORD_PROMPTS]
+    splitting = make_word_tokenizer(split_special_tokens=True)
     splitting.backend_tokenizer.encode_special_tokens = False
-    assert _plain_backend(splitting) is None
+    assert plain_backend(splitting) is None
     # Split, "<eos>" is text: "w12<eos>w13" is one unknown word (not w12, <eos>, w13).
     prompts = [*_WORD_PROMPTS, "w12<eos>w13"]
     encoded = encode_prompts(splitting, prompts)
     assert encoded == [splitting(p)["input_ids"] for p in prompts] and encoded[-1] == [3]
 
 
-def test_a_tokenizer_that_encodes_in_python_is_called_as_it_is():
+def test_a_tokenizer_that_encodes_in_python_is_called_as_it_is(make_word_tokenizer):
     from transformers import PreTrainedTokenizerFast
 
     class Lowering(PreTrainedTokenizerFast):
         def _encode_plus(self, text, *args, **kwargs):
             return super()._encode_plus([t.lower() for t in text], *args, **kwargs)
 
-    base = _word_tokenizer()
+    base = make_word_tokenizer()
     tokenizer = Lowering(tokenizer_object=base.backend_tokenizer, pad_token="<pad>", unk_token="<unk>")
-    assert _plain_backend(tokenizer) is None
+    assert plain_backend(tokenizer) is None
     assert encode_prompts(tokenizer, ["W4 w5"]) == [[4, 5]]
 
 

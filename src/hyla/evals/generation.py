@@ -7,12 +7,14 @@ engine is kept across the evaluation's batches, and `describe()` is what its res
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
 import torch
 
+from hyla.evals.tokens import plain_backend
 from hyla.progress import progress
 
 # RULER generates up to 128 tokens; the answers of NIAH and BABILong fit in far fewer, so 32 saves time.
@@ -31,43 +33,22 @@ def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Token ids of each prompt, special tokens as the tokenizer adds them by default (a BOS for Llama-style
     tokenizers), as RULER does. One batched call, so that a fast tokenizer encodes them in parallel (tokenizers'
     `encode_batch`): one 64K-token prompt takes ~0.2 s of one CPU core, as long as the engine takes to answer it.
-    Where calling the tokenizer's Rust backend gives the ids the tokenizer gives (`_plain_backend`), the backend
+    Where calling the tokenizer's Rust backend gives the ids the tokenizer gives (`plain_backend`), the backend
     encodes without character offsets (`encode_batch_fast`), which nothing here reads: about half the time (on CPU,
     8 prompts of 64K tokens, bench/niah_host.py); the tokenizer's warning about prompts longer than its model's
     maximum is then not printed."""
     if not prompts:
         return []
-    backend = _plain_backend(tokenizer)
+    backend = plain_backend(tokenizer)
     if backend is not None:
         return [encoding.ids for encoding in backend.encode_batch_fast(list(prompts), add_special_tokens=True)]
     return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
 
 
-def _plain_backend(tokenizer: Any) -> Any | None:
-    """The `tokenizers.Tokenizer` behind `tokenizer` where `tokenizer(prompts)` is that backend's `encode_batch` and
-    nothing more: transformers' own TokenizersBackend encoding (no subclass changes it or switches input and target
-    modes), no truncation or padding set on the backend (a call with the defaults turns both off first) and special
-    tokens split as the tokenizer's `split_special_tokens` says (a call sets it first). Else None."""
-    try:
-        from transformers import PreTrainedTokenizerBase
-        from transformers.tokenization_utils_tokenizers import TokenizersBackend
-    except ImportError:
-        return None
-    kind, backend = type(tokenizer), getattr(tokenizer, "backend_tokenizer", None)
-    if not isinstance(tokenizer, TokenizersBackend) or not hasattr(backend, "encode_batch_fast"):
-        return None
-    plain_class = (kind._encode_plus is TokenizersBackend._encode_plus
-                   and kind.__call__ is PreTrainedTokenizerBase.__call__
-                   and not hasattr(tokenizer, "_switch_to_input_mode"))
-    plain_state = (backend.truncation is None and backend.padding is None
-                   and backend.encode_special_tokens == bool(tokenizer.split_special_tokens))
-    return backend if plain_class and plain_state else None
-
-
-def left_padded_ids(encoded: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) [B, T] int64 of token-id rows, each right-aligned, so each answer starts at column
-    T. Built in numpy: a 64K-token row goes in at C speed, where `torch.tensor(list)` and torch's fills (which may
-    wake its thread pool) take milliseconds each (bench/niah_host.py)."""
+def left_padded_ids(encoded: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [B, T] int64 of token-id rows (lists or arrays), each right-aligned, so each
+    answer starts at column T. Built in numpy: a 64K-token row goes in at C speed, where `torch.tensor(list)` and
+    torch's fills (which may wake its thread pool) take milliseconds each (bench/niah_host.py)."""
     lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
     longest = int(lengths.max())
     input_ids = np.full((len(encoded), longest), pad_id, dtype=np.int64)
@@ -171,15 +152,20 @@ def generate_greedy(
     description: str = "generate",
     show_progress: bool = True,
     generation: str | Generation | None = None,
+    encoded: Sequence[Sequence[int]] | None = None,
 ) -> list[str]:
     """Greedy continuations of `prompts` (the new text only, special tokens dropped), in the order given.
-    generation: a Generation shared across calls, or a path ("auto", "engine", "hf")."""
+    generation: a Generation shared across calls, or a path ("auto", "engine", "hf"); encoded: the prompts' token
+    ids as `encode_prompts(tokenizer, prompts)` gives them, where the caller has them (None: encoded here)."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if encoded is not None and len(encoded) != len(prompts):
+        raise ValueError(f"{len(encoded)} rows of token ids for {len(prompts)} prompts")
     generation = as_generation(model, generation)
     device = model_device(model)
-    with _timed(generation.totals, "encode_s"):
-        encoded = encode_prompts(tokenizer, prompts)
+    if encoded is None:
+        with _timed(generation.totals, "encode_s"):
+            encoded = encode_prompts(tokenizer, prompts)
     # Batching prompts of similar length wastes the least compute on padding.
     order = sorted(range(len(prompts)), key=lambda index: len(encoded[index]))
     completions: list[str] = [""] * len(prompts)
@@ -192,7 +178,7 @@ def generate_greedy(
 
 
 def _generate_batch(
-    generation: Generation, tokenizer: Any, encoded: list[list[int]], max_new_tokens: int, device: torch.device
+    generation: Generation, tokenizer: Any, encoded: list[Sequence[int]], max_new_tokens: int, device: torch.device
 ) -> list[str]:
     with _timed(generation.totals, "tensors_s"):
         padded = left_padded_ids(encoded, pad_token_id(tokenizer))
