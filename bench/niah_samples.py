@@ -17,20 +17,20 @@ from hyla.models.loading import load_tokenizer
 
 def timed(build, tokenizer) -> tuple[float, int, list]:
     calls = 0
-    counting = niah_samples.count_tokens
+    counting = niah_samples.prompt_tokens
 
-    def count(tok, text):
+    def count(*args):
         nonlocal calls
         calls += 1
-        return counting(tok, text)
+        return counting(*args)
 
-    niah_samples.count_tokens = count
+    niah_samples.prompt_tokens = count
     try:
         started = time.perf_counter()
         samples = build()
         return time.perf_counter() - started, calls, samples
     finally:
-        niah_samples.count_tokens = counting
+        niah_samples.prompt_tokens = counting
 
 
 def main() -> None:

@@ -49,7 +49,14 @@ def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
         assert row["paths"]["engine"]["engine"]["decode_step"] == "eager"
         assert row["same_predictions"] == 1.0 and row["speedup"] > 0
         assert row["paths"]["engine"]["timed"]["prompt_tokens"] == row["paths"]["hf"]["timed"]["prompt_tokens"] > 0
-    assert "speedup" in (tmp_path / "generate.md").read_text()
+        for path in ("engine", "hf"):
+            host, timed = row["paths"][path]["host_s_per_prompt"], row["paths"][path]["timed"]
+            assert host["outside_generation"] == pytest.approx(
+                (row["paths"][path]["seconds"] - timed["seconds"]) / row["num_prompts"])
+            assert host["encode"] == timed["encode_s"] == 0.0  # the samples kept their token ids
+            assert (host["engine_outside_prefill_decode"] is None) == (path == "hf")
+    markdown = (tmp_path / "generate.md").read_text()
+    assert "speedup" in markdown and "engine outside generation s/prompt" in markdown
 
 
 def test_bench_generate_compares_mixers_and_inference_modes(tmp_path):
@@ -112,10 +119,12 @@ def test_synthetic_niah_prompts_have_exact_token_counts():
     from hyla.bench.generate import synthetic_niah_samples, synthetic_tokenizer
 
     tokenizer = synthetic_tokenizer(500)
-    samples = synthetic_niah_samples(500, 1024, 3, tokens_to_generate=128, seed=0)
+    samples = synthetic_niah_samples(500, 1024, 3, tokens_to_generate=128, seed=0, tokenizer=tokenizer)
     assert [s.depth_percent for s in samples] == [0, 50, 100]
+    assert samples == synthetic_niah_samples(500, 1024, 3, tokens_to_generate=128, seed=0)  # but the ids kept
     for sample in samples:
         ids = tokenizer(sample.input)["input_ids"]
+        assert sample.prompt_ids.of(tokenizer).tolist() == ids
         assert len(ids) == sample.num_prompt_tokens and 0.99 * (1024 - 128) <= len(ids) <= 1024 - 128
         assert tokenizer.decode(tokenizer(sample.outputs[0])["input_ids"]) == sample.outputs[0]
 

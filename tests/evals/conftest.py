@@ -34,6 +34,27 @@ def smollm2_tokenizer():
     return load_tokenizer("smollm2-135m")
 
 
+def word_level_tokenizer(*, bos: bool = False, **kwargs):
+    """A word-level tokenizer: "<pad>" 0, "<eos>" 1, "<bos>" 2, "<unk>" 3, "w4".."w49"; with bos, a template that
+    adds "<bos>" to every text; kwargs: the transformers tokenizer's own (split_special_tokens, ...)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, **{f"w{index}": index for index in range(4, 50)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
+                                   bos_token="<bos>", unk_token="<unk>", **kwargs)
+
+
+@pytest.fixture
+def make_word_tokenizer():
+    """`word_level_tokenizer`: a fresh one each call."""
+    return word_level_tokenizer
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(smollm2_tokenizer):
     """A 2-layer random Llama over the SmolLM2 vocabulary (any HF causal LM must work with the evaluations)."""

@@ -5,8 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hyla.evals.generation import encode_prompts, generate_greedy, left_padded_batch
+from hyla.evals.generation import (
+    Generation,
+    encode_prompts,
+    generate_greedy,
+    left_padded_batch,
+    left_padded_ids,
+)
 from hyla.evals.ppl import bucket_means, default_bucket_edges, long_token_sequences, ppl_by_position, token_losses
+from hyla.evals.tokens import plain_backend
 
 
 def _tiny_hypenet(vocab_size: int = 97):
@@ -30,8 +37,77 @@ def test_left_padding_right_aligns_prompts_without_touching_the_tokenizer(smollm
 
 def test_prompts_encoded_in_one_call_equal_each_prompt_encoded_alone(smollm2_tokenizer):
     prompts = ["The grass is green. " * 50, "hi", "", "One of the special magic numbers for x-y is: 1234567."]
+    assert plain_backend(smollm2_tokenizer) is not None  # the backend's own batched call, without offsets
     assert encode_prompts(smollm2_tokenizer, prompts) == [smollm2_tokenizer(p)["input_ids"] for p in prompts]
     assert encode_prompts(smollm2_tokenizer, []) == []
+
+
+_WORD_PROMPTS = ["w4 w5 w6 w7 w8 w9 w10", "w11", "", "w12 <eos> w13 unknown w14", "w15  w16\nw17"]
+
+
+@pytest.mark.parametrize("bos", [False, True])
+def test_word_level_prompts_encode_as_the_tokenizer_encodes_them(make_word_tokenizer, bos):
+    tokenizer = make_word_tokenizer(bos=bos)
+    assert plain_backend(tokenizer) is not None
+    assert encode_prompts(tokenizer, _WORD_PROMPTS) == [tokenizer(p)["input_ids"] for p in _WORD_PROMPTS]
+
+
+def test_a_backend_set_to_truncate_or_split_specials_encodes_as_its_tokenizer(make_word_tokenizer):
+    """A backend left with truncation on, or told to split special tokens differently from the tokenizer, is not
+    called directly: the tokenizer's own call (which resets both) encodes, untruncated."""
+    truncating = make_word_tokenizer()
+    truncating.backend_tokenizer.enable_truncation(max_length=2)
+    assert plain_backend(truncating) is None
+    encoded = encode_prompts(truncating, _WORD_PROMPTS)
+    assert len(encoded[0]) == 7 and encoded == [make_word_tokenizer()(p)["input_ids"] for p in _WORD_PROMPTS]
+    splitting = make_word_tokenizer(split_special_tokens=True)
+    splitting.backend_tokenizer.encode_special_tokens = False
+    assert plain_backend(splitting) is None
+    # Split, "<eos>" is text: "w12<eos>w13" is one unknown word (not w12, <eos>, w13).
+    prompts = [*_WORD_PROMPTS, "w12<eos>w13"]
+    encoded = encode_prompts(splitting, prompts)
+    assert encoded == [splitting(p)["input_ids"] for p in prompts] and encoded[-1] == [3]
+
+
+def test_a_tokenizer_that_encodes_in_python_is_called_as_it_is(make_word_tokenizer):
+    from transformers import PreTrainedTokenizerFast
+
+    class Lowering(PreTrainedTokenizerFast):
+        def _encode_plus(self, text, *args, **kwargs):
+            return super()._encode_plus([t.lower() for t in text], *args, **kwargs)
+
+    base = make_word_tokenizer()
+    tokenizer = Lowering(tokenizer_object=base.backend_tokenizer, pad_token="<pad>", unk_token="<unk>")
+    assert plain_backend(tokenizer) is None
+    assert encode_prompts(tokenizer, ["W4 w5"]) == [[4, 5]]
+
+
+def _left_padded_reference(encoded, pad_id):
+    # The plain-torch construction, row by row.
+    longest = max(len(ids) for ids in encoded)
+    input_ids = torch.full((len(encoded), longest), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(encoded), longest), dtype=torch.long)
+    for row, ids in enumerate(encoded):
+        input_ids[row, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, longest - len(ids) :] = 1
+    return input_ids, attention_mask
+
+
+@pytest.mark.parametrize("encoded", [[[5, 6, 7], [8], [], [9, 10]], [[3] * 70_000], [[]], [[2**40, 0], [1]]])
+def test_left_padded_tensors_equal_the_row_by_row_construction(encoded):
+    input_ids, attention_mask = left_padded_ids(encoded, pad_id=7)
+    expected_ids, expected_mask = _left_padded_reference(encoded, 7)
+    assert input_ids.dtype == attention_mask.dtype == torch.long
+    assert torch.equal(input_ids, expected_ids) and torch.equal(attention_mask, expected_mask)
+
+
+def test_generation_records_the_host_work_around_each_batch(smollm2_tokenizer, tiny_llama):
+    generation = Generation(tiny_llama, "hf")
+    generate_greedy(tiny_llama, smollm2_tokenizer, ["Hi", "The grass is green."], max_new_tokens=2,
+                    generation=generation)
+    described = generation.describe()
+    assert described["calls"] == 2
+    assert all(described[name] >= 0 for name in ("encode_s", "tensors_s", "detokenize_s"))
 
 
 @pytest.mark.parametrize("model_kind", ["llama", "hypenet"])

@@ -2,13 +2,17 @@
 side, on a random-weight HypeNet of a converted shape (SmolLM2-135M's sizes, 30 layers, 7 NoPE attention layers).
 
 Both paths run the same code as `hyla eval niah` (`hyla.evals.niah.evaluate_samples`, `Generation` "engine" or "hf":
-tokenization, left padding, batches sorted by length, greedy decoding, RULER's scoring) on the same prompts: NIAH
-prompts of a synthetic word-level tokenizer (one word one token, so prompt lengths are known exactly, and no tokenizer
-or haystack files are needed) with a 7-digit needle at an even spread of depths. A random model retrieves nothing; the
-benchmark measures time. Per length, each path first runs one batch untimed (compilation, autotuning, graph capture:
-reported as warm-up), then every prompt, timed; the speedup is hf seconds / engine seconds. `same_predictions` is the
-fraction of prompts whose greedy text is equal on both paths (bf16 on a GPU: random-weight logits have near ties, so
-some differ; the exact-equality tests run in float32, tests/inference/test_generate_gpu.py).
+left padding, batches sorted by length, greedy decoding, RULER's scoring) on the same prompts: NIAH prompts of a
+synthetic word-level tokenizer (one word one token, so prompt lengths are known exactly, and no tokenizer or haystack
+files are needed) with a 7-digit needle at an even spread of depths. The samples keep their token ids, as
+`build_samples` keeps those of the tokenization that sized each prompt, so neither path encodes them again. A random
+model retrieves nothing; the benchmark measures time. Per length, each path first runs one batch untimed
+(compilation, autotuning, graph capture: reported as warm-up), then every prompt, timed; the speedup is hf seconds /
+engine seconds. `same_predictions` is the fraction of prompts whose greedy text is equal on both paths (bf16 on a GPU:
+random-weight logits have near ties, so some differ; the exact-equality tests run in float32,
+tests/inference/test_generate_gpu.py). Each path also reports its host seconds a prompt (`host_seconds_per_prompt`):
+outside generation (encoding, the padded tensors, detokenizing, the rest) and, on the engine, inside
+`Generation.batch` but outside prefill and decode.
 
 With `rnn_mixers` or `variants` it compares what each inference mode costs: one model per recurrent mixer (Lightning,
 GLA or GDN in the 23 layers that are not attention, the same 7 attention layers), each run under seed 003's
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -135,11 +139,15 @@ def synthetic_tokenizer(vocab_size: int):
                                    unk_token="<unk>")
 
 
-def synthetic_niah_samples(vocab_size: int, length: int, num_prompts: int, *, tokens_to_generate: int, seed: int):
+def synthetic_niah_samples(vocab_size: int, length: int, num_prompts: int, *, tokens_to_generate: int, seed: int,
+                           tokenizer=None):
     """NIAH samples: random words, one needle "magic number for wK is 1 2 3 4 5 6 7" (digit tokens) at depth
     i / (n - 1), and the question at the end; each prompt up to 1% shorter than `length - tokens_to_generate`
-    tokens, as RULER-style samples land (hyla.evals.niah_samples), so that batches carry some left padding."""
+    tokens, as RULER-style samples land (hyla.evals.niah_samples), so that batches carry some left padding.
+    tokenizer: the samples keep their prompts' token ids of it, as `build_samples` keeps those of the tokenization
+    that sized each prompt (here one batched encoding of all, where it builds the samples)."""
     from hyla.evals.niah_samples import NiahSample
+    from hyla.evals.tokens import kept_prompt_ids
 
     rng = random.Random(seed * 1_000_003 + length)
     words = [f"w{index}" for index in range(13, vocab_size)]
@@ -160,6 +168,9 @@ def synthetic_niah_samples(vocab_size: int, length: int, num_prompts: int, *, to
         samples.append(NiahSample(task="synthetic", target_length=length, depth_percent=depth, index=index,
                                   input=" ".join(tokens), outputs=[" ".join(value)], num_prompt_tokens=len(tokens),
                                   tokens_to_generate=tokens_to_generate))
+    if tokenizer is not None:
+        kept = kept_prompt_ids(tokenizer, [sample.input for sample in samples])
+        samples = [replace(sample, prompt_ids=ids) for sample, ids in zip(samples, kept)]
     return samples
 
 
@@ -192,10 +203,27 @@ def _run_path(model, tokenizer, samples, batch_size: int, settings: GenerateBenc
     timed = {name: described[name] - warm[name] for name in warm}
     log(f"  {path:6s} {len(samples)} prompts in {seconds:8.2f} s ({seconds / len(samples):.3f} s a prompt; warm-up "
         f"{warmup_s:.2f} s){' ' + str(described['engine']) if described['engine'] else ''}")
+    host = host_seconds_per_prompt(timed, seconds, len(samples), engine=generation.session is not None)
+    log("  host a prompt: " + ", ".join(f"{name} {value:.4f} s" for name, value in host.items() if value is not None))
     return {"path": described["path"], "reason": described["reason"], "engine": described["engine"],
             **_ran_with(generation), "seconds": seconds, "seconds_per_prompt": seconds / len(samples),
-            "warmup_s": warmup_s, "timed": timed, "predictions": [record["pred"] for record in records],
+            "warmup_s": warmup_s, "timed": timed, "host_s_per_prompt": host,
+            "predictions": [record["pred"] for record in records],
             "accuracy": sum(record["score"] for record in records) / len(records)}
+
+
+def host_seconds_per_prompt(timed: dict, seconds: float, num_prompts: int, *, engine: bool) -> dict:
+    """Seconds a prompt outside `Generation.batch` (the evaluation's own host work: encoding, the padded tensors and
+    their copy to the device, detokenizing, and the rest: scoring, sorting, progress), and on the engine path the
+    seconds inside it outside prefill and decode (the session's checks, reset, output assembly). None: not measured
+    (a Generation without host timings; the hf path has no prefill and decode split)."""
+    outside = seconds - timed["seconds"]
+    parts = {name: timed.get(f"{name}_s") for name in ("encode", "tensors", "detokenize")}
+    measured = [value for value in parts.values() if value is not None]
+    rest = outside - sum(measured) if len(measured) == len(parts) else None
+    in_batch = timed["seconds"] - timed["prefill_s"] - timed["decode_s"] if engine else None
+    values = {"outside_generation": outside, **parts, "rest": rest, "engine_outside_prefill_decode": in_batch}
+    return {name: None if value is None else value / num_prompts for name, value in values.items()}
 
 
 def _ran_with(generation) -> dict:
@@ -264,7 +292,8 @@ def run_generate_bench(settings: GenerateBenchSettings, *, log=print, save=None)
     results = {"settings": asdict(settings), "model": described, "lengths": []}
     for length, num_prompts, batch_size in settings.plan():
         samples = synthetic_niah_samples(config.vocab_size, length, num_prompts,
-                                         tokens_to_generate=settings.tokens_to_generate, seed=settings.seed)
+                                         tokens_to_generate=settings.tokens_to_generate, seed=settings.seed,
+                                         tokenizer=tokenizer)
         results["lengths"].append(_length_row(model, tokenizer, samples, length, batch_size, settings, log))
         if save is not None:
             save(results)
@@ -284,18 +313,19 @@ def run_variant_bench(settings: GenerateBenchSettings, *, log=print, save=None) 
         f"{list(settings.mixers())}, variants {[(name, options.changes()) for name, options in variants]}, plan "
         f"{settings.plan()}, paths {list(settings.paths)}")
     results = {"settings": asdict(settings), "models": {}, "rows": []}
-    samples_by_length = {}
+    samples_by_length, tokenizer = {}, None
     for mixer in settings.mixers():
         model = _build_model(settings, mixer)
         results["models"][mixer] = _describe_model(model)
         log(f"{mixer}: {results['models'][mixer]['parameters'] / 1e6:.1f}M parameters, layers "
             f"{''.join('A' if kind == 'attention' else '.' for kind in model.config.layer_types)} (A attention)")
-        tokenizer = synthetic_tokenizer(model.config.vocab_size)
+        # One tokenizer for every mixer (the same vocabulary): the samples keep their token ids of it.
+        tokenizer = tokenizer or synthetic_tokenizer(model.config.vocab_size)
         for length, num_prompts, batch_size in settings.plan():
             if (length, num_prompts) not in samples_by_length:
                 samples_by_length[length, num_prompts] = synthetic_niah_samples(
                     model.config.vocab_size, length, num_prompts, tokens_to_generate=settings.tokens_to_generate,
-                    seed=settings.seed)
+                    seed=settings.seed, tokenizer=tokenizer)
             samples = samples_by_length[length, num_prompts]
             group = []
             for variant, options in variants:
@@ -369,17 +399,24 @@ def generate_markdown(results: dict, command: str) -> str:
     if "rows" in results:
         return variant_markdown(results, command)
     lines = ["# NIAH generation: hyla's engine against transformers' generate", "",
-             "| length | prompts | batch | engine s/prompt | hf s/prompt | speedup | same predictions | engine warm-up s |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| length | prompts | batch | engine s/prompt | hf s/prompt | speedup | same predictions | engine warm-up s "
+             "| engine outside generation s/prompt |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for row in results["lengths"]:
         paths = row["paths"]
         cell = lambda path: f"{paths[path]['seconds_per_prompt']:.3f}" if path in paths else "n/a"  # noqa: E731
         lines.append(f"| {row['length']} | {row['num_prompts']} | {row['batch_size']} | {cell('engine')} | "
                      f"{cell('hf')} | {row.get('speedup', float('nan')):.1f}x | "
                      f"{row.get('same_predictions', float('nan')):.2f} | "
-                     f"{paths['engine']['warmup_s'] if 'engine' in paths else float('nan'):.1f} |")
+                     f"{paths['engine']['warmup_s'] if 'engine' in paths else float('nan'):.1f} | "
+                     f"{_outside_generation(paths.get('engine'))} |")
     lines += ["", f"Command: `{command}`"]
     return "\n".join(lines) + "\n"
+
+
+def _outside_generation(path: dict | None) -> str:
+    host = (path or {}).get("host_s_per_prompt") or {}
+    return "n/a" if host.get("outside_generation") is None else f"{host['outside_generation']:.3f}"
 
 
 def variant_markdown(results: dict, command: str) -> str:

@@ -7,10 +7,14 @@ engine is kept across the evaluation's batches, and `describe()` is what its res
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 
+from hyla.evals.tokens import plain_backend
 from hyla.progress import progress
 
 # RULER generates up to 128 tokens; the answers of NIAH and BABILong fit in far fewer, so 32 saves time.
@@ -28,19 +32,30 @@ def pad_token_id(tokenizer: Any) -> int:
 def encode_prompts(tokenizer: Any, prompts: list[str]) -> list[list[int]]:
     """Token ids of each prompt, special tokens as the tokenizer adds them by default (a BOS for Llama-style
     tokenizers), as RULER does. One batched call, so that a fast tokenizer encodes them in parallel (tokenizers'
-    `encode_batch`): one 64K-token prompt takes ~0.2 s of one CPU core, as long as the engine takes to answer it."""
-    return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]] if prompts else []
+    `encode_batch`): one 64K-token prompt takes ~0.2 s of one CPU core, as long as the engine takes to answer it.
+    Where calling the tokenizer's Rust backend gives the ids the tokenizer gives (`plain_backend`), the backend
+    encodes without character offsets (`encode_batch_fast`), which nothing here reads: about half the time (on CPU,
+    8 prompts of 64K tokens, bench/niah_host.py); the tokenizer's warning about prompts longer than its model's
+    maximum is then not printed."""
+    if not prompts:
+        return []
+    backend = plain_backend(tokenizer)
+    if backend is not None:
+        return [encoding.ids for encoding in backend.encode_batch_fast(list(prompts), add_special_tokens=True)]
+    return [list(ids) for ids in tokenizer(list(prompts))["input_ids"]]
 
 
-def left_padded_ids(encoded: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) [B, T] of token-id rows, each right-aligned, so each answer starts at column T."""
-    longest = max(len(ids) for ids in encoded)
-    input_ids = torch.full((len(encoded), longest), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(encoded), longest), dtype=torch.long)
+def left_padded_ids(encoded: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) [B, T] int64 of token-id rows (lists or arrays), each right-aligned, so each
+    answer starts at column T. Built in numpy: a 64K-token row goes in at C speed, where `torch.tensor(list)` and
+    torch's fills (which may wake its thread pool) take milliseconds each (bench/niah_host.py)."""
+    lengths = np.array([len(ids) for ids in encoded], dtype=np.int64)
+    longest = int(lengths.max())
+    input_ids = np.full((len(encoded), longest), pad_id, dtype=np.int64)
     for row, ids in enumerate(encoded):
-        input_ids[row, longest - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        attention_mask[row, longest - len(ids) :] = 1
-    return input_ids, attention_mask
+        input_ids[row, longest - len(ids) :] = ids
+    attention_mask = (np.arange(longest)[None, :] >= longest - lengths[:, None]).astype(np.int64)
+    return torch.from_numpy(input_ids), torch.from_numpy(attention_mask)
 
 
 def left_padded_batch(tokenizer: Any, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +85,9 @@ class Generation:
 
     totals: calls (batches), prompt_tokens and new_tokens (summed over rows), new_positions (each batch's generated
     width: the first position comes from the prefill, each later one from a decode step over every row), and the
-    seconds of prefill, decode (the engine path) and all of it."""
+    seconds of prefill, decode (the engine path) and all of it; and the host work around it (`generate_greedy`):
+    seconds encoding prompts, building the padded tensors and copying them to the device, decoding new tokens to
+    text."""
 
     def __init__(self, model: Any, path: str = "auto", *, settings=None, **overrides):
         from hyla.inference.generate import generation_path
@@ -83,7 +100,7 @@ class Generation:
 
             self.session = GenerationSession(model, settings=settings, **overrides)
         self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "new_positions": 0, "prefill_s": 0.0,
-                       "decode_s": 0.0, "seconds": 0.0}
+                       "decode_s": 0.0, "seconds": 0.0, "encode_s": 0.0, "tensors_s": 0.0, "detokenize_s": 0.0}
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
     # ones, which inference tensors allow only inside inference mode.
@@ -135,14 +152,20 @@ def generate_greedy(
     description: str = "generate",
     show_progress: bool = True,
     generation: str | Generation | None = None,
+    encoded: Sequence[Sequence[int]] | None = None,
 ) -> list[str]:
     """Greedy continuations of `prompts` (the new text only, special tokens dropped), in the order given.
-    generation: a Generation shared across calls, or a path ("auto", "engine", "hf")."""
+    generation: a Generation shared across calls, or a path ("auto", "engine", "hf"); encoded: the prompts' token
+    ids as `encode_prompts(tokenizer, prompts)` gives them, where the caller has them (None: encoded here)."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if encoded is not None and len(encoded) != len(prompts):
+        raise ValueError(f"{len(encoded)} rows of token ids for {len(prompts)} prompts")
     generation = as_generation(model, generation)
     device = model_device(model)
-    encoded = encode_prompts(tokenizer, prompts)
+    if encoded is None:
+        with _timed(generation.totals, "encode_s"):
+            encoded = encode_prompts(tokenizer, prompts)
     # Batching prompts of similar length wastes the least compute on padding.
     order = sorted(range(len(prompts)), key=lambda index: len(encoded[index]))
     completions: list[str] = [""] * len(prompts)
@@ -155,10 +178,23 @@ def generate_greedy(
 
 
 def _generate_batch(
-    generation: Generation, tokenizer: Any, encoded: list[list[int]], max_new_tokens: int, device: torch.device
+    generation: Generation, tokenizer: Any, encoded: list[Sequence[int]], max_new_tokens: int, device: torch.device
 ) -> list[str]:
-    input_ids, attention_mask = (tensor.to(device) for tensor in left_padded_ids(encoded, pad_token_id(tokenizer)))
+    with _timed(generation.totals, "tensors_s"):
+        padded = left_padded_ids(encoded, pad_token_id(tokenizer))
+        input_ids, attention_mask = (tensor.to(device) for tensor in padded)
     output_ids = generation.batch(input_ids, attention_mask, max_new_tokens=max_new_tokens,
                                   pad_token_id=pad_token_id(tokenizer))
-    new_tokens = output_ids[:, input_ids.shape[1] :]
-    return tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+    with _timed(generation.totals, "detokenize_s"):
+        new_tokens = output_ids[:, input_ids.shape[1] :]
+        return tokenizer.batch_decode(new_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+@contextmanager
+def _timed(totals: dict[str, float], name: str):
+    """Add the seconds the block takes to totals[name]."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        totals[name] = totals.get(name, 0.0) + time.perf_counter() - started

@@ -147,10 +147,12 @@ def evaluate_samples(
     generation: str | Generation | None = None,
 ) -> list[dict[str, Any]]:
     """Generate greedily for each sample and score it; returns one record per sample (with its prompt if asked).
-    generation: the path ("auto": hyla's engine for the HypeNet models it runs, "engine", "hf") or a Generation."""
+    generation: the path ("auto": hyla's engine for the HypeNet models it runs, "engine", "hf") or a Generation.
+    Prompts are not encoded again where every sample kept its token ids from `tokenizer` (`NiahSample.prompt_ids`)."""
+    kept = [sample.prompt_ids.of(tokenizer) if sample.prompt_ids is not None else None for sample in samples]
     predictions = generate_greedy(
         model, tokenizer, [sample.input for sample in samples], max_new_tokens=max_new_tokens, batch_size=batch_size,
-        generation=generation,
+        generation=generation, encoded=kept if all(ids is not None for ids in kept) else None,
     )
     return _score_samples(samples, predictions, keep_inputs)
 

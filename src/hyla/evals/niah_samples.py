@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import random
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
-from hyla.evals.haystack import (
-    adjective_noun_lists,
-    count_tokens,
-    essay_word_prefix,
-    fit_num_units,
-    split_sentences,
-)
+from hyla.evals.haystack import adjective_noun_lists, essay_word_prefix, fit_num_units, split_sentences
+from hyla.evals.tokens import PromptIds, plain_backend, prompt_tokens
 
 NEEDLE_TEMPLATE = "One of the special magic {type_needle_v} for {key} is: {value}."
 REPEAT_HAYSTACK_LINE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
@@ -78,7 +73,9 @@ TASK_BY_RULER_NAME = {task.ruler_name: task for task in TASKS.values()}
 
 @dataclass
 class NiahSample:
-    """One prompt with its gold values. `depth_percent` is where the first gold needle sits in the haystack."""
+    """One prompt with its gold values. `depth_percent` is where the first gold needle sits in the haystack.
+    prompt_ids: the prompt's token ids, kept from sizing it where the tokenizer encodes through its plain backend
+    (`hyla.evals.tokens`), for the evaluation with that tokenizer not to encode it again; None: not kept."""
 
     task: str
     target_length: int
@@ -88,6 +85,7 @@ class NiahSample:
     outputs: list[str]
     num_prompt_tokens: int
     tokens_to_generate: int
+    prompt_ids: PromptIds | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -105,7 +103,10 @@ class NiahSample:
         }
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The sample's fields but its token ids."""
+        data = asdict(replace(self, prompt_ids=None))
+        del data["prompt_ids"]
+        return data
 
 
 def get_task(name: str) -> NiahTask:
@@ -223,15 +224,17 @@ def build_sample(
     or empty: none), updated with this sample's; it only shortens the search (`fit_num_units`).
     """
     max_prompt_tokens = length - tokens_to_generate
-    best: tuple[int, str, list[str]] | None = None
+    backend = plain_backend(tokenizer)
+    best: tuple[int, str, list[str], object] | None = None
     for attempt in range(_MAX_DRAWS):
         sample_seed = f"{seed}/{task.name}/{length}/{index}" + (f"/{attempt}" if attempt else "")
-        counts: dict[int, int] = {}  # haystack size -> prompt tokens: the chosen size is not tokenized twice
+        # haystack size -> (prompt tokens, the backend's encoding): the chosen size is not tokenized twice
+        counts: dict[int, tuple[int, object]] = {}
 
         def num_tokens_for(n: int) -> int:
             if n not in counts:
-                counts[n] = count_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0])
-            return counts[n]
+                counts[n] = prompt_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0], backend)
+            return counts[n][0]
 
         num_units = fit_num_units(
             num_tokens_for,
@@ -244,10 +247,10 @@ def build_sample(
         prompt, answers = render_prompt(task, depth, num_units, sample_seed)
         num_prompt_tokens = num_tokens_for(num_units)
         if best is None or num_prompt_tokens > best[0]:
-            best = (num_prompt_tokens, prompt, answers)
+            best = (num_prompt_tokens, prompt, answers, counts[num_units][1])
         if num_prompt_tokens + tokens_to_generate >= (1 - _LENGTH_TOLERANCE) * length:
             break
-    num_prompt_tokens, prompt, answers = best
+    num_prompt_tokens, prompt, answers, encoding = best
     return NiahSample(
         task=task.name,
         target_length=length,
@@ -257,6 +260,7 @@ def build_sample(
         outputs=answers,
         num_prompt_tokens=num_prompt_tokens,
         tokens_to_generate=tokens_to_generate,
+        prompt_ids=None if encoding is None else PromptIds.from_encoding(tokenizer, backend, encoding),
     )
 
 
