@@ -234,7 +234,7 @@ def markdown(summary: dict) -> str:
                       "needle", "", *_table(["model", "task", *map(_length, lengths)], graded), ""]
     if summary["csr"]:
         tasks = sorted({t for result in summary["csr"].values() for t in result["tasks"]})
-        rows = [[label, _cell(result["average"], 3), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
+        rows = [[label, _cell(result["average"], 4), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
                                                         for t in tasks)]
                 for label, result in sorted(summary["csr"].items())]
         lines += ["## CSR (acc_norm; winogrande, lambada: acc)", "", *_table(["model", "average", *tasks], rows), ""]
