@@ -90,7 +90,6 @@ smoke_status() {
 
 start_warm() {  # the stages' first steps compiled and autotuned in the background (outlives the call)
   rm -rf $keep/warm && mkdir -p $keep/warm && cp -r src $keep/warm/ || exit 1
-  # shellcheck disable=SC2086 # WARM_CASES is one argument
   ( cd $keep/warm && PYTHONPATH=$keep/site:$keep/warm/src setsid nohup python3 -m hyla.cli bench train \
       --out $keep/warm/out --cases "${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384}" --paths fast \
       --steps 1 --warmup 0 --no-profile --no-losses > $keep/warm.log 2>&1 < /dev/null & )
@@ -186,8 +185,8 @@ part1)
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
   install_wheels || exit 1
   # train.json is rewritten after each case, so a cut run keeps what it measured.
-  # shellcheck disable=SC2086 # PROBE_ARGS holds several arguments
   [ "${WARM:-0}" = 1 ] && start_warm
+  # shellcheck disable=SC2086 # PROBE_ARGS holds several arguments
   [ "${PROBE:-1}" = 1 ] && PYTHONPATH=$keep/site:src timeout "${PROBE_TIMEOUT_S:-520}" python3 -m hyla.cli bench train \
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
