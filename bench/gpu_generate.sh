@@ -50,8 +50,12 @@ if [[ $stages == *,1,* ]]; then
 fi
 
 if [[ $stages == *,2,* ]]; then
-  say "stage 2: NIAH through the engine and through transformers' generate"
-  timeout 200 python3 -m hyla.cli bench generate --lengths 4K,16K,64K --num-prompts 8,8,8 --batch-sizes 4,4,1 \
+  # 64K first: it is the length the target is set at. The rest of the budget, not a fixed 200 s: on a machine with no
+  # compile cache the warm-ups alone took 118 s at 4K (engine 66 s, transformers 45 s; sitting D), and a length
+  # whose transformers row is cut off loses its engine row too (generate.json keeps finished lengths).
+  limit=$(($(left) - 5))
+  say "stage 2: NIAH through the engine and through transformers' generate (at most $limit s)"
+  timeout "$limit" python3 -m hyla.cli bench generate --lengths 64K,16K,4K --num-prompts 8,8,8 --batch-sizes 1,4,4 \
     --out "$OUT/generate" 2>&1 | grep -v "^generate:" | tee -a "$log"
   status=${PIPESTATUS[0]}
   [ "$status" -eq 0 ] || { say "bench generate failed or timed out (exit $status): stopping"; exit 1; }

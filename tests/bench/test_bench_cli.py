@@ -115,6 +115,20 @@ def test_bench_generate_refuses_modes_it_cannot_run(tmp_path, capsys, options, m
     assert not any(tmp_path.iterdir())  # refused before any model is built
 
 
+@pytest.mark.parametrize("verb", ["generate", "model", "train"])
+def test_bench_device_defaults_to_the_machine_and_refuses_a_missing_cuda(tmp_path, capsys, monkeypatch, verb):
+    from hyla.bench.cli import _device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert _device("auto") == "cpu" and _device("CPU") == "cpu"
+    with pytest.raises(SystemExit):  # argparse's usage error: one line, before anything is built
+        main(["bench", verb, "--toy", "--device", "cuda", "--out", str(tmp_path / "out")])
+    assert "this machine has no CUDA device" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert _device("auto") == "cuda" and _device("cuda:1") == "cuda:1"
+
+
 def test_synthetic_niah_prompts_have_exact_token_counts():
     from hyla.bench.generate import synthetic_niah_samples, synthetic_tokenizer
 

@@ -257,7 +257,24 @@ def engine_overrides(args: argparse.Namespace) -> dict:
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="folder for the JSON, PNG and markdown results")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", type=_device, default="auto",
+                        help="cuda, cuda:N or cpu (default auto: cuda where there is one, else cpu)")
+
+
+def _device(text: str) -> str:
+    """auto -> cuda or cpu; a CUDA device asked for on a machine without CUDA is a usage error (one line)."""
+    import torch
+
+    text = text.strip().lower()
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if text.startswith("cuda") and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{text}: this machine has no CUDA device (use --device cpu)")
+    try:
+        torch.device(text)
+    except RuntimeError as error:
+        raise argparse.ArgumentTypeError(f"{text}: not a device ({error})") from None
+    return text
 
 
 def _count(text: str) -> int:
