@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import random
 import re
 
@@ -137,3 +139,26 @@ def test_repeat_documents_are_seeded_and_their_source_says_so(tmp_path):
     source = open_source(f"recall-repeat@1000-2000:{tmp_path / 'a.txt'}")
     assert "recall documents (1000-2000 characters of one repeated passage)" in source.description
     assert len(list(source.documents())) > 50
+
+
+def _digest(documents, count: int) -> str:
+    texts_ = [doc if isinstance(doc, str) else doc.text for doc in itertools.islice(documents, count)]
+    assert len(texts_) == count
+    return hashlib.sha256("\x00".join(texts_).encode()).hexdigest()
+
+
+def test_existing_specs_give_the_documents_they_always_gave(tmp_path):
+    # sha256 of the first documents, computed with the code of a11ebb9 (before values could be long): a change to
+    # the RNG draws, templates, kinds or haystack cutting of the existing specs changes these.
+    assert _digest(recall_documents(texts(), seed=0, min_chars=1000, max_chars=3000), 40) == (
+        "5b41c044fcb821db0bec12600dd84e54b570a9b0e24d9f2fda6a0472a639eef9")
+    assert _digest(recall_documents(iter([PROSE]), seed=1, min_chars=1000, max_chars=3000, repeat=True), 40) == (
+        "8f8216e88af950e345c3cefbe9c8a25468e6f060ea1c599c19a8a7943389bd13")
+    folder = tmp_path / "text"
+    folder.mkdir()
+    for index in range(3):
+        (folder / f"d{index}.txt").write_text("\n".join(LINES[index * 200:(index + 1) * 200]))
+    assert _digest(open_source(f"recall@500-1500:{folder}", seed=5).documents(), 20) == (
+        "d8b7b2662b323dbe77dce99539a6d7612c5fe9bf3d255b0db14cbcf59e76b193")
+    assert _digest(open_source(f"recall-repeat@500-1500:{folder}", seed=5).documents(), 20) == (
+        "69147f05d5c25126db0c9cae03e9a320773b0c86f16447163d5e925d5aa90de6")
