@@ -1,13 +1,17 @@
-"""Synthetic recall documents (`recall:SPEC`): facts, question and answer agree; lengths; seeds; the source spec."""
+"""Synthetic recall documents (`recall:SPEC`, `recall-long:SPEC`): facts, question and answer agree; lengths; seeds;
+long values and their kinds; the source spec; existing specs unchanged."""
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import random
 import re
 
 import pytest
 
-from hyla.data.recall import MAX_FACTS, REPEAT_CHARS, make_document, parse_recall_spec, recall_documents
+from hyla.data.recall import (LONG_KINDS, LONG_VALUE_CHARS, MAX_FACTS, REPEAT_CHARS, long_value, make_document,
+                               parse_recall_spec, recall_documents)
 from hyla.data.sources import open_source
 from hyla.evals.niah_samples import NEEDLE_TEMPLATE
 
@@ -137,3 +141,114 @@ def test_repeat_documents_are_seeded_and_their_source_says_so(tmp_path):
     source = open_source(f"recall-repeat@1000-2000:{tmp_path / 'a.txt'}")
     assert "recall documents (1000-2000 characters of one repeated passage)" in source.description
     assert len(list(source.documents())) > 50
+
+
+def _digest(documents, count: int) -> str:
+    texts_ = [doc if isinstance(doc, str) else doc.text for doc in itertools.islice(documents, count)]
+    assert len(texts_) == count
+    return hashlib.sha256("\x00".join(texts_).encode()).hexdigest()
+
+
+def test_existing_specs_give_the_documents_they_always_gave(tmp_path):
+    # sha256 of the first documents, computed with the code of a11ebb9 (before values could be long): a change to
+    # the RNG draws, templates, kinds or haystack cutting of the existing specs changes these.
+    assert _digest(recall_documents(texts(), seed=0, min_chars=1000, max_chars=3000), 40) == (
+        "5b41c044fcb821db0bec12600dd84e54b570a9b0e24d9f2fda6a0472a639eef9")
+    assert _digest(recall_documents(iter([PROSE]), seed=1, min_chars=1000, max_chars=3000, repeat=True), 40) == (
+        "8f8216e88af950e345c3cefbe9c8a25468e6f060ea1c599c19a8a7943389bd13")
+    folder = tmp_path / "text"
+    folder.mkdir()
+    for index in range(3):
+        (folder / f"d{index}.txt").write_text("\n".join(LINES[index * 200:(index + 1) * 200]))
+    assert _digest(open_source(f"recall@500-1500:{folder}", seed=5).documents(), 20) == (
+        "d8b7b2662b323dbe77dce99539a6d7612c5fe9bf3d255b0db14cbcf59e76b193")
+    assert _digest(open_source(f"recall-repeat@500-1500:{folder}", seed=5).documents(), 20) == (
+        "69147f05d5c25126db0c9cae03e9a320773b0c86f16447163d5e925d5aa90de6")
+
+
+# RULER's SK3/MK3 value layout (str(uuid.UUID(...))), written here apart from the module's own guard
+UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def test_long_spec_forms_and_errors(tmp_path):
+    spec = parse_recall_spec("recall-long:stdlib")
+    assert (spec.inner, spec.min_chars, spec.repeat, spec.long_values) == ("stdlib", 2000, False, True)
+    spec = parse_recall_spec("recall-repeat-long@300-900:wordnet")
+    assert (spec.inner, spec.min_chars, spec.max_chars, spec.repeat, spec.long_values) == (
+        "wordnet", 300, 900, True, True)
+    assert parse_recall_spec("recall-long@100-200:recall:stdlib").inner == "recall:stdlib"
+    assert not parse_recall_spec("recall-repeat:stdlib").long_values
+    for bad in ("recall-long:", "recall-long-repeat:stdlib", "recall-longer:stdlib", "recall-long@9-3:stdlib",
+                "recall-long@5:stdlib", "recall-repeat-long-long:stdlib"):
+        with pytest.raises(ValueError, match="recall"):
+            parse_recall_spec(bad)
+    with pytest.raises(ValueError, match=r"recall\[-repeat\]\[-long\]"):
+        open_source("recall-long-repeat:stdlib")  # the recall forms named, not "source not found"
+    (tmp_path / "a.txt").write_text(PROSE)
+    source = open_source(f"recall-repeat-long@1000-2000:{tmp_path / 'a.txt'}")
+    assert "(1000-2000 characters of one repeated passage, values of 16-48 characters)" in source.description
+    docs = list(source.documents())
+    assert len(docs) > 50 and all(len(doc.rsplit(" is ", 1)[1]) >= 17 for doc in docs)  # value and "."
+
+
+def _long_documents(seed: int, repeat: bool = False):
+    if repeat:
+        return list(recall_documents(iter([PROSE]), seed=seed, min_chars=1000, max_chars=3000, repeat=True,
+                                     long_values=True))
+    return list(recall_documents(texts(), seed=seed, min_chars=1000, max_chars=3000, long_values=True))
+
+
+def test_long_documents_are_seeded():
+    first = _long_documents(seed=3)
+    assert [d.text for d in first] == [d.text for d in _long_documents(seed=3)]
+    assert [d.text for d in first] != [d.text for d in _long_documents(seed=4)]
+    # the same seed with short values gives other documents: the variant is not the old spec under another name
+    short = list(recall_documents(texts(), seed=3, min_chars=1000, max_chars=3000))
+    assert {v for d in first for v in d.values}.isdisjoint(v for d in short for v in d.values)
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_long_values_are_16_to_48_characters_of_several_kinds_and_the_answer_copies_the_inserted_value(repeat):
+    docs = _long_documents(seed=0, repeat=repeat)
+    assert len(docs) > 50
+    lengths = {doc.kind: set() for doc in docs}
+    for doc in docs:
+        body, question = doc.text.rsplit("\n\n", 1)
+        match = QUESTION.fullmatch(question)
+        assert match, question
+        kind, key, kind_again, key_again, value = match.groups()
+        assert kind == kind_again == doc.kind and key == key_again == doc.keys[doc.asked]
+        assert value == doc.values[doc.asked]
+        # the answer's value is the one inserted for the asked key, in the one fact line naming that key
+        facts = [line for line in body.split("\n") if re.search(rf"\b{key}\b", line)]  # Ishte is not Ishtemi
+        assert len(facts) == 1 and facts[0].endswith(f" {value}.") and kind in facts[0]
+        for val in doc.values:
+            assert LONG_VALUE_CHARS[0] <= len(val) <= LONG_VALUE_CHARS[1] and " " not in val
+            lengths[doc.kind].add(len(val))
+    assert len(lengths) >= 5, lengths  # six kinds; 50+ documents draw at least five of them
+    all_lengths = set().union(*lengths.values())
+    assert min(all_lengths) <= 22 and max(all_lengths) >= 40  # lengths spread over the range, not one size
+    assert all("uuid" not in kind and "magic" not in kind for kind in lengths)
+
+
+def test_every_long_kind_keeps_its_layout_and_never_gives_a_uuid():
+    rng = random.Random(0)
+    layouts = {"license key": r"[A-Z0-9]{4,8}(-[A-Z0-9]{4,8}){2,5}",
+               "recovery code": r"[0-9a-f]{3,12}(-[0-9a-f]{3,12}){2,5}", "build hash": r"[0-9a-f]{20,40}",
+               "session token": r"[A-Za-z0-9]{24,40}", "tracking code": r"[A-Z]{2}[0-9]-[A-Z0-9]{13,30}",
+               "account number": r"[0-9]{4}(-[0-9]{4}){3,5}"}
+    assert [kind for kind, _ in LONG_KINDS] == list(layouts)
+    for kind, make in LONG_KINDS:
+        values = [make(rng) for _ in range(3000)]
+        assert all(re.fullmatch(layouts[kind], value) for value in values), kind
+        assert not any(UUID.search(value) for value in values), kind
+        assert len({len(value) for value in values}) >= 3, kind  # varied lengths within each kind (4-6 groups: 3)
+    for doc in _long_documents(seed=1) + _long_documents(seed=2, repeat=True):
+        assert not UUID.search(doc.text.rsplit("\n\n", 1)[1])
+        assert not any(UUID.search(value) for value in doc.values)
+
+
+def test_a_drawn_value_shaped_like_a_uuid_or_out_of_range_is_drawn_again():
+    drawn = iter(["0f8fad5b-d9cb-469f-a165-70867728950e", "X-0F8FAD5B-D9CB-469F-A165-70867728950E", "short",
+                  "a" * 49, "KX7-48QZT1M0W9B2C6RJ"])
+    assert long_value(random.Random(0), lambda rng: next(drawn)) == "KX7-48QZT1M0W9B2C6RJ"

@@ -19,20 +19,33 @@ any other source spec. `recall-repeat:SPEC` / `recall-repeat@MIN-MAX:SPEC`: the 
 source (one to a few sentences, 60-300 characters, on one line) repeated line after line to the drawn length, the
 facts among the repetitions. A long run of identical lines is where a recurrent layer's state fills with one
 pattern and a hybrid tends to continue the pattern instead of answering; these documents ask for the answer there.
+
+`recall-long:SPEC`, `recall-long@MIN-MAX:SPEC`, `recall-repeat-long:SPEC`, `recall-repeat-long@MIN-MAX:SPEC`: the same
+documents, but the facts' values are long codes to copy character by character, 16-48 characters (a hybrid trained on
+`recall` copies 7-digit numbers yet fails RULER's SK3, whose value is a 36-character UUID), of six kinds: a license
+key ("Q7XK2-M9PDW-4HT8R-ZC3NB": 3-6 hyphen-joined groups of one length, 4-8 upper-case letters and digits), a recovery
+code ("3fa9-0c17be-5d2a94c0e1-77b": 3-6 groups of lower-case hex, each of its own length, 3-12), a build hash (20-40
+lower-case hex characters), a session token (24-40 letters of both cases and digits), a tracking code ("KX7-" and
+13-30 upper-case letters and digits) and an account number (4-6 groups of 4 digits). A value outside 16-48 characters
+or holding RULER's UUID layout anywhere (8-4-4-4-12 hex, either case) is drawn again, so none is RULER's value. Only
+the kinds differ: haystacks, templates and question are those of `recall` and `recall-repeat`, whose documents this
+variant leaves unchanged. A value is 16-48 characters (29 on average) where a short one is 3-11 (7); docs/data.md,
+"Long values", has the cost per document and the command that measures it.
 """
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 import string
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 DEFAULT_CHARS = (2000, 14000)
 MAX_FACTS = 4
 REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
-_SPEC = re.compile(r"recall(-repeat)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+_SPEC = re.compile(r"recall(-repeat)?(-long)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
               "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
@@ -65,27 +78,78 @@ def _name(rng: random.Random) -> str:
     return "".join(rng.choices(_SYLLABLES, k=rng.randint(2, 3))).capitalize()
 
 
+LONG_VALUE_CHARS = (16, 48)
+_UPPER_ALNUM = string.ascii_uppercase + string.digits
+_HEX = "0123456789abcdef"
+# RULER's SK3/MK3 value (str(uuid.UUID(...)) in hyla.evals.niah_samples), searched anywhere in a value, either case.
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", re.IGNORECASE)
+
+
+def _groups(rng: random.Random, alphabet: str, lengths: list[int]) -> str:
+    return "-".join("".join(rng.choices(alphabet, k=length)) for length in lengths)
+
+
+def _license_key(rng: random.Random) -> str:
+    return _groups(rng, _UPPER_ALNUM, [rng.randint(4, 8)] * rng.randint(3, 6))
+
+
+def _recovery_code(rng: random.Random) -> str:
+    return _groups(rng, _HEX, [rng.randint(3, 12) for _ in range(rng.randint(3, 6))])
+
+
+def _build_hash(rng: random.Random) -> str:
+    return "".join(rng.choices(_HEX, k=rng.randint(20, 40)))
+
+
+def _session_token(rng: random.Random) -> str:
+    return "".join(rng.choices(string.ascii_letters + string.digits, k=rng.randint(24, 40)))
+
+
+def _tracking_code(rng: random.Random) -> str:
+    prefix = "".join(rng.choices(string.ascii_uppercase, k=2)) + rng.choice(string.digits)
+    return prefix + "-" + "".join(rng.choices(_UPPER_ALNUM, k=rng.randint(13, 30)))
+
+
+def _account_number(rng: random.Random) -> str:
+    return _groups(rng, string.digits, [4] * rng.randint(4, 6))
+
+
+def long_value(rng: random.Random, make: Callable[[random.Random], str]) -> str:
+    """A value of `make`, drawn again until it is 16-48 characters long and holds no UUID-shaped part."""
+    while True:
+        value = make(rng)
+        if LONG_VALUE_CHARS[0] <= len(value) <= LONG_VALUE_CHARS[1] and not _UUID.search(value):
+            return value
+
+
+LONG_KINDS = tuple((kind, functools.partial(long_value, make=make)) for kind, make in (
+    ("license key", _license_key), ("recovery code", _recovery_code), ("build hash", _build_hash),
+    ("session token", _session_token), ("tracking code", _tracking_code), ("account number", _account_number)))
+
+
 @dataclass(frozen=True)
 class RecallSpec:
     inner: str
     min_chars: int = DEFAULT_CHARS[0]
     max_chars: int = DEFAULT_CHARS[1]
     repeat: bool = False  # the haystack: one short passage repeated (recall-repeat), else consecutive text
+    long_values: bool = False  # the values: long codes (LONG_KINDS, the -long variants), else short ones
 
 
 def parse_recall_spec(spec: str) -> RecallSpec:
-    """`recall[-repeat]:SPEC` or `recall[-repeat]@MIN-MAX:SPEC` -> RecallSpec; ValueError with the expected form
-    otherwise."""
+    """`recall[-repeat][-long]:SPEC` or `recall[-repeat][-long]@MIN-MAX:SPEC` -> RecallSpec; ValueError with the
+    expected form otherwise."""
     match = _SPEC.fullmatch(spec)
-    if match is None or not match.group(4).strip():
-        raise ValueError(f"source {spec}: expected recall[-repeat]:SPEC or recall[-repeat]@MIN-MAX:SPEC "
-                         "(haystack characters)")
-    repeat, low, high, inner = match.groups()
+    if match is None or not match.group(5).strip():
+        raise ValueError(f"source {spec}: expected recall[-repeat][-long]:SPEC or "
+                         "recall[-repeat][-long]@MIN-MAX:SPEC (haystack characters; -repeat before -long)")
+    repeat, long_values, low, high, inner = match.groups()
+    flags = dict(repeat=bool(repeat), long_values=bool(long_values))
     if low is None:
-        return RecallSpec(inner, repeat=bool(repeat))
+        return RecallSpec(inner, **flags)
     if not 0 < int(low) <= int(high):
         raise ValueError(f"source {spec}: need 0 < MIN <= MAX characters, got {low}-{high}")
-    return RecallSpec(inner, int(low), int(high), repeat=bool(repeat))
+    return RecallSpec(inner, int(low), int(high), **flags)
 
 
 @dataclass
@@ -97,9 +161,10 @@ class RecallDoc:
     asked: int  # index into keys/values of the fact the question asks for
 
 
-def make_document(haystack: str, rng: random.Random) -> RecallDoc:
-    """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer."""
-    kind, value_of = rng.choice(_KINDS)
+def make_document(haystack: str, rng: random.Random, *, long_values: bool = False) -> RecallDoc:
+    """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer;
+    `long_values`: a kind of LONG_KINDS."""
+    kind, value_of = rng.choice(LONG_KINDS if long_values else _KINDS)
     count = rng.randint(1, MAX_FACTS)
     keys: list[str] = []
     while len(keys) < count:
@@ -137,11 +202,13 @@ def _passage(text: str, length: int) -> tuple[str, int]:
 
 
 def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
-                     max_chars: int = DEFAULT_CHARS[1], repeat: bool = False) -> Iterator[RecallDoc]:
+                     max_chars: int = DEFAULT_CHARS[1], repeat: bool = False,
+                     long_values: bool = False) -> Iterator[RecallDoc]:
     """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
     [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped.
     `repeat`: each haystack is instead a passage of 60-300 characters of `texts` (consecutive passages for
-    consecutive documents) repeated one per line to the drawn length."""
+    consecutive documents) repeated one per line to the drawn length. `long_values`: the facts' values are long codes
+    (LONG_KINDS)."""
     rng = random.Random(f"hyla-recall-{seed}")
     pending = ""
     target = rng.randint(min_chars, max_chars)
@@ -158,6 +225,6 @@ def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAUL
                 cut = cut if cut > target // 2 else target
                 haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
             if haystack.strip():
-                yield make_document(haystack, rng)
+                yield make_document(haystack, rng, long_values=long_values)
             target = rng.randint(min_chars, max_chars)
             need = rng.randint(*REPEAT_CHARS) if repeat else target

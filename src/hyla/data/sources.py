@@ -9,7 +9,7 @@ Source specs (`hyla data prepare --source`):
 - `teacher:SPEC`: text sampled from a teacher (see `hyla.data.generated`);
 - `recall:SPEC` or `recall@MIN-MAX:SPEC`: synthetic recall documents (key-value facts and a question about one of
   them) built on the text of the source SPEC (see `hyla.data.recall`); `recall-repeat:...` the same with a haystack of
-  one short passage repeated;
+  one short passage repeated; `recall-long:...` and `recall-repeat-long:...` with values that are long codes;
 - an offline text by name, `NAME` or `NAME:PATH` (`hotpotqa`, `aa-lcr`, `perl-doc`, `wordnet`, ...; see
   `hyla.data.offline`); a local folder of one of these names needs a path form (`./hotpotqa`);
 - `docs@A-B:SPEC`: documents A to B − 1 (counted from 0) of the source SPEC, e.g. to hold some out.
@@ -37,9 +37,12 @@ from hyla.data.generated import GenerationSettings
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
-                "'recall-repeat:SPEC', 'docs@A-B:SPEC' or an offline text name (hotpotqa, aa-lcr, perl-doc, wordnet, "
-                "...)")
+                "'recall-repeat:SPEC', 'recall[-repeat]-long:SPEC', 'docs@A-B:SPEC' or an offline text name "
+                "(hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
 _DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
+# recall, recall-repeat, recall-long, recall-repeat-long; a misspelt variant (recall-again:) gets the recall parser's
+# error naming the forms rather than "source not found"
+_RECALL_PREFIX = re.compile(r"recall(-[a-z]+)*[@:]")
 
 
 @dataclass
@@ -60,19 +63,22 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                       lambda: _file_documents(files, text_field))
     if spec.startswith("hf:"):
         return _open_hf_dataset(spec, text_field)
-    if spec.startswith(("recall:", "recall@", "recall-repeat:", "recall-repeat@")):
-        from hyla.data.recall import parse_recall_spec, recall_documents
+    if _RECALL_PREFIX.match(spec):
+        from hyla.data.recall import LONG_VALUE_CHARS, parse_recall_spec, recall_documents
 
         recall = parse_recall_spec(spec)
         inner = open_source(recall.inner, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
                             generation=generation)
         haystack = "of one repeated passage" if recall.repeat else "of haystack"
-        return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}) on "
-                      f"{inner.description}",
+        low, high = LONG_VALUE_CHARS
+        values = f", values of {low}-{high} characters" if recall.long_values else ""
+        return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}{values}) "
+                      f"on {inner.description}",
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
                                                                     min_chars=recall.min_chars,
                                                                     max_chars=recall.max_chars,
-                                                                    repeat=recall.repeat)))
+                                                                    repeat=recall.repeat,
+                                                                    long_values=recall.long_values)))
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
                                     generation=generation)
