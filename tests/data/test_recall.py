@@ -23,18 +23,25 @@ def texts(count: int = 40, lines_per_text: int = 100):
     return ("\n".join(LINES[i * lines_per_text:(i + 1) * lines_per_text]) for i in range(count))
 
 
+def _asked(doc):
+    """The document's body and its question's kind, key and value, each checked against what the document says it
+    asked."""
+    body, question = doc.text.rsplit("\n\n", 1)
+    match = QUESTION.fullmatch(question)
+    assert match, question
+    kind, key, kind_again, key_again, value = match.groups()
+    assert kind == kind_again == doc.kind and key == key_again == doc.keys[doc.asked]
+    assert value == doc.values[doc.asked]
+    return body, kind, key, value
+
+
 def test_the_answer_is_the_value_stated_for_the_asked_key_and_only_there():
     docs = list(recall_documents(texts(), seed=0, min_chars=3000, max_chars=9000))
     assert len(docs) > 20
     kinds = set()
     for doc in docs:
         kinds.add(doc.kind)
-        body, question = doc.text.rsplit("\n\n", 1)
-        match = QUESTION.fullmatch(question)
-        assert match, question
-        kind, key, kind_again, key_again, value = match.groups()
-        assert kind == kind_again == doc.kind and key == key_again == doc.keys[doc.asked]
-        assert value == doc.values[doc.asked]
+        body, kind, key, value = _asked(doc)
         assert 1 <= len(doc.keys) <= MAX_FACTS and len(set(doc.keys)) == len(doc.keys)
         # Every fact is one line of the body, naming its key and its value; the haystack lines are untouched.
         lines = body.split("\n")
@@ -213,12 +220,7 @@ def test_long_values_are_16_to_48_characters_of_several_kinds_and_the_answer_cop
     assert len(docs) > 50
     lengths = {doc.kind: set() for doc in docs}
     for doc in docs:
-        body, question = doc.text.rsplit("\n\n", 1)
-        match = QUESTION.fullmatch(question)
-        assert match, question
-        kind, key, kind_again, key_again, value = match.groups()
-        assert kind == kind_again == doc.kind and key == key_again == doc.keys[doc.asked]
-        assert value == doc.values[doc.asked]
+        body, kind, key, value = _asked(doc)
         # the answer's value is the one inserted for the asked key, in the one fact line naming that key
         facts = [line for line in body.split("\n") if re.search(rf"\b{key}\b", line)]  # Ishte is not Ishtemi
         assert len(facts) == 1 and facts[0].endswith(f" {value}.") and kind in facts[0]
