@@ -40,7 +40,9 @@
 # without stopping the runner: jobs that start later (the evaluations) run the fix; restart for the running ones.
 # AFTER="COMMANDS" (with start, restart, patch or wait): once the run has ended, the call goes on with COMMANDS, at
 # most AFTER_S=300 s and what is left of the call's CALL_S=600, once (a later call with the same AFTER skips it):
-# the next step needs no call of its own, and leaves no gap in which the machine goes back.
+# the next step needs no call of its own, and leaves no gap in which the machine goes back. The call brings back 7
+# files of its own (the report's 6 and logs.tar.gz: runner.log, smoke.log, smoke-report.txt): AFTER may write one more
+# under $OUT, or print.
 # `WARM=1 ... part1` also starts, in the background, one step of each stage at the recipe's shapes on random weights
 # (`hyla bench train --paths fast`, WARM_CASES): a fresh machine's compiler and fla's autotuning fill their on-disk
 # caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
@@ -84,8 +86,6 @@ smoke_status() {
   local smoke_run
   smoke_run=$(compgen -G "$smoke/tmp/*/run" | head -n 1)
   [ -n "$smoke_run" ] && hyla experiment status "$smoke_run" 2>/dev/null | head -n 12
-  cp $keep/smoke.log "$OUT/" 2>/dev/null
-  cp $keep/smoke-report.txt "$OUT/" 2>/dev/null
 }
 
 start_warm() {  # the stages' first steps compiled and autotuned in the background (outlives the call)
@@ -117,8 +117,14 @@ collect() {
   runner_alive && echo "the run goes on after ${wait_s} s: call wait again"
   hyla experiment status $run
   hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
-  cp $run/runner.log "$OUT/" 2>/dev/null
   smoke_status
+  # A call brings back at most 8 files and the report writes 6 (summary.json, report.md, 3 plots, results.tar.gz):
+  # the runner's log and the background tests' log and report travel as one more.
+  local logs=()
+  [ -f $run/runner.log ] && logs+=(run/runner.log)
+  [ -f $keep/smoke.log ] && logs+=(smoke.log)
+  [ -f $keep/smoke-report.txt ] && logs+=(smoke-report.txt)
+  [ ${#logs[@]} -gt 0 ] && tar -czf "$OUT/logs.tar.gz" -C $keep "${logs[@]}"
   # The run is over: this call's remaining minutes go to AFTER, once (a later call with the same AFTER skips it).
   local marker
   marker=$keep/after-$(echo "${AFTER:-}" | md5sum | cut -c1-12)
