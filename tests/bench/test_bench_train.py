@@ -59,6 +59,23 @@ def test_bench_train_batched_twins_with_a_bf16_teacher_is_an_align_path(tmp_path
     assert bf16 == pytest.approx(batched, rel=0.05) and bf16 != batched  # the teacher's bf16 rounding only
 
 
+def test_bench_train_whole_block_paths_time_every_stage_beside_the_fast_path(tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "1", "--no-losses",
+                 "--paths", "fast,fast-whole-blocks,fast-whole-blocks-bf16-teacher", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    cases = {(case["stage"], case["path"]): case for case in results["cases"]}
+    assert set(cases) == {(stage, path) for stage in ("align", "distill", "finetune")
+                          for path in ("fast", "fast-whole-blocks")} | {
+        ("align", "fast-whole-blocks-bf16-teacher"), ("distill", "fast-whole-blocks-bf16-teacher")}
+    for (stage, path), case in cases.items():
+        assert case["whole_blocks"] == (path != "fast")
+        if stage == "align":  # on CPU the fast path compiles nothing: the loop's reference loss either way
+            assert not case["alignment_loss"]["whole_twins"] and not case["alignment_loss"]["compiled"]
+        if path == "fast-whole-blocks":  # the same weights and batch, the same formulas: rounding order only
+            assert case["losses"][0] == pytest.approx(cases[(stage, "fast")]["losses"][0], rel=1e-5)
+    assert "| distill | 2x128 | fast-whole-blocks |" in (tmp_path / "train.md").read_text()
+
+
 @pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
 def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2

@@ -13,7 +13,7 @@ from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCa
                           Qwen3ForCausalLM)
 
 from hyla.cli import main
-from hyla.convert.align import AlignmentTwins, alignment_loss, record_mixers
+from hyla.convert.align import AlignmentTwins, alignment_loss, compiled_twin_error, record_mixers
 from hyla.convert.align_batched import (batched_alignment_loss, batched_twin_outputs, batching_obstacle,
                                         choose_alignment_path, compiled_twin_errors)
 from hyla.layers.lightning import LightningAttention
@@ -129,6 +129,15 @@ def test_twins_that_cannot_be_batched_fall_back_to_the_loop_and_say_why():
     assert reference.describe() == "per-twin loop (the reference path)"
     sharded = choose_alignment_path(twins, compile=True, data_parallel_mode="fsdp")
     assert not sharded.batched and sharded.compile_twins and "FSDP2" in sharded.reason
+    # Each twin compiled with its loss: the loop's fast path only, and not under FSDP2's per-twin hooks.
+    whole = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True)
+    assert whole.whole_twins and not whole.compile_twins and whole.compiled and not whole.batched
+    assert whole.describe() == ("per-twin loop, each twin compiled with its loss (the per-twin loop, each twin "
+                                "compiled with its loss (align.batched_twins=false))")
+    assert not choose_alignment_path(twins, compile=False, batched=False, whole_twins=True).whole_twins
+    sharded_whole = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True,
+                                          data_parallel_mode="fsdp")
+    assert not sharded_whole.whole_twins and sharded_whole.compile_twins
     # One twin of another config (no q/k norm) among Lightning twins.
     config = copy.deepcopy(twins.twins[1].config)
     config.lightning_qk_norm = False
@@ -163,6 +172,37 @@ def test_the_compiled_batched_loss_compiles_in_the_first_step_only_and_leaves_th
             assert ((grads[name] - grad).norm() / grad.norm()).item() <= 1e-4, name
     assert graphs[0] > 0 and graphs[1] == graphs[0] and graphs[2] == graphs[0]
     assert all(twin._compiled_call_impl is None for twin in twins.twins)
+
+
+@pytest.mark.slow
+def test_each_twin_compiled_with_its_loss_shares_one_graph_and_gives_the_loops_loss():
+    """The loop's fast path with `whole_twins`: `twin_error` compiled once for every twin (Lightning's kernel as the
+    custom op, as on CUDA), in the first step only, with the eager loop's loss, metrics and gradients."""
+    from hyla.ops.lightning import chunk_kernel_as_custom_op
+
+    twins = make_twins("qwen3", {}, dtype=torch.float32)
+    torch._dynamo.reset()
+    compiled_twin_error.cache_clear()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    path = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True)
+    graphs = []
+    with chunk_kernel_as_custom_op():
+        for seed in range(3):
+            batch = tokens(2, 40, seed=seed)
+            loss, metrics, grads = loss_and_gradients(path.loss_fn, twins, batch)
+            graphs.append(counters["stats"]["unique_graphs"])
+            reference, reference_metrics, reference_grads = loss_and_gradients(alignment_loss, twins, batch)
+            # Inductor's fused float32 kernels against eager float32: rounding order.
+            assert loss.item() == pytest.approx(reference.item(), rel=1e-5)
+            for name, value in reference_metrics.items():
+                assert metrics[name].item() == pytest.approx(value.item(), rel=1e-5), name
+            for name, grad in reference_grads.items():
+                assert ((grads[name] - grad).norm() / grad.norm()).item() <= 1e-4, name
+    assert graphs == [1, 1, 1] and not counters["graph_break"]
+    assert all(twin._compiled_call_impl is None for twin in twins.twins)
+    torch._dynamo.reset()
+    compiled_twin_error.cache_clear()
 
 
 def _trained_twins(out) -> dict[str, torch.Tensor]:

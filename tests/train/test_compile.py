@@ -4,6 +4,7 @@ only)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -93,21 +94,24 @@ def test_compiled_teacher_blocks_record_their_mixers_without_recompiling():
     assert graphs[0] > 0 and graphs[1] == graphs[0] and graphs[2] == graphs[0]
 
 
-@pytest.mark.parametrize("batched", [False, True], ids=["per-twin-loop", "batched-twins"])
+@pytest.mark.parametrize("twins_path", ["per-twin-loop", "batched-twins", "whole-twins"])
 @pytest.mark.parametrize("teacher_bf16", [False, True], ids=["float32-teacher", "bf16-teacher"])
 # Past its recompile limit dynamo would run the blocks uncompiled, compiling nothing new: an error instead.
 @torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
-def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(batched, teacher_bf16, monkeypatch, request):
+def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(twins_path, teacher_bf16, monkeypatch,
+                                                                      request):
     """Stages 1 and 2 of `hyla convert` on the fast path, in one process as the pipeline runs them: stage 1 compiles
-    one graph for the twins (block by block, or the batched loss) and, with `teacher_bf16`, one for the teacher's
-    recording blocks; stage 2 one for each kind of student block and one for the teacher's blocks. No graph per
-    layer, and nothing new at a second step. Dynamo's "eager" backend: its guards, which decide what recompiles,
-    without inductor's code generation."""
+    one graph for the twins (block by block, the batched loss, or each twin with its loss: `whole-twins`, with
+    Lightning's kernel as the custom op, as `hyla bench train --paths fast-whole-blocks` runs it) and, with
+    `teacher_bf16`, one for the teacher's recording blocks; stage 2 one for each kind of student block and one for
+    the teacher's blocks. No graph per layer, and nothing new at a second step. Dynamo's "eager" backend: its
+    guards, which decide what recompiles, without inductor's code generation."""
     from torch._dynamo.utils import counters
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hyla.convert.align import AlignmentTwins
+    from hyla.convert.align import AlignmentTwins, compiled_twin_error
     from hyla.convert.align_batched import choose_alignment_path, compiled_twin_errors
+    from hyla.ops.lightning import chunk_kernel_as_custom_op
     from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss
     from hyla.models.transfer import to_hypenet
 
@@ -117,6 +121,8 @@ def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(batched, 
                         original_compile(function, **{**options, "backend": "eager"}))
     request.addfinalizer(torch._dynamo.reset)
     request.addfinalizer(compiled_twin_errors.cache_clear)
+    request.addfinalizer(compiled_twin_error.cache_clear)
+    batched, whole_twins = twins_path == "batched-twins", twins_path == "whole-twins"
     torch.manual_seed(0)
     hf_teacher = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=48,
                                               num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
@@ -127,7 +133,11 @@ def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(batched, 
                for ids in torch.randint(0, 60, (2, 1, 16), generator=torch.Generator().manual_seed(1))]
     torch._dynamo.reset()
     compiled_twin_errors.cache_clear()
+    compiled_twin_error.cache_clear()
     counters.clear()
+    settings = contextlib.ExitStack()
+    request.addfinalizer(settings.close)
+    settings.enter_context(chunk_kernel_as_custom_op(whole_twins))
 
     def graphs_per_step(model, loss_fn) -> list[int]:
         graphs = []
@@ -138,10 +148,10 @@ def test_compiled_conversion_steps_compile_one_graph_per_kind_of_block(batched, 
 
     # What hyla.convert.runners' run_align and train_budget compile.
     twins = AlignmentTwins.for_training(teacher, hf_teacher, copy.deepcopy(teacher.config), torch.device("cpu"))
-    path = choose_alignment_path(twins, compile=True, batched=batched)
-    assert path.batched == batched and path.compiled
+    path = choose_alignment_path(twins, compile=True, batched=batched, whole_twins=whole_twins)
+    assert path.batched == batched and path.compiled and path.whole_twins == whole_twins
     frozen = list(teacher.model.layers) if teacher_bf16 else []
-    compile_blocks(frozen if path.batched else [*twins.twins, *frozen])
+    compile_blocks([*twins.twins, *frozen] if path.compile_twins else frozen)
     # The twins' graph (or the batched loss's), and the teacher's recording block where it is compiled.
     stage_1 = 2 if teacher_bf16 else 1
     assert graphs_per_step(twins, path.loss_fn) == [stage_1, stage_1]

@@ -34,3 +34,21 @@ def test_fast_path_follows_the_eager_loss_curve(case):
     assert ((fast - eager).abs() / eager.abs()).max() <= CURVE_RTOL, (curves["eager"], curves["fast"])
     if case.stage != "finetune":  # random tokens leave a random-weight model's cross-entropy where it is
         assert eager[-1] < eager[0] and fast[-1] < fast[0]  # both learn
+
+
+@pytest.mark.parametrize("stage", ["align", "distill"])
+def test_steps_with_whole_compiled_blocks_follow_those_without(stage):
+    """`fast-whole-blocks` (Lightning's kernel as a custom op inside the compiled blocks; in stage 1 each twin
+    compiled with its loss) against the fast path: the same kernels and formulas, compiled as one graph per block
+    instead of five pieces; the fusions' rounding order differs, so the first steps' losses agree within
+    FIRST_STEP_RTOL."""
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(LlamaConfig(**dict(SMOLLM2_135M, num_hidden_layers=6))).cuda().eval()
+    plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
+    settings = TrainBenchSettings(steps=3, warmup=0, profile=False, losses=False)
+    case = Case("align", 8, 512) if stage == "align" else Case("distill", 4, 1024)
+    curves = {path: torch.tensor(measure_case(case, path, teacher, plan, (1, 4), settings)["losses"],
+                                 dtype=torch.float64) for path in ("fast", "fast-whole-blocks")}
+    plain, with_op = curves["fast"], curves["fast-whole-blocks"]
+    assert torch.isfinite(with_op).all()
+    assert ((with_op - plain).abs() / plain.abs()).max() <= FIRST_STEP_RTOL, (plain.tolist(), with_op.tolist())

@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--cases", default=None,
                        help="comma list of STAGE:BATCHxLEN (default align:128x512,distill:16x4096,finetune:4x16384, "
                             "the halo-smollm2 recipe's shapes; --toy: align:2x64,distill:2x128,finetune:1x256)")
-    train.add_argument("--paths", default="eager,fast", help="comma list of eager, fast, fast-batched, fast-bf16-teacher, fast-batched-bf16-teacher (default eager,fast; fast-batched: the fast path with stage 1's batched twins, align cases only; fast-bf16-teacher: the frozen teacher in bf16, align and distill cases only; fast-batched-bf16-teacher: both, align cases only)")
+    train.add_argument("--paths", default="eager,fast", help="comma list of eager, fast, fast-batched, fast-bf16-teacher, fast-batched-bf16-teacher, fast-whole-blocks, fast-whole-blocks-bf16-teacher (default eager,fast; fast-batched: the fast path with stage 1's batched twins, align cases only; fast-bf16-teacher: the frozen teacher in bf16, align and distill cases only; fast-batched-bf16-teacher: both, align cases only; fast-whole-blocks: Lightning's kernel as a custom op inside the compiled blocks, one graph per block; fast-whole-blocks-bf16-teacher: that and the bf16 teacher, align and distill cases only)")
     train.add_argument("--attention-layers", default=None,
                        help="comma list of the hybrid's attention layers (default: SmolLM2's HALO choice for a "
                             "30-layer teacher, else every fourth layer)")

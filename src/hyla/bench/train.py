@@ -30,9 +30,16 @@ STAGES = ("align", "distill", "finetune")
 # fast-bf16-teacher: the fast path with the frozen teacher in bf16, its blocks compiled in stage 1 too
 # (align.teacher_bf16, distill.teacher_bf16); align and distill cases only.
 # fast-batched-bf16-teacher: both (align.batched_twins and align.teacher_bf16); align cases only.
-PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher", "fast-batched-bf16-teacher")
+# fast-whole-blocks: the fast path with every compiled block one graph: Lightning's chunk kernel called through the
+# custom op that torch.compile keeps inside a compiled block (hyla.ops.lightning.chunk_kernel_as_custom_op), not five
+# pieces around fla's own function; in stage 1 each twin compiled together with its loss (the per-twin loop,
+# `choose_alignment_path(whole_twins=True)`). fast-whole-blocks-bf16-teacher: that and the bf16 teacher; align and
+# distill cases only.
+PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher", "fast-batched-bf16-teacher", "fast-whole-blocks",
+         "fast-whole-blocks-bf16-teacher")
 BATCHED_PATHS = ("fast-batched", "fast-batched-bf16-teacher")
-BF16_TEACHER_PATHS = ("fast-bf16-teacher", "fast-batched-bf16-teacher")
+BF16_TEACHER_PATHS = ("fast-bf16-teacher", "fast-batched-bf16-teacher", "fast-whole-blocks-bf16-teacher")
+WHOLE_BLOCK_PATHS = ("fast-whole-blocks", "fast-whole-blocks-bf16-teacher")
 TEACHER_STAGES = ("align", "distill")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -160,9 +167,11 @@ class _Built:
 
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
-           compile: bool = False, batched: bool = False, teacher_bf16: bool = False) -> _Built:
+           compile: bool = False, batched: bool = False, teacher_bf16: bool = False,
+           whole_twins: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
-    chooses it for `compile` on one process; `teacher_bf16`: the stage's `teacher_bf16` setting."""
+    chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16`: the
+    stage's `teacher_bf16` setting."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
@@ -178,7 +187,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         for name, value in plan.twin_options().items():
             setattr(config, name, value)
         twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
-        path = choose_alignment_path(twins, compile=compile, batched=batched)
+        path = choose_alignment_path(twins, compile=compile, batched=batched, whole_twins=whole_twins)
         return _Built(twins, path.loss_fn, list(twins.twins), list(teacher.model.layers) if teacher_bf16 else [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
@@ -201,6 +210,14 @@ def _fast_path(path: str, device: torch.device):
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
     """Time `settings.steps` training steps of `case` on `path` after `settings.warmup` (the first compiles)."""
+    from hyla.ops.lightning import chunk_kernel_as_custom_op
+
+    # Compiled code reads the setting as a constant: the blocks compile for this path, and again for the next.
+    with chunk_kernel_as_custom_op(path in WHOLE_BLOCK_PATHS):
+        return _measure_case(case, path, hf_teacher, plan, attention_layers, settings)
+
+
+def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
     from hyla.bench.timing import peak_memory_gib, reset_peak_memory
     from hyla.compile import compile_blocks
     from hyla.train.distributed import Distributed
@@ -214,7 +231,8 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
-                   batched=path in BATCHED_PATHS, teacher_bf16=path in BF16_TEACHER_PATHS)
+                   batched=path in BATCHED_PATHS, teacher_bf16=path in BF16_TEACHER_PATHS,
+                   whole_twins=path in WHOLE_BLOCK_PATHS)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
@@ -249,7 +267,8 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     flops = built.flops["total"]
     rate = peak_flops(device)
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
-              "fast_path": fast.as_dict(), "micro_batch_rows_used": step.micro_batch_rows,
+              "fast_path": fast.as_dict(), "whole_blocks": path in WHOLE_BLOCK_PATHS,
+              "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,
               "tflop_per_s": flops * tokens / median / 1e12, "mfu": flops * tokens / median / rate if rate else None,

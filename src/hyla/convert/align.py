@@ -5,6 +5,9 @@ gradients."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,17 +75,32 @@ def compute_dtype(weight: torch.Tensor) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else weight.dtype
 
 
-def alignment_loss(model: AlignmentTwins, batch: dict) -> tuple[torch.Tensor, dict]:
+def twin_error(twin: nn.Module, mixer_input: torch.Tensor, target: torch.Tensor,
+               context) -> tuple[torch.Tensor, torch.Tensor]:
+    """One twin's MSE against the teacher's mixer output on the teacher's mixer input, and the target's energy (mean
+    square), float32 scalars; compiled whole by the fast path (`compiled_twin_error`)."""
+    prediction = twin(mixer_input.to(compute_dtype(twin.q_proj.weight)), context)
+    target = target.float()
+    return F.mse_loss(prediction.float(), target), target.pow(2).mean()
+
+
+@functools.cache
+def compiled_twin_error() -> Callable:
+    """`twin_error` under torch.compile with static shapes: the twin and its loss in one graph, shared by every twin
+    of one kind (made on first use: nothing at import)."""
+    return torch.compile(twin_error, dynamic=False)
+
+
+def alignment_loss(model: AlignmentTwins, batch: dict, *, error: Callable = twin_error) -> tuple[torch.Tensor, dict]:
     """Sum over layers of MSE(twin_i(x_i), attention_i(x_i)); per-layer values in the metrics (tensors: the training
     step reads them back once), with the teacher's output energy (mean square) of each layer beside them, so that
-    `mse_i / energy_i` is the fraction of the output the twin misses."""
+    `mse_i / energy_i` is the fraction of the output the twin misses. error: `twin_error` or its compiled form."""
     recorder, context = record_mixers(model.teacher[0], batch["input_ids"])
     losses, energies = [], []
     for i, twin in enumerate(model.twins):
-        prediction = twin(recorder.inputs[i].to(compute_dtype(twin.q_proj.weight)), context)
-        target = recorder.outputs[i].float()
-        losses.append(F.mse_loss(prediction.float(), target))
-        energies.append(target.pow(2).mean())
+        loss, energy = error(twin, recorder.inputs[i], recorder.outputs[i], context)
+        losses.append(loss)
+        energies.append(energy)
     per_layer = torch.stack(losses)
     metrics = {f"mse_{i:02d}": loss for i, loss in enumerate(per_layer.detach())}
     metrics.update({f"energy_{i:02d}": energy for i, energy in enumerate(torch.stack(energies))})

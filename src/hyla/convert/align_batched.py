@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hyla.convert.align import AlignmentTwins, alignment_loss, compute_dtype, record_mixers
+from hyla.convert.align import AlignmentTwins, alignment_loss, compiled_twin_error, compute_dtype, record_mixers
 from hyla.layers.lightning import LightningAttention
 from hyla.layers.norm import rms_norm
 from hyla.layers.rope import apply_rotary
@@ -160,30 +160,40 @@ class AlignmentPath:
     batched: bool
     compiled: bool  # the batched loss compiled whole, or (the loop) each twin compiled block by block
     reason: str
+    # The loop with each twin and its loss compiled as one function (`compiled_twin_error`), not the twin alone.
+    whole_twins: bool = False
 
     @property
     def compile_twins(self) -> bool:
         """Whether the twins are to be compiled one by one (`hyla.compile.compile_blocks`): the loop's fast path."""
-        return self.compiled and not self.batched
+        return self.compiled and not self.batched and not self.whole_twins
 
     def describe(self) -> str:
         if self.batched:
             how = "one compiled function" if self.compiled else "eager"
             return f"batched, every twin in one problem, {how} ({self.reason})"
         how = ", each twin compiled" if self.compiled else ""
+        how += " with its loss" if self.whole_twins else ""
         return f"per-twin loop{how} ({self.reason})"
 
     def as_dict(self) -> dict:
-        return {"batched": self.batched, "compiled": self.compiled, "reason": self.reason}
+        return {"batched": self.batched, "compiled": self.compiled, "whole_twins": self.whole_twins,
+                "reason": self.reason}
 
 
 def choose_alignment_path(twins: AlignmentTwins, *, compile: bool, data_parallel_mode: str = "none",
-                          batched: bool | None = None) -> AlignmentPath:
+                          batched: bool | None = None, whole_twins: bool = False) -> AlignmentPath:
     """Stage 1's loss for the fast-path setting `compile` and the data-parallel mode the twins train under
     (`hyla.train.parallel`). batched: None follows `compile` (the batched loss is the fast path's, the loop the
-    reference's); True asks for it where the twins allow it."""
+    reference's); True asks for it where the twins allow it. whole_twins: the compiled loop compiles each twin
+    together with its loss (one function, `compiled_twin_error`) instead of the twin alone; not under FSDP2, whose
+    per-twin hooks the loop keeps as they are."""
     wanted = compile if batched is None else batched
     if not wanted:
+        if compile and whole_twins and not data_parallel_mode.startswith("fsdp"):
+            return AlignmentPath(functools.partial(alignment_loss, error=compiled_twin_error()), False, True,
+                                 "the per-twin loop, each twin compiled with its loss (align.batched_twins=false)",
+                                 whole_twins=True)
         return AlignmentPath(alignment_loss, False, compile, "the reference path" if not compile
                              else "the per-twin loop, each twin compiled (align.batched_twins=false)")
     obstacle = batching_obstacle(list(twins.twins))

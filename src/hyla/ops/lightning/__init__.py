@@ -3,6 +3,9 @@ constants."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 
 from hyla.ops.dispatch import resolve_backend
@@ -26,6 +29,31 @@ def lightning_log_decay(num_heads: int) -> torch.Tensor:
     return -torch.pow(2.0, -8.0 * heads / num_heads)
 
 
+# Whether training calls (no state in or out, unpacked rows) go through the custom op `hyla::lightning_chunk`
+# (hyla.ops.lightning.custom_op), which torch.compile keeps inside a compiled block, instead of fla's own function,
+# around which it splits the block. Compiled code reads it as a constant, and recompiles when it changes.
+_custom_op = False
+
+
+@contextlib.contextmanager
+def chunk_kernel_as_custom_op(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, Lightning's training calls go through the custom op `hyla::lightning_chunk` (same kernels,
+    same values; one compiled graph per block instead of five pieces) when `enabled`."""
+    global _custom_op
+    if enabled:
+        import hyla.ops.lightning.custom_op  # noqa: F401  (registers the op before compiled code looks it up)
+    previous, _custom_op = _custom_op, enabled
+    try:
+        yield
+    finally:
+        _custom_op = previous
+
+
+def _custom_op_takes(q: torch.Tensor, initial_state, output_final_state: bool, cu_seqlens, chunk_safe) -> bool:
+    return (_custom_op and initial_state is None and not output_final_state and cu_seqlens is None
+            and chunk_safe is True and q.shape[1] > 1)
+
+
 def lightning_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -43,8 +71,12 @@ def lightning_attention(
     q, k: [B, T, H, K]; v: [B, T, H, V]; log_decay: [H]; initial_state: [N, H, K, V] float32;
     cu_seqlens: [N + 1] boundaries of packed sequences (B = 1). Returns (o [B, T, H, V], final state or None).
     chunk_safe: the caller's knowledge that the decays suit fla's chunk kernel (the GPU path otherwise reads
-    `log_decay` back from the device, a host sync per call); the references ignore it.
+    `log_decay` back from the device, a host sync per call); the references ignore it. Under
+    `chunk_kernel_as_custom_op`, a call with no state in or out, unpacked and chunk-safe runs as that op.
     """
+    if _custom_op_takes(q, initial_state, output_final_state, cu_seqlens, chunk_safe):
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        return torch.ops.hyla.lightning_chunk(q, k, v, log_decay, scale), None
     kwargs = dict(
         log_decay=log_decay,
         scale=scale,
@@ -61,5 +93,5 @@ def lightning_attention(
     return lightning_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["CHUNK_SAFE_LOG_DECAY", "decay_is_chunk_safe", "lightning_attention", "lightning_chunked",
+__all__ = ["CHUNK_SAFE_LOG_DECAY", "chunk_kernel_as_custom_op", "decay_is_chunk_safe", "lightning_attention", "lightning_chunked",
            "lightning_decode_step", "lightning_log_decay", "lightning_recurrent"]
