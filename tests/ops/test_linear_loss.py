@@ -141,3 +141,51 @@ def test_no_tensor_of_rows_by_vocabulary_exists_in_forward_or_backward():
     with LargestTensor() as probe:
         linear_kl_divergence_reference(hidden, weight, teacher_hidden, teacher_weight)[0].backward()
     assert probe.largest >= ROWS * VOCAB  # the probe sees the plain loss's logits
+
+
+@pytest.mark.parametrize("loss", ["kl", "ce"])
+def test_both_softmax_formulations_give_the_same_loss_and_gradients(loss):
+    """The online-softmax terms (the default) and the earlier torch.logsumexp ones: the same formula, float64."""
+    hidden, weight, teacher_hidden, teacher_weight, labels = inputs(torch.float64, seed=2)
+
+    def fn(online_softmax):
+        if loss == "kl":
+            return lambda h, w: linear_kl_divergence_chunked(h, w, teacher_hidden, teacher_weight, labels,
+                                                             chunk_rows=8, online_softmax=online_softmax)[0]
+        return lambda h, w: linear_cross_entropy_chunked(h, w, labels, chunk_rows=8, online_softmax=online_softmax)
+
+    for got, want in zip(gradients(fn(True), hidden, weight), gradients(fn(False), hidden, weight)):
+        assert relative(got, want) <= 1e-12
+
+
+def softmax_pattern_matches(fn, *args) -> int:
+    """How often inductor's online-softmax pattern (amax, subtract, exp, sum: one pass for a row's max and sum on
+    CUDA) matches in the compiled graph of `fn`, counted on CPU, where inductor itself applies it to no device."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.fx_passes.post_grad import prepare_softmax_pattern
+    from torch._inductor.pattern_matcher import PatternMatcherPass, fwd_only, register_replacement
+
+    matches = []
+    patterns = PatternMatcherPass()
+    # The check records each match and refuses it: the graph stays as it is.
+    register_replacement(prepare_softmax_pattern, prepare_softmax_pattern, [torch.empty(4, 8)], fwd_only, patterns,
+                         extra_check=lambda match: bool(matches.append(match)), scalar_workaround=dict(dim=-1))
+    torch._dynamo.reset()
+    with inductor_config.patch(post_grad_custom_pre_pass=patterns.apply):
+        torch.compile(fn, dynamic=False)(*args)
+    torch._dynamo.reset()
+    return len(matches)
+
+
+def test_the_compiled_loss_terms_take_each_rows_max_and_sum_in_one_pass():
+    """Both the student's and the teacher's softmax in the KL terms, the logits' in the cross-entropy terms, match
+    the online-softmax pattern; the earlier torch.logsumexp form matches none (on CUDA a third pass over both
+    [rows, V] chunks: sitting B's fused KL kernel took 12.9 ms of the distillation step)."""
+    from hyla.ops.linear_loss import chunked
+
+    generator = torch.Generator().manual_seed(0)
+    student, teacher = (torch.randn(6, 50, generator=generator, dtype=torch.bfloat16) for _ in range(2))
+    labels, scale = torch.randint(0, 50, (6,), generator=generator), torch.tensor(0.1)
+    assert softmax_pattern_matches(chunked._kl_terms, student, teacher, labels, scale) == 2
+    assert softmax_pattern_matches(chunked._ce_terms, student, labels, scale) == 1
+    assert softmax_pattern_matches(chunked._logsumexp_kl_terms, student, teacher, labels, scale) == 0
