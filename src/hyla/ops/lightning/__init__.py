@@ -93,5 +93,5 @@ def lightning_attention(
     return lightning_chunked(q, k, v, **kwargs)
 
 
-__all__ = ["CHUNK_SAFE_LOG_DECAY", "chunk_kernel_as_custom_op", "decay_is_chunk_safe", "lightning_attention", "lightning_chunked",
-           "lightning_decode_step", "lightning_log_decay", "lightning_recurrent"]
+__all__ = ["CHUNK_SAFE_LOG_DECAY", "chunk_kernel_as_custom_op", "decay_is_chunk_safe", "lightning_attention",
+           "lightning_chunked", "lightning_decode_step", "lightning_log_decay", "lightning_recurrent"]

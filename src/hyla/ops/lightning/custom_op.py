@@ -93,7 +93,8 @@ def lightning_chunk_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 @lightning_chunk_backward.register_fake
 def _(q, k, v, log_decay, scale, grad_output):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # Contiguous, as both implementations return them.
+    return tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
 
 
 def _setup_context(ctx, inputs, output) -> None:
