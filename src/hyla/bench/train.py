@@ -9,8 +9,8 @@ Weights are random unless a teacher is given: speed depends on shapes, not value
 tokens/s (median step), model FLOPs per token (counted from the shapes: `training_flops_per_token`), the FLOP rate
 and MFU, peak memory, the first step's time (compilation), and for the fast path the top kernels of one profiled
 step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's chunked
-fused loss, in its online-softmax form and in the earlier torch.logsumexp form, and flash-linear-attention's fused
-KL / cross-entropy where installed): the measurement behind the fused loss's default.
+fused loss, and flash-linear-attention's fused KL / cross-entropy where installed): the measurement behind the fused
+loss's default.
 """
 
 from __future__ import annotations
@@ -311,13 +311,8 @@ def measure_losses(batch_tokens: int, hidden_size: int, vocab_size: int, device:
         ("kl", "logits"): lambda: kl_divergence(teacher_hidden @ teacher_weight.T, hidden @ weight.T),
         ("kl", "hyla-chunked"): lambda: linear_kl_divergence_chunked(hidden, weight, teacher_hidden,
                                                                       teacher_weight, labels)[0],
-        # The same chunks through torch.logsumexp, the formulation before the online-softmax one.
-        ("kl", "hyla-chunked-logsumexp"): lambda: linear_kl_divergence_chunked(
-            hidden, weight, teacher_hidden, teacher_weight, labels, online_softmax=False)[0],
         ("ce", "logits"): lambda: cross_entropy(hidden @ weight.T, labels),
         ("ce", "hyla-chunked"): lambda: linear_cross_entropy_chunked(hidden, weight, labels),
-        ("ce", "hyla-chunked-logsumexp"): lambda: linear_cross_entropy_chunked(hidden, weight, labels,
-                                                                              online_softmax=False),
     }
     variants.update(_fla_losses(hidden, weight, teacher_hidden, teacher_weight, labels))
     rows, reference = [], {}

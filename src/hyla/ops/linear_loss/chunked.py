@@ -29,21 +29,9 @@ def _wide(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to(torch.promote_types(tensor.dtype, torch.float32))
 
 
-def _softmax_parts(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Each row's max m, shifted logits x - m, their exponentials and the exponentials' sum ([rows, 1]), written
-    as inductor's online-softmax pattern (amax, subtract, exp, sum): compiled for CUDA it takes the max and the
-    sum in one pass over the row. `torch.logsumexp` does not match it (its decomposition guards against an infinite
-    maximum between the max and the subtraction), which costs a third pass over both [rows, V] chunks; logits from
-    a matrix product are finite."""
-    row_max = logits.amax(dim=-1, keepdim=True)
-    shifted = logits - row_max
-    exponentials = shifted.exp()
-    return row_max, shifted, exponentials, exponentials.sum(dim=-1, keepdim=True)
-
-
-def _logsumexp_kl_terms(student_logits, teacher_logits, labels, scale):
-    """`_kl_terms` through `torch.logsumexp` (three passes over each chunk when compiled for CUDA): the formulation
-    before the online-softmax one, kept for `hyla bench train`'s loss table (`online_softmax=False`)."""
+def _kl_terms(student_logits, teacher_logits, labels, scale):
+    """Per chunk: sum over rows of KL(teacher || student), sum of the student's cross-entropy over labelled rows,
+    and d(scale * KL sum)/d(student logits) = scale * (softmax(student) - softmax(teacher))."""
     student, teacher = _wide(student_logits), _wide(teacher_logits)
     student_lse = torch.logsumexp(student, dim=-1, keepdim=True)
     teacher_logp = teacher - torch.logsumexp(teacher, dim=-1, keepdim=True)
@@ -57,26 +45,9 @@ def _logsumexp_kl_terms(student_logits, teacher_logits, labels, scale):
     return kl, ce, grad
 
 
-def _kl_terms(student_logits, teacher_logits, labels, scale):
-    """Per chunk: sum over rows of KL(teacher || student), sum of the student's cross-entropy over labelled rows,
-    and d(scale * KL sum)/d(student logits) = scale * (softmax(student) - softmax(teacher))."""
-    student, teacher = _wide(student_logits), _wide(teacher_logits)
-    student_max, student_shifted, student_exp, student_sum = _softmax_parts(student)
-    _, teacher_shifted, teacher_exp, teacher_sum = _softmax_parts(teacher)
-    student_logp = student_shifted - student_sum.log()
-    teacher_logp = teacher_shifted - teacher_sum.log()
-    teacher_p = teacher_exp / teacher_sum
-    kl = (teacher_p * (teacher_logp - student_logp)).sum()
-    valid = labels != -100
-    picked = student.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
-    student_lse = (student_max + student_sum.log())[:, 0]
-    ce = torch.where(valid, student_lse - picked, 0.0).sum()
-    grad = ((student_exp / student_sum - teacher_p) * scale).to(student_logits.dtype)
-    return kl, ce, grad
-
-
-def _logsumexp_ce_terms(logits, labels, scale):
-    """`_ce_terms` through `torch.logsumexp`: the earlier formulation, as `_logsumexp_kl_terms`."""
+def _ce_terms(logits, labels, scale):
+    """Per chunk: sum of the cross-entropy over labelled rows and d(scale * that sum)/d(logits) =
+    scale * (softmax(logits) - onehot(label)), zero on ignored rows."""
     values = _wide(logits)
     lse = torch.logsumexp(values, dim=-1, keepdim=True)
     valid = labels != -100
@@ -84,19 +55,6 @@ def _logsumexp_ce_terms(logits, labels, scale):
     ce = torch.where(valid, lse[:, 0] - picked, 0.0).sum()
     target = torch.arange(values.shape[-1], device=values.device)[None, :] == labels[:, None]
     grad = ((values - lse).exp() - target.to(values.dtype)) * (valid[:, None].to(values.dtype) * scale)
-    return ce, grad.to(logits.dtype)
-
-
-def _ce_terms(logits, labels, scale):
-    """Per chunk: sum of the cross-entropy over labelled rows and d(scale * that sum)/d(logits) =
-    scale * (softmax(logits) - onehot(label)), zero on ignored rows."""
-    values = _wide(logits)
-    row_max, _, exponentials, total = _softmax_parts(values)
-    valid = labels != -100
-    picked = values.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
-    ce = torch.where(valid, (row_max + total.log())[:, 0] - picked, 0.0).sum()
-    target = torch.arange(values.shape[-1], device=values.device)[None, :] == labels[:, None]
-    grad = (exponentials / total - target.to(values.dtype)) * (valid[:, None].to(values.dtype) * scale)
     return ce, grad.to(logits.dtype)
 
 
@@ -149,7 +107,7 @@ def _scaled_gradients(ctx, grad_output, num_inputs: int):
 
 class _LinearKL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, labels, chunk_rows, compiled, online_softmax):
+    def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, labels, chunk_rows, compiled):
         dtype = _compute_dtype(hidden)
         ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
         with torch.autocast(hidden.device.type, enabled=False):
@@ -160,7 +118,7 @@ class _LinearKL(torch.autograd.Function):
             kl = torch.zeros((), dtype=_accumulation_dtype(hidden), device=hidden.device)
             ce = torch.zeros_like(kl)
             scale = torch.full((), 1.0 / max(rows, 1), dtype=kl.dtype, device=hidden.device)
-            terms = _terms(_kl_terms if online_softmax else _logsumexp_kl_terms, compiled)
+            terms = _terms(_kl_terms, compiled)
             for start in range(0, rows, chunk_rows):
                 chunk = slice(start, start + chunk_rows)
                 chunk_kl, chunk_ce, grad_logits = terms(hidden[chunk] @ weight.T,
@@ -176,12 +134,12 @@ class _LinearKL(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_kl, grad_ce):
-        return _scaled_gradients(ctx, grad_kl, 8)
+        return _scaled_gradients(ctx, grad_kl, 7)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, chunk_rows, compiled, online_softmax):
+    def forward(ctx, hidden, weight, labels, chunk_rows, compiled):
         dtype = _compute_dtype(hidden)
         ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
         with torch.autocast(hidden.device.type, enabled=False):
@@ -189,7 +147,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             grad_hidden, grad_weight = _gradient_buffers(ctx, hidden, weight)
             ce = torch.zeros((), dtype=_accumulation_dtype(hidden), device=hidden.device)
             scale = 1.0 / (labels != -100).sum().clamp(min=1).to(ce.dtype)
-            terms = _terms(_ce_terms if online_softmax else _logsumexp_ce_terms, compiled)
+            terms = _terms(_ce_terms, compiled)
             for start in range(0, hidden.shape[0], chunk_rows):
                 chunk = slice(start, start + chunk_rows)
                 chunk_ce, grad_logits = terms(hidden[chunk] @ weight.T, labels[chunk], scale)
@@ -200,7 +158,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
-        return _scaled_gradients(ctx, grad_output, 6)
+        return _scaled_gradients(ctx, grad_output, 5)
 
 
 def _no_labels(hidden: torch.Tensor) -> torch.Tensor:
@@ -216,16 +174,13 @@ def linear_kl_divergence_chunked(
     *,
     chunk_rows: int | None = None,
     compiled: bool | None = None,
-    online_softmax: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`linear_kl_divergence_reference` in row chunks. compiled: the float32 arithmetic through torch.compile
-    (default: on CUDA). online_softmax: each row's max and exponential sum written as inductor's online-softmax
-    pattern (one pass for both, `_softmax_parts`); False: through `torch.logsumexp` (the earlier formulation, a
-    pass more when compiled for CUDA; the same values)."""
+    (default: on CUDA)."""
     chunk_rows = chunk_rows or default_chunk_rows(weight.shape[0])
     compiled = hidden.is_cuda if compiled is None else compiled
     kl, ce = _LinearKL.apply(hidden, weight, teacher_hidden.detach(), teacher_weight.detach(),
-                             _no_labels(hidden) if labels is None else labels, chunk_rows, compiled, online_softmax)
+                             _no_labels(hidden) if labels is None else labels, chunk_rows, compiled)
     return kl, (None if labels is None else ce)
 
 
@@ -236,10 +191,8 @@ def linear_cross_entropy_chunked(
     *,
     chunk_rows: int | None = None,
     compiled: bool | None = None,
-    online_softmax: bool = True,
 ) -> torch.Tensor:
-    """`linear_cross_entropy_reference` in row chunks (compiled, online_softmax: as in
-    `linear_kl_divergence_chunked`)."""
+    """`linear_cross_entropy_reference` in row chunks."""
     chunk_rows = chunk_rows or default_chunk_rows(weight.shape[0])
     compiled = hidden.is_cuda if compiled is None else compiled
-    return _LinearCrossEntropy.apply(hidden, weight, labels, chunk_rows, compiled, online_softmax)
+    return _LinearCrossEntropy.apply(hidden, weight, labels, chunk_rows, compiled)
