@@ -118,7 +118,7 @@ collect() {
   hyla experiment status $run
   hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
   smoke_status
-  # A call brings back at most 8 files and the report writes 6 (summary.json, report.md, 3 plots, results.tar.gz):
+  # A call brings back at most 8 files and the report writes 6 (summary.json, report.md, 3 plots, results.tar.xz):
   # the runner's log and the background tests' log and report travel as one more.
   local logs=()
   [ -f $run/runner.log ] && logs+=(run/runner.log)

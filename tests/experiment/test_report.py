@@ -134,7 +134,7 @@ def test_trainings_and_the_plans_reference_reach_the_report(tmp_path, capsys):
     assert "| gla-nope/train | 4 | 9.000 | 7.500 | 3,000 |" in out and '"GLA-NoPE-LH"' in out
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     assert summary["trainings"]["gla-nope/train"]["steps"] == 4 and summary["plan"]["name"] == "seed-003"
-    with tarfile.open(tmp_path / "report" / "results.tar.gz") as archive:
+    with tarfile.open(tmp_path / "report" / "results.tar.xz") as archive:
         names = set(archive.getnames())
     assert {"evals/niah-gla-nope-eme/results.json", "gla-nope/train/metrics.jsonl", "plan.json"} <= names
     assert hyla_main(["experiment", "report", str(tmp_path / "nothing")]) == 2

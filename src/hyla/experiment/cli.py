@@ -27,7 +27,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                              "alignment side by side in align.png)")
     report.add_argument("--out", type=Path, default=None, help="report folder (default RUN/report)")
     report.add_argument("--no-plots", action="store_true", help="no PNG plots")
-    report.add_argument("--no-tarball", action="store_true", help="no results.tar.gz")
+    report.add_argument("--no-tarball", action="store_true", help="no results.tar.xz")
     report.set_defaults(handler=run_report)
     _register_check_teacher(verbs)
     _register_budget(verbs)
