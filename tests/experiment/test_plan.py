@@ -74,6 +74,8 @@ def test_a_toml_plan_reads_like_the_json_one(tmp_path):
     ([job("a")], {"variables": {"l": []}}, ["l=x"], "takes a JSON list"),
     ([job("a", needs=["b"])], {}, [], "no job matches 'b'"),
     ([job("a", needs=["b"]), job("b", after=["a"])], {}, [], "loop: a -> b -> a"),
+    ([job("a", checked_by=["a"])], {}, [], "job a is checked by itself"),
+    ([job("a", checked_by=["b"])], {}, [], "checked_by: no job matches 'b'"),
     ([job("a"), job("a")], {}, [], "two jobs are named a"),
     ([job("a", kind="gpu")], {}, [], "unknown kind 'gpu'"),
     ([{"name": "a"}], {}, [], "give exactly one of run, copy, split_largest"),
@@ -100,7 +102,7 @@ def test_an_unknown_profile_and_broken_json_are_named(tmp_path, write_plan):
 
 
 def test_only_keeps_the_jobs_named_and_what_they_need(tmp_path, write_plan):
-    path = write_plan([job("corpus"), job("check"), job("convert", needs=["corpus", "check"]),
+    path = write_plan([job("corpus"), job("check"), job("convert", needs=["corpus"], checked_by=["check"]),
                        job("csr-main", needs=["convert"], after=["convert", "other"]), job("other"),
                        job("report", after=["*"])])
     plan = keep_only(load_plan(path, tmp_path), ["csr-*"])

@@ -67,6 +67,36 @@ def test_a_failure_skips_what_needs_it_but_not_what_only_comes_after(tmp_path, w
     assert runner.jobs["broken"].returncode == 3
 
 
+def test_a_checked_job_runs_beside_its_check_and_its_dependents_wait_for_both(tmp_path, write_plan):
+    plan = write_plan([job("check", stamping(tmp_path, "check", 0.6)),
+                       job("convert", stamping(tmp_path, "convert", 0.2), checked_by=["check"]),
+                       job("eval", stamping(tmp_path, "eval"), needs=["convert"])])
+    runner = run(plan, tmp_path / "run")
+    assert runner.outcome == "done" and set(states(runner).values()) == {"done"}
+    times = stamps(tmp_path)
+    assert times["convert"] < times["check:end"]  # it did not wait for its check
+    assert times["eval"] >= times["check:end"]  # a checked result is used only once its check has passed
+    status = json.loads((tmp_path / "run" / "status.json").read_text())
+    assert status["jobs"]["convert"]["checked_by"] == ["check"]
+
+
+def test_a_failed_check_stops_the_job_it_checks_and_skips_what_needs_it(tmp_path, write_plan):
+    pid_file = tmp_path / "convert.pid"
+    slow = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(30)"
+    plan = write_plan([job("check", "import time; time.sleep(0.5); raise SystemExit(1)"),
+                       job("convert", slow, checked_by=["check"]), job("eval", needs=["convert"]),
+                       job("later", "import time; time.sleep(2)", kind="train"),
+                       job("queued", checked_by=["check"], needs=["later"])])
+    started = time.time()
+    runner = run(plan, tmp_path / "run")
+    assert time.time() - started < 20  # convert was stopped, not waited for
+    assert states(runner) == {"check": "failed", "convert": "skipped", "eval": "skipped", "later": "done",
+                              "queued": "skipped"}
+    assert runner.jobs["convert"].note == "stopped: checked by check, which did not succeed"
+    assert not _pid_alive(int(pid_file.read_text()))
+    assert "skipped convert: stopped: checked by check" in (tmp_path / "run" / "runner.log").read_text()
+
+
 def test_at_most_parallel_jobs_and_train_slots_trainings_run_at_once(tmp_path, write_plan):
     jobs = [job(f"e{i}", stamping(tmp_path, f"e{i}", 0.4)) for i in range(3)]
     jobs += [job(f"t{i}", stamping(tmp_path, f"t{i}", 0.4), kind="train") for i in range(2)]

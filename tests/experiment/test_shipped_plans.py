@@ -102,6 +102,9 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         csr = plan.jobs[f"csr-{model}"].run
         assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
     assert plan.jobs["niah-main-SK1-long"].needs == ("convert",)
+    # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
+    assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
+    assert "teacher-hf" not in " ".join(command)
 
 
 def test_the_ablations_share_the_halo_runs_first_stages(tmp_path):

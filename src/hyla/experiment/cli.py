@@ -101,7 +101,8 @@ def describe(plan) -> str:
     lines += [f"  {name} = {json.dumps(value)}" for name, value in plan.variables.items()]
     for job in plan.jobs.values():
         order = (f" needs {','.join(job.needs)}" if job.needs else "") + (
-            f" after {len(job.after)} jobs" if job.after else "")
+            f" after {len(job.after)} jobs" if job.after else "") + (
+            f" checked by {','.join(job.checked_by)}" if job.checked_by else "")
         body = shlex.join(job.run) if job.run is not None else f"{job.action} {json.dumps(getattr(job, job.action))}"
         lines.append(f"- {job.name} [{job.kind}]{order}\n    {body}")
     return "\n".join(lines)

@@ -19,7 +19,9 @@ A plan file holds:
     copied into one new folder and the others into another (e.g. long documents held out of the training text);
 
   and optionally `needs` (jobs that must have succeeded; a failed one skips this job), `after` (jobs that must have
-  ended, whatever their outcome), both by name or glob; `always` (true: runs in every run, even when it succeeded
+  ended, whatever their outcome), `checked_by` (checks of what this job relies on whose output it does not read: it
+  starts without waiting for them, is stopped or skipped when one fails, and counts as succeeded for the jobs that
+  need it only once they have), all by name or glob; `always` (true: runs in every run, even when it succeeded
   before, e.g. a report); `kind` ("train" takes a train slot and, after running out
   of GPU memory, runs once more alone; "data", "eval", "check": labels); `env`; `matrix` (one job per combination of
   its axes' values, e.g. `{"task": ["SK1", "SK2"]}` and a name `niah-${task}`; an axis of objects gives their
@@ -49,7 +51,7 @@ from hyla.experiment.substitution import PlanError, arguments, bind, finish, sub
 KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
 _TOP_KEYS = {"name", "description", "variables", "settings", "env", "profiles", "jobs", "report"}
-_JOB_KEYS = {"name", "needs", "after", "kind", "env", "matrix", "always", "description", *ACTIONS}
+_JOB_KEYS = {"name", "needs", "after", "checked_by", "kind", "env", "matrix", "always", "description", *ACTIONS}
 _SETTINGS = {"parallel": 14, "train_slots": 4}
 _BUILT_IN = ("run", "plan_dir", "python")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -66,6 +68,9 @@ class Job:
     split_largest: dict[str, Any] | None = None
     needs: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
+    # Jobs that check what this one relies on but write nothing it reads (a teacher's logit check before a
+    # conversion): it runs beside them instead of after them, and their failure stops it.
+    checked_by: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     always: bool = False  # runs in every run of the plan, done before or not (a report of what the run holds)
 
@@ -76,7 +81,7 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         body = {"run": list(self.run)} if self.run is not None else {self.action: getattr(self, self.action)}
         return {"name": self.name, "kind": self.kind, **body, "needs": list(self.needs), "after": list(self.after),
-                "env": dict(self.env), "always": self.always}
+                "checked_by": list(self.checked_by), "env": dict(self.env), "always": self.always}
 
 
 @dataclass(frozen=True)
@@ -332,7 +337,8 @@ def _expand_one(entry: dict, action: str, kind: str, lookup, label: str) -> Job:
     always = entry.get("always", False)
     if not isinstance(always, bool):
         raise PlanError(f"{label}: always must be true or false")
-    return Job(name=name, kind=kind, needs=names("needs"), after=names("after"), env=env, always=always, **body)
+    return Job(name=name, kind=kind, needs=names("needs"), after=names("after"), checked_by=names("checked_by"),
+               env=env, always=always, **body)
 
 
 def _action_spec(action: str, spec: Any, lookup, label: str) -> dict[str, Any]:
@@ -386,13 +392,17 @@ def match_names(patterns: tuple[str, ...] | list[str], names, where: str) -> lis
 
 
 def _check_graph(jobs: dict[str, Job], where: str) -> None:
-    """`needs` and `after` name existing jobs (globs expanded in place); no job waits for itself."""
+    """`needs`, `after` and `checked_by` name existing jobs (globs expanded in place); no job waits for, or is checked
+    by, itself."""
     for name, job in list(jobs.items()):
         needs = match_names(job.needs, jobs, f"{where}: job {name}: needs")
         after = [other for other in match_names(job.after, jobs, f"{where}: job {name}: after") if other != name]
+        checked_by = match_names(job.checked_by, jobs, f"{where}: job {name}: checked_by")
         if name in needs:
             raise PlanError(f"{where}: job {name} needs itself")
-        jobs[name] = dataclasses.replace(job, needs=tuple(needs), after=tuple(after))
+        if name in checked_by:
+            raise PlanError(f"{where}: job {name} is checked by itself")
+        jobs[name] = dataclasses.replace(job, needs=tuple(needs), after=tuple(after), checked_by=tuple(checked_by))
     state: dict[str, int] = {}  # 1: on the current path, 2: checked
 
     def visit(name: str, path: list[str]) -> None:
@@ -411,15 +421,15 @@ def _check_graph(jobs: dict[str, Job], where: str) -> None:
 
 
 def keep_only(plan: Plan, patterns: list[str]) -> Plan:
-    """The plan reduced to the jobs `patterns` pick and what they need, transitively (their `after` orderings are
-    kept among the jobs that stay)."""
+    """The plan reduced to the jobs `patterns` pick and what they need and are checked by, transitively (their
+    `after` orderings are kept among the jobs that stay)."""
     wanted: set[str] = set()
     stack = match_names(patterns, plan.jobs, "--only")
     while stack:
         name = stack.pop()
         if name not in wanted:
             wanted.add(name)
-            stack.extend(plan.jobs[name].needs)
+            stack.extend((*plan.jobs[name].needs, *plan.jobs[name].checked_by))
     jobs = {name: dataclasses.replace(job, after=tuple(n for n in job.after if n in wanted))
             for name, job in plan.jobs.items() if name in wanted}
     return dataclasses.replace(plan, jobs=jobs)

@@ -115,7 +115,8 @@ class Runner:
 
     def write_status(self) -> None:
         jobs = {name: {"kind": run.job.kind, "state": run.state, "note": run.note, "needs": list(run.job.needs),
-                       "after": list(run.job.after), "attempts": run.attempts, "returncode": run.returncode,
+                       "after": list(run.job.after), "checked_by": list(run.job.checked_by),
+                       "attempts": run.attempts, "returncode": run.returncode,
                        "seconds": run.seconds, "started_utc": run.started and _utc(run.started),
                        "pid": run.process.pid if run.process is not None and run.state == "running" else None,
                        "log": f"logs/{name}.log"}
@@ -218,13 +219,36 @@ class Runner:
         changed."""
         changed = self._collect()
         for run in self.jobs.values():
-            if run.state == "waiting":
-                blocked = [n for n in run.job.needs if self.jobs[n].state in ("failed", "skipped")]
+            failed_checks = [n for n in run.job.checked_by if self._ended_badly(n)]
+            if failed_checks and run.state in ("waiting", "running"):
+                self._stop_checked(run, failed_checks)
+                changed = True
+            elif run.state == "waiting":
+                blocked = [n for n in run.job.needs if self._ended_badly(n)
+                           or any(self._ended_badly(check) for check in self.jobs[n].job.checked_by)]
                 if blocked:
                     run.state, run.note = "skipped", f"needs {', '.join(blocked)}, which did not succeed"
                     self.log(f"skipped {run.job.name}: {run.note}")
                     changed = True
         return self._start_ready() or changed
+
+    def _ended_badly(self, name: str) -> bool:
+        return self.jobs[name].state in ("failed", "skipped")
+
+    def _succeeded(self, name: str) -> bool:
+        """Done, and so is every job that checks it (a result is not used before its check passed)."""
+        return self.jobs[name].state == "done" and all(self.jobs[check].state == "done"
+                                                        for check in self.jobs[name].job.checked_by)
+
+    def _stop_checked(self, run: JobRun, failed_checks: list[str]) -> None:
+        """A check of what `run` relies on failed: skip it, stopping it first when it runs."""
+        note = f"checked by {', '.join(failed_checks)}, which did not succeed"
+        if run.state == "running":
+            self._terminate([run])
+            run.ended, run.returncode = time.time(), run.process.returncode
+            note = "stopped: " + note
+        run.state, run.note = "skipped", note
+        self.log(f"skipped {run.job.name}: {note}; {self.progress()}")
 
     def _collect(self) -> bool:
         changed = False
@@ -261,7 +285,7 @@ class Runner:
 
     def _ready(self, run: JobRun) -> bool:
         ended = all(self.jobs[n].state in ("done", "failed", "skipped") for n in run.job.after)
-        return run.state == "waiting" and ended and all(self.jobs[n].state == "done" for n in run.job.needs)
+        return run.state == "waiting" and ended and all(self._succeeded(n) for n in run.job.needs)
 
     def _start_ready(self) -> bool:
         changed = False
@@ -351,13 +375,22 @@ class Runner:
         """Stop every running job's process group: SIGTERM, then SIGKILL after STOP_GRACE_S."""
         running = [run for run in self.jobs.values() if run.state == "running"]
         self.log(f"stop    ({reason}): stopping {len(running)} running jobs")
+        self._terminate(running)
         for run in running:
+            run.state, run.ended, run.returncode = "waiting", time.time(), run.process.returncode
+            run.note = f"stopped by {reason}; runs again when the plan is run again"
+        self.log(f"stopped: {self.progress()}; run the plan again to go on")
+
+    @staticmethod
+    def _terminate(runs: list[JobRun]) -> None:
+        """Stop each job's process group: SIGTERM, then SIGKILL after STOP_GRACE_S; returns once all have exited."""
+        for run in runs:
             try:
                 os.killpg(run.process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
         deadline = time.time() + STOP_GRACE_S
-        for run in running:
+        for run in runs:
             try:
                 run.process.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
@@ -366,9 +399,6 @@ class Runner:
                 except ProcessLookupError:
                     pass
                 run.process.wait()
-            run.state, run.ended, run.returncode = "waiting", time.time(), run.process.returncode
-            run.note = f"stopped by {reason}; runs again when the plan is run again"
-        self.log(f"stopped: {self.progress()}; run the plan again to go on")
 
 
 def run_plan(plan: Plan, run_dir: str | Path, **options) -> str:
