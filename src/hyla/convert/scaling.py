@@ -73,10 +73,14 @@ def scaling_sequences(run, stage, plan):
 
 def niah_scores(model, tokenizer, plan, samples_cache: dict) -> dict[str, dict]:
     """Mean NIAH score per `TASK@LENGTH` cell over `plan.niah_samples` prompts (built once, shared by every
-    candidate), with its standard error."""
+    candidate), with its standard error. The cells share one generation, as `hyla eval niah`'s do: an engine is
+    built when the batch or buffer no longer fits (once a length, not once a cell), and every NIAH prompt of a
+    length fits the same buffer, so each prompt runs on the engine a fresh one would be."""
     from hyla.convert.selection import mean_and_stderr
     from hyla.evals import niah as niah_eval
+    from hyla.evals.generation import Generation
 
+    generation = Generation(model)
     cells = {}
     for length in plan.niah_lengths:
         for task in plan.niah_tasks:
@@ -84,7 +88,7 @@ def niah_scores(model, tokenizer, plan, samples_cache: dict) -> dict[str, dict]:
             if key not in samples_cache:
                 samples_cache[key] = niah_eval.build_samples(tokenizer, task, length, plan.niah_samples, 42)
             records = niah_eval.evaluate_samples(model, tokenizer, samples_cache[key], batch_size=1,
-                                                 max_new_tokens=plan.niah_max_new_tokens)
+                                                 max_new_tokens=plan.niah_max_new_tokens, generation=generation)
             mean, stderr = mean_and_stderr([record["score"] for record in records])
             cells[key] = {"score": mean, "stderr": stderr, "num_samples": len(records)}
     return cells

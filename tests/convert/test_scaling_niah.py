@@ -1,0 +1,72 @@
+"""The scaling stage's NIAH report: every candidate's cells on one generation, with the scores a generation per cell
+gives."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+import hyla.inference.generate as generate_module
+from hyla.convert.scaling import niah_scores
+from hyla.evals import niah as niah_eval
+from hyla.models import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
+from hyla.models.loading import load_tokenizer
+
+
+def _tiny_hybrid(vocab_size: int) -> HypeNetForCausalLM:
+    torch.manual_seed(0)
+    config = HypeNetConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           layer_types=["lightning", "attention"], pad_token_id=0, eos_token_id=1, bos_token_id=2)
+    return HypeNetForCausalLM(config).eval()
+
+
+def test_scaling_niah_builds_one_engine_a_length_with_the_scores_of_one_a_cell(tiny_teacher, monkeypatch):
+    tokenizer = load_tokenizer(str(tiny_teacher))
+    model = _tiny_hybrid(len(tokenizer))
+    plan = SimpleNamespace(niah_lengths=[512, 1024], niah_tasks=["SK1", "SK2", "SK3"], niah_samples=2,
+                           niah_max_new_tokens=4)
+    built = []
+
+    class CountedEngine(generate_module.InferenceEngine):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self.cache.max_length)
+
+    monkeypatch.setattr(generate_module, "InferenceEngine", CountedEngine)
+    samples: dict = {}
+    # What each cell scored when it made a generation of its own, for two candidates (one engine per cell).
+    expected = {}
+    for a in (20.0, 500.0):
+        model.inference_options = InferenceOptions(logit_scaling_a=a)
+        for length in plan.niah_lengths:
+            for task in plan.niah_tasks:
+                key = f"{task}@{length}"
+                samples.setdefault(key, niah_eval.build_samples(tokenizer, task, length, plan.niah_samples, 42))
+                records = niah_eval.evaluate_samples(model, tokenizer, samples[key], batch_size=1,
+                                                     max_new_tokens=plan.niah_max_new_tokens)
+                expected[(a, key)] = [(record["pred"], record["score"]) for record in records]
+    assert len(built) == 2 * len(plan.niah_lengths) * len(plan.niah_tasks)
+    built.clear()
+    for a in (20.0, 500.0):
+        model.inference_options = InferenceOptions(logit_scaling_a=a)
+        cells = niah_scores(model, tokenizer, plan, samples)
+        for key, cell in cells.items():
+            scores = [score for _, score in expected[(a, key)]]
+            assert cell["score"] == sum(scores) / len(scores) and cell["num_samples"] == plan.niah_samples
+    # One engine a length and candidate, each the buffer a cell's own engine had.
+    assert built == [512, 1024, 512, 1024]
+
+
+def test_scaling_niah_predictions_equal_a_generation_per_cell(tiny_teacher):
+    tokenizer = load_tokenizer(str(tiny_teacher))
+    model = _tiny_hybrid(len(tokenizer))
+    model.inference_options = InferenceOptions(logit_scaling_a=50.0)
+    samples = {f"{task}@512": niah_eval.build_samples(tokenizer, task, 512, 2, 42) for task in ("SK1", "SK2")}
+    shared = niah_eval.as_generation(model, None)
+    for key, cell in samples.items():
+        own = niah_eval.evaluate_samples(model, tokenizer, cell, batch_size=1, max_new_tokens=6)
+        reused = niah_eval.evaluate_samples(model, tokenizer, cell, batch_size=1, max_new_tokens=6,
+                                            generation=shared)
+        assert [r["pred"] for r in reused] == [r["pred"] for r in own], key
