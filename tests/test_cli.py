@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -24,3 +25,30 @@ def test_sigusr1_prints_stacks_and_the_command_goes_on():
     assert done.returncode == 0, done.stderr
     assert "still running" in done.stdout
     assert "most recent call first" in done.stderr
+
+
+def test_every_command_reads_one_triton_cache_whatever_it_compiles_first(tmp_path):
+    # Inductor points TRITON_CACHE_DIR at its own folder when a process loads its first compiled kernel, unless the
+    # variable is set: hyla sets it first, to Triton's default, so a job that never compiles with torch.compile finds
+    # the kernels a conversion compiled.
+    child = ("import os\n"
+             "from hyla.cli import main\n"
+             "main([])\n"
+             "print(os.environ['TRITON_CACHE_DIR'])\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_CACHE_DIR"}
+    env.update(HOME=str(tmp_path), TRITON_HOME=str(tmp_path / "triton-home"))
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == str(tmp_path / "triton-home" / ".triton" / "cache")
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "own")  # a folder the caller chose stays
+    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
+    assert done.stdout.splitlines()[-1] == str(tmp_path / "own")
+
+
+def test_the_default_triton_cache_is_tritons_own(monkeypatch, tmp_path):
+    knobs = pytest.importorskip("triton.knobs")
+    from hyla.compile import triton_default_cache_dir
+
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_HOME", str(tmp_path))
+    assert triton_default_cache_dir() == knobs.cache.dir == str(tmp_path / ".triton" / "cache")

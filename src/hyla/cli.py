@@ -13,6 +13,8 @@ import io
 import signal
 import sys
 
+from hyla.compile import share_triton_cache
+
 # (subcommand module, in the order `hyla --help` lists them)
 _AREAS = (
     "hyla.models.cli",
@@ -53,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
             faulthandler.register(signal.SIGUSR1, all_threads=True)
         except (AttributeError, ValueError, io.UnsupportedOperation):  # stderr without a file descriptor
             pass
+    # Before anything compiles: every hyla process, with torch.compile or without, reads and fills one Triton cache.
+    share_triton_cache()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "handler", None):

@@ -5,11 +5,12 @@ forward reads: one that differs from layer to layer (an int attribute it uses, t
 compiles a graph per layer. The conversion's training steps read none, and compile one graph per kind of block and
 grad mode (tests/train/test_compile.py counts them). `raise_recompile_limits` keeps dynamo's default of 8 entries
 of one function, past which it silently runs the remaining calls uncompiled, from capping a process that compiles
-many kinds of block, grad modes and shapes.
+many kinds of block, grad modes and shapes. `share_triton_cache` gives every hyla process one Triton cache.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 
 import torch
@@ -32,3 +33,21 @@ def compile_blocks(blocks: Iterable[torch.nn.Module]) -> int:
     for block in blocks:
         block.compile()
     return len(blocks)
+
+
+def triton_default_cache_dir() -> str:
+    """Where Triton keeps compiled kernels and autotuning results unless told otherwise (triton.knobs.cache)."""
+    return os.path.join(os.environ.get("TRITON_HOME", os.path.expanduser("~/")), ".triton", "cache")
+
+
+def share_triton_cache() -> str:
+    """Set TRITON_CACHE_DIR, unless it is set, to Triton's own default, for this process and those it starts;
+    returns the folder.
+
+    Without it the folder depends on what a process compiled first: the first torch.compile kernel a process loads
+    sets TRITON_CACHE_DIR to inductor's folder (torch/_inductor/runtime/triton_heuristics.py), and Triton reads the
+    variable at every compile, so fla's and hyla's kernels and fla's autotuning choices land there in a process
+    that compiled a block first (a conversion, the engine) and in ~/.triton/cache in one that did not (`hyla eval
+    csr`, `hyla eval ppl` on a HypeNet): those evaluations then compiled and autotuned again every kernel the
+    conversion had (sitting D: their first batch took 57-59 s, the teacher's whole job 44-56 s)."""
+    return os.environ.setdefault("TRITON_CACHE_DIR", triton_default_cache_dir())
