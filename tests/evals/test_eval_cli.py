@@ -48,6 +48,13 @@ def test_niah_writes_results_heatmap_and_ruler_predictions(capsys, tmp_path, tin
     code, _, _ = _run(capsys, "niah", "--from-jsonl", out / "predictions.jsonl", "--out", rescored)
     assert code == 0
     assert _read(rescored)["summary"] == results["summary"]
+    # With a samples cache: the same scores, and the cells' prompts left for the next evaluation.
+    cached = tmp_path / "cached"
+    code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--tasks", "SK1,MK2", "--lengths", "512,1K",
+                      "--num-samples", "2", "--num-depths", "2", "--max-new-tokens", "4", "--batch-size", "2",
+                      "--out", cached, "--samples-cache", tmp_path / "prompts")
+    assert code == 0 and _read(cached)["summary"] == results["summary"]
+    assert len(list((tmp_path / "prompts").glob("*.npz"))) == 4
 
 
 def test_csr_ppl_and_babilong_write_results_and_plots(capsys, tmp_path, tiny_llama_folder):

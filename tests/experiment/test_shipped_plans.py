@@ -94,6 +94,8 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         if name.startswith("niah-"):
             run = job.run
             assert run[run.index("--num-samples") + 1] == "25"
+            # the hybrid's jobs read the prompts its teacher's built (one tokenizer)
+            assert run[run.index("--samples-cache") + 1] == f"{tmp_path}/niah-samples"
             lengths = run[run.index("--lengths") + 1].split(",")
             cells |= {(name.split("-")[1], run[run.index("--tasks") + 1], length) for length in lengths}
     assert cells == {(model, task, length) for model in ("teacher", "main") for task in ("SK1", "SK2", "SK3")

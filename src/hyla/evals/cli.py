@@ -106,6 +106,9 @@ def _register_niah(verbs: Any) -> None:
     niah_parser.add_argument("--from-jsonl", type=Path, default=None, help="score a RULER data or prediction file")
     niah_parser.add_argument("--task-name", default=None, help="task of --from-jsonl (default: from the file name)")
     niah_parser.add_argument("--save-predictions", action="store_true", help="also write predictions.jsonl (RULER)")
+    niah_parser.add_argument("--samples-cache", type=Path, default=None, metavar="DIR",
+                             help="keep the prompts in DIR and read them back in later evaluations with the same "
+                                  "tokenizer (a teacher's and its hybrid's); they are built as without it")
     _add_generation_options(niah_parser)
     niah_parser.set_defaults(handler=_handle_niah)
 
@@ -203,7 +206,7 @@ def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals.runner import print_settings, save_jsonl
 
     names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate"]
-    names += ["from_jsonl", "task_name", "generation", "engine_settings"]
+    names += ["from_jsonl", "task_name", "generation", "engine_settings", "samples_cache"]
     if args.from_jsonl is None:
         # Fail on missing data before spending time loading the model.
         for task in args.tasks or list(niah.TASKS):
@@ -226,7 +229,7 @@ def _handle_niah(args: argparse.Namespace) -> int:
         result = niah.evaluate_niah(
             model, tokenizer, args.tasks or list(niah.TASKS), args.lengths, args.num_samples,
             num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate, seed=args.seed,
-            keep_inputs=args.save_predictions, **common,
+            keep_inputs=args.save_predictions, samples_cache=args.samples_cache, **common,
         )
     if args.save_predictions:
         save_jsonl(out_dir / "predictions.jsonl", result["records"])

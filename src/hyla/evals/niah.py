@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hyla.evals.generation import Generation, as_generation, generate_greedy
+from hyla.evals.niah_cache import cached_samples
 from hyla.evals.niah_samples import (
     RULER_TOKENS_TO_GENERATE,
     TASK_BY_RULER_NAME,
@@ -171,9 +172,11 @@ def evaluate_niah(
     seed: int = 42,
     keep_inputs: bool = False,
     generation: str | Generation | None = None,
+    samples_cache: str | Path | None = None,
 ) -> dict[str, Any]:
     """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records", "generation"}`
-    (`generation`: the path it took and its time, `Generation.describe`).
+    (`generation`: the path it took and its time, `Generation.describe`). samples_cache: a folder where the prompts
+    are read from when an evaluation with the same tokenizer built them before, else left (`hyla.evals.niah_cache`).
 
     Prompts are sized so that prompt + `tokens_to_generate` (RULER: 128) fits `length`; the model then generates up
     to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`). With `keep_inputs`, each record also holds its
@@ -183,9 +186,8 @@ def evaluate_niah(
     generation = as_generation(model, generation)
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
     for task, length in progress(groups, desc="niah", unit="task×length"):
-        samples = build_samples(
-            tokenizer, task, length, num_samples, seed, num_depths=num_depths, tokens_to_generate=tokens_to_generate
-        )
+        samples = cached_samples(samples_cache, tokenizer, task, length, num_samples, seed, num_depths=num_depths,
+                                 tokens_to_generate=tokens_to_generate)
         records += evaluate_samples(
             model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens, keep_inputs=keep_inputs,
             generation=generation,

@@ -1,0 +1,63 @@
+"""NIAH prompts kept on disk: a later evaluation with the same tokenizer reads the prompts an earlier one built,
+identical to building them, and anything else builds its own."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hyla.evals.niah_cache as niah_cache
+from hyla.evals import niah
+from hyla.evals.niah_cache import cached_samples, tokenizer_fingerprint
+from hyla.models.loading import load_tokenizer
+
+
+@pytest.fixture(scope="module")
+def two_folders_one_tokenizer(smollm2_tokenizer, tmp_path_factory):
+    """The SmolLM2 tokenizer saved twice and loaded from each folder: a teacher's and its hybrid's."""
+    folders = [tmp_path_factory.mktemp(name) for name in ("teacher", "hybrid")]
+    for folder in folders:
+        smollm2_tokenizer.save_pretrained(folder)
+    return [load_tokenizer(str(folder)) for folder in folders]
+
+
+def _no_building(*args, **kwargs):
+    raise AssertionError("built the samples again")
+
+
+def test_a_second_evaluation_reads_the_prompts_the_first_built(two_folders_one_tokenizer, tmp_path, monkeypatch):
+    teacher, hybrid = two_folders_one_tokenizer
+    assert tokenizer_fingerprint(teacher) == tokenizer_fingerprint(hybrid) is not None
+    built = niah.build_samples(hybrid, "SK2", 2048, 3, 42)
+    assert cached_samples(tmp_path, teacher, "SK2", 2048, 3, 42)[0].to_dict() == built[0].to_dict()
+    monkeypatch.setattr(niah_cache, "build_samples", _no_building)
+    read = cached_samples(tmp_path, hybrid, "SK2", 2048, 3, 42)
+    assert [sample.to_dict() for sample in read] == [sample.to_dict() for sample in built]
+    for sample, fresh in zip(read, built):
+        # the ids go to the tokenizer that reads them, so the evaluation does not encode the prompt again
+        np.testing.assert_array_equal(sample.prompt_ids.of(hybrid), fresh.prompt_ids.of(hybrid))
+    assert read[0].prompt_ids.of(teacher) is None
+
+
+def test_evaluations_score_the_same_with_and_without_the_cache(smollm2_tokenizer, needle_oracle, tmp_path,
+                                                              monkeypatch):
+    options = dict(tasks=["SK1", "SK3"], lengths=[1024], num_samples=2, max_new_tokens=48)
+    plain = niah.evaluate_niah(needle_oracle, smollm2_tokenizer, **options)
+    first = niah.evaluate_niah(needle_oracle, smollm2_tokenizer, **options, samples_cache=tmp_path)
+    monkeypatch.setattr(niah_cache, "build_samples", _no_building)
+    second = niah.evaluate_niah(needle_oracle, smollm2_tokenizer, **options, samples_cache=tmp_path)
+    assert plain["records"] == first["records"] == second["records"] and plain["summary"]["accuracy"] == 1.0
+
+
+def test_other_cells_tokenizers_and_broken_files_build_their_own(smollm2_tokenizer, make_word_tokenizer, tmp_path):
+    cached_samples(tmp_path, smollm2_tokenizer, "SK1", 1024, 2, 42)
+    (only,) = tmp_path.glob("*.npz")
+    for other in [("SK1", 1024, 2, 7), ("SK1", 1024, 3, 42), ("SK1", 2048, 2, 42)]:
+        cached_samples(tmp_path, smollm2_tokenizer, other[0], other[1], other[2], other[3])
+    assert len(list(tmp_path.glob("*.npz"))) == 4
+    assert tokenizer_fingerprint(make_word_tokenizer()) != tokenizer_fingerprint(smollm2_tokenizer)
+    only.write_bytes(b"not a cache file")
+    again = cached_samples(tmp_path, smollm2_tokenizer, "SK1", 1024, 2, 42)
+    assert [s.to_dict() for s in again] == [s.to_dict() for s in niah.build_samples(smollm2_tokenizer, "SK1", 1024,
+                                                                                    2, 42)]
+    assert np.load(only)["meta"].size == 1  # rewritten whole
