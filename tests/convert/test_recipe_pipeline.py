@@ -55,6 +55,10 @@ def test_stage_three_and_scaling_read_corpora_of_their_own(tiny_teacher, tmp_pat
     assert set(scaling["loss_by_position"]) == {"None", "20", "500", "c(L)"}
     assert all(0 <= cells["SK1@512"]["score"] <= 1 for cells in scaling["niah"].values())
     assert scaling["chosen_a"] in (None, 20, 500)
+    # each pass's seconds, to tell where the stage's time went
+    assert set(scaling["seconds_by_candidate"]["loss"]) == set(scaling["seconds_by_candidate"]["niah"]) == set(
+        scaling["loss_by_position"])
+    assert "triton_cache_dir" in scaling["compile"]
     assert (out / "05-scaling" / "scaling.png").exists()
     # Moved, stage 3 and the scaling stage find their corpora again.
     moved = tmp_path / "moved"

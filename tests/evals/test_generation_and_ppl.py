@@ -108,6 +108,24 @@ def test_generation_records_the_host_work_around_each_batch(smollm2_tokenizer, t
     described = generation.describe()
     assert described["calls"] == 2
     assert all(described[name] >= 0 for name in ("encode_s", "tensors_s", "detokenize_s"))
+    # the first batch apart, and what the process compiled: a slow start's causes, told apart in results.json
+    assert 0 <= described["first_batch_s"] <= described["seconds"]
+    assert "triton_cache_dir" in described["compile"]
+
+
+def test_generation_records_what_torch_compile_built_and_read_from_its_cache(tmp_path, monkeypatch):
+    import torch._dynamo
+
+    from hyla.evals.generation import compile_record
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    torch._dynamo.reset()
+    before = compile_record()
+    torch.compile(lambda x: x.sin() + 1)(torch.ones(3))
+    after = compile_record()
+    assert after["graphs"] == before["graphs"] + 1
+    assert after["fxgraph_cache_miss"] + after["fxgraph_cache_hit"] + after["fxgraph_cache_bypass"] > sum(
+        before[name] for name in ("fxgraph_cache_miss", "fxgraph_cache_hit", "fxgraph_cache_bypass"))
 
 
 @pytest.mark.parametrize("model_kind", ["llama", "hypenet"])

@@ -15,6 +15,7 @@ chosen a into it).
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import torch
@@ -97,6 +98,7 @@ def niah_scores(model, tokenizer, plan, samples_cache: dict) -> dict[str, dict]:
 def run_scaling(run, stage) -> dict:
     """Choose `a`; report loss curves (and NIAH) for every candidate and c(L)."""
     from hyla.convert.runners import load_student
+    from hyla.evals.generation import compile_record
     from hyla.evals.ppl import bucket_means, default_bucket_edges
 
     plan = run.plan.scaling
@@ -111,9 +113,13 @@ def run_scaling(run, stage) -> dict:
     student = load_student(run, "finetune").eval()
     candidates = candidate_options(plan, trained)
     losses, curves = {}, {}
+    # Where the stage's time goes (sitting D's took 129 s, sitting C's 85 s, the same grid): each pass's seconds.
+    seconds: dict[str, dict[str, float]] = {"loss": {}, "niah": {}}
     edges = default_bucket_edges(plan.length)
     for label, options in candidates.items():
+        started = time.perf_counter()
         token_losses = position_losses(student, sequences, options)
+        seconds["loss"][label] = round(time.perf_counter() - started, 2)
         losses[label] = token_losses.mean().item()
         curves[label] = bucket_means(token_losses, edges)
         run.log(f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
@@ -125,7 +131,9 @@ def run_scaling(run, stage) -> dict:
         for label, options in candidates.items():
             # the evaluation generates through the model's own options (the engine, or transformers' generate)
             student.inference_options = options
+            started = time.perf_counter()
             niah[label] = niah_scores(student, run.tokenizer, plan, samples_cache)
+            seconds["niah"][label] = round(time.perf_counter() - started, 2)
             run.log(f"[scaling] {label}: NIAH " + ", ".join(f"{key} {cell['score']:.2f}"
                                                              for key, cell in niah[label].items()))
         student.inference_options = InferenceOptions()
@@ -135,7 +143,8 @@ def run_scaling(run, stage) -> dict:
     return {"chosen_a": best, "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
             "loss_per_length": losses.get(PER_LENGTH), "per_length_train_length": trained if plan.per_length else None,
             "loss_by_position": curves, "niah": niah,
-            "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans}
+            "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans,
+            "seconds_by_candidate": seconds, "compile": compile_record()}
 
 
 def best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):

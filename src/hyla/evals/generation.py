@@ -100,7 +100,8 @@ class Generation:
 
             self.session = GenerationSession(model, settings=settings, **overrides)
         self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "new_positions": 0, "prefill_s": 0.0,
-                       "decode_s": 0.0, "seconds": 0.0, "encode_s": 0.0, "tensors_s": 0.0, "detokenize_s": 0.0}
+                       "decode_s": 0.0, "seconds": 0.0, "encode_s": 0.0, "tensors_s": 0.0, "detokenize_s": 0.0,
+                       "first_batch_s": None}
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
     # ones, which inference tensors allow only inside inference mode.
@@ -126,7 +127,10 @@ class Generation:
             self.totals["new_tokens"] += (output.shape[1] - input_ids.shape[1]) * output.shape[0]
         self.totals["calls"] += 1
         self.totals["new_positions"] += output.shape[1] - input_ids.shape[1]
-        self.totals["seconds"] += time.perf_counter() - started
+        seconds = time.perf_counter() - started
+        self.totals["seconds"] += seconds
+        if self.totals["first_batch_s"] is None:  # where compiling and autotuning show
+            self.totals["first_batch_s"] = seconds
         return output
 
     def describe(self) -> dict[str, Any]:
@@ -134,7 +138,24 @@ class Generation:
         engine = None
         if self.session is not None and self.session.engine is not None:
             engine = {**self.session.engine.settings.summary(), "notes": self.session.engine.notes}
-        return {"path": self.path, "reason": self.reason, "engine": engine, **self.totals}
+        return {"path": self.path, "reason": self.reason, "engine": engine, **self.totals, "compile": compile_record()}
+
+
+def compile_record() -> dict[str, Any]:
+    """What this process compiled so far, to tell a slow first batch's causes apart: Triton's cache folder in use
+    (`hyla.compile.share_triton_cache`), and torch.compile's graphs and inductor's cache hits and misses (none
+    when nothing was compiled)."""
+    import os
+    import sys
+
+    record: dict[str, Any] = {"triton_cache_dir": os.environ.get("TRITON_CACHE_DIR")}
+    if "torch._dynamo" in sys.modules:  # not imported: nothing was compiled
+        from torch._dynamo.utils import counters
+
+        record["graphs"] = counters["stats"].get("unique_graphs", 0)
+        record.update({name: counters["inductor"].get(name, 0)
+                       for name in ("fxgraph_cache_hit", "fxgraph_cache_miss", "fxgraph_cache_bypass")})
+    return record
 
 
 def as_generation(model: Any, generation: str | Generation | None) -> Generation:
