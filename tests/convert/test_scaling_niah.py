@@ -70,3 +70,36 @@ def test_scaling_niah_predictions_equal_a_generation_per_cell(tiny_teacher):
         reused = niah_eval.evaluate_samples(model, tokenizer, cell, batch_size=1, max_new_tokens=6,
                                             generation=shared)
         assert [r["pred"] for r in reused] == [r["pred"] for r in own], key
+
+
+def test_an_evaluation_of_the_export_gives_the_scaling_stages_niah_for_each_candidate(tiny_teacher, tmp_path):
+    # The recipe plan runs each candidate's NIAH as `hyla eval niah --model 06-export --logit-scaling...` beside
+    # the other evaluations instead of inside the scaling stage: the same weights (fp32 saved, bf16 loaded, as the
+    # stage casts the student), prompts, options and generation, so the same predictions.
+    from hyla.evals.runner import load_for_eval
+
+    tokenizer = load_tokenizer(str(tiny_teacher))
+    student = _tiny_hybrid(len(tokenizer)).float()
+    student.config.attention_logit_scaling_a = 500.0  # the export writes the chosen a
+    student.save_pretrained(tmp_path / "export")
+    tokenizer.save_pretrained(tmp_path / "export")
+    student.config.attention_logit_scaling_a = None
+    student.to(torch.bfloat16)
+    plan = SimpleNamespace(niah_lengths=[512], niah_tasks=["SK1", "SK2"], niah_samples=2, niah_max_new_tokens=6)
+    candidates = {"off": (InferenceOptions(logit_scaling="off"), {"logit_scaling_a": "off"}),
+                  "a20": (InferenceOptions(logit_scaling_a=20.0), {"logit_scaling_a": 20.0}),
+                  "cL": (InferenceOptions(logit_scaling="per_length", logit_scaling_train_length=128),
+                         {"logit_scaling": "per_length", "logit_scaling_train_length": 128})}
+    for label, (options, flags) in candidates.items():
+        student.inference_options = options
+        in_stage = niah_scores(student, tokenizer, plan, {})
+        model, eval_tokenizer, _ = load_for_eval(str(tmp_path / "export"), dtype="bfloat16", **flags)
+        evaluated = niah_eval.evaluate_niah(model, eval_tokenizer, plan.niah_tasks, plan.niah_lengths,
+                                            plan.niah_samples, max_new_tokens=plan.niah_max_new_tokens)
+        for key, cell in in_stage.items():
+            task, length = key.split("@")
+            assert cell["score"] == evaluated["tasks"][task]["by_length"][int(length)], (label, key)
+        records = niah_eval.evaluate_samples(student, tokenizer,
+                                             niah_eval.build_samples(tokenizer, "SK2", 512, 2, 42), max_new_tokens=6)
+        again = [r for r in evaluated["records"] if r["task"] == "SK2"]
+        assert [r["pred"] for r in records] == [r["pred"] for r in again], label

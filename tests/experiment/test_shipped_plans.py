@@ -12,6 +12,7 @@ from experiment_helpers import PLANS
 from hyla.cli import build_parser
 from hyla.cli import main as hyla_main
 from hyla.convert.presets import apply_overrides, make_plan
+from hyla.evals.cli import _parse_length
 from hyla.experiment.budget import convert_settings, distill_tokens
 from hyla.experiment.plan import load_plan, read_plan_file
 
@@ -91,7 +92,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
     assert plan.jobs["convert"].env["HYLA_TEXT_DIR"] == "~/.cache/hyla/text" and plan.train_slots == 1
     cells = set()
     for name, job in plan.jobs.items():
-        if name.startswith("niah-"):
+        if name.startswith("niah-") and not name.startswith("niah-scaling-"):
             run = job.run
             assert run[run.index("--num-samples") + 1] == "25"
             # the hybrid's jobs read the prompts its teacher's built (one tokenizer)
@@ -104,9 +105,45 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         csr = plan.jobs[f"csr-{model}"].run
         assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
     assert plan.jobs["niah-main-SK1-long"].needs == ("convert",)
+    # The scaling stage chooses a by loss alone; its NIAH report for every candidate runs as evaluations of the export
+    # beside the others, with the recipe's grid and NIAH settings (the same numbers, off the conversion's path).
+    assert convert.scaling.niah_samples == 0 and convert.scaling.candidates == recipe.scaling.candidates
+    wanted = {"off": {"logit_scaling": "off"}} | {f"a{a:g}": {"logit_scaling_a": a} for a in recipe.scaling.candidates
+                                                   if a is not None}
+    wanted["cL"] = {"logit_scaling": "per_length", "logit_scaling_train_length": recipe.trained_seq_len}
+    assert recipe.scaling.per_length and None in recipe.scaling.candidates
+    jobs = {name.removeprefix("niah-scaling-"): job for name, job in plan.jobs.items()
+            if name.startswith("niah-scaling-")}
+    assert set(jobs) == set(wanted)
+    for name, job in jobs.items():
+        args = job.run
+        assert job.needs == ("convert",) and args[args.index("--model") + 1].endswith("/main/06-export")
+        niah_settings = (args[args.index("--tasks") + 1].split(","), args[args.index("--num-samples") + 1],
+                         args[args.index("--max-new-tokens") + 1], args[args.index("--batch-size") + 1])
+        assert niah_settings == (recipe.scaling.niah_tasks, str(recipe.scaling.niah_samples),
+                                 str(recipe.scaling.niah_max_new_tokens), "1")
+        lengths = [_parse_length(item) for item in args[args.index("--lengths") + 1].split(",")]
+        assert lengths == recipe.scaling.niah_lengths
+        options = _options_of(args)
+        assert options == wanted[name], name
+    # every job that waits for the conversion starts once it ends
+    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 15 <= plan.parallel
     # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
     assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
     assert "teacher-hf" not in " ".join(command)
+
+
+def _options_of(args) -> dict:
+    """The inference options `hyla eval niah ARGS` runs under, as its command line parses them."""
+    from hyla.evals.cli import _OVERRIDE_OPTIONS
+    from hyla.evals.overrides import apply_inference_overrides
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    parsed = build_parser().parse_args(list(args[1:]))
+    model = HypeNetForCausalLM(HypeNetConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_hidden_layers=1,
+                                             num_attention_heads=1, num_key_value_heads=1, head_dim=8,
+                                             layer_types=["attention"]))
+    return apply_inference_overrides(model, **{name: getattr(parsed, name) for name in _OVERRIDE_OPTIONS})
 
 
 def test_the_ablations_share_the_halo_runs_first_stages(tmp_path):

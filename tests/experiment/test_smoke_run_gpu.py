@@ -1,8 +1,9 @@
 """The halo-smollm2 recipe's plan end to end on CUDA at its smoke profile's toy sizes: every CUDA path a real
 conversion takes, on a tiny random teacher, before a full-budget sitting spends its minutes finding a device bug.
 Those paths: the twin init's least squares, alignment and distillation on the training fast path, the selection
-stage's scoring (NIAH on the inference engine with its compiled prefill, CSR), the scaling stage's candidates, and
-the converted model's NIAH at both spans, CSR and loss by position. It takes over 8 minutes on an H200 (every job is
+stage's scoring (NIAH on the inference engine with its compiled prefill, CSR), the scaling stage's candidates (their
+losses in the stage, the c(L) candidate's NIAH as the plan's evaluation of the export), and the converted model's NIAH
+at both spans, CSR and loss by position. It takes over 8 minutes on an H200 (every job is
 a process that compiles its own kernels). Run it alone after a change to a CUDA path
 (`TESTS=tests/experiment/test_smoke_run_gpu.py TEST_WORKERS=1 bash scripts/gpu-session/gpu-tests.sh`, carry ".whl"
 and ".gpu-inputs/b"), or beside a conversion sitting's run, where it reaches the later stages first
@@ -23,13 +24,14 @@ pytestmark = pytest.mark.gpu
 def test_the_recipe_plan_runs_on_cuda(tmp_path):
     run = tmp_path / "run"
     # halo, not the smoke profile's uniform rule: the selection scores every variant (bf16 on the engine, CSR).
-    code = hyla_main(recipe_smoke_argv(tmp_path, "niah-main-SK1-*,csr-main,ppl-main,report", "device=cuda",
+    code = hyla_main(recipe_smoke_argv(tmp_path, "niah-main-SK1-*,niah-scaling-cL,csr-main,ppl-main,report", "device=cuda",
                                           "dtype=bfloat16", "attention_layers=halo"))
     logs = "\n".join(path.read_text()[-6000:] for path in sorted((run / "logs").glob("*.log")))
     assert code == 0, logs
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
-        "teacher-check", "convert", "niah-main-SK1-short", "niah-main-SK1-long", "csr-main", "ppl-main", "report"}
+        "teacher-check", "convert", "niah-main-SK1-short", "niah-main-SK1-long", "niah-scaling-cL", "csr-main",
+        "ppl-main", "report"}
     conversion = json.loads((run / "main" / "06-export" / "conversion.json").read_text())
     assert conversion["plan"]["model"]["twin_init"] == "lstsq"
     selection = json.loads((run / "main" / "02-select" / "selection.json").read_text())
