@@ -49,10 +49,26 @@ def test_evaluations_score_the_same_with_and_without_the_cache(smollm2_tokenizer
     assert plain["records"] == first["records"] == second["records"] and plain["summary"]["accuracy"] == 1.0
 
 
+def test_a_cell_of_more_samples_serves_fewer_and_fewer_serve_none(smollm2_tokenizer, tmp_path, monkeypatch):
+    # Sample i depends on its index alone: the first 2 of 4 are the 2 asked for on their own.
+    built = niah.build_samples(smollm2_tokenizer, "SK2", 1024, 4, 42)
+    assert [s.to_dict() for s in built[:2]] == [s.to_dict() for s in niah.build_samples(smollm2_tokenizer, "SK2",
+                                                                                          1024, 2, 42)]
+    cached_samples(tmp_path, smollm2_tokenizer, "SK2", 1024, 4, 42)
+    with monkeypatch.context() as patch:
+        patch.setattr(niah_cache, "build_samples", _no_building)
+        fewer = cached_samples(tmp_path, smollm2_tokenizer, "SK2", 1024, 2, 42)
+    assert [s.to_dict() for s in fewer] == [s.to_dict() for s in built[:2]]
+    more = cached_samples(tmp_path, smollm2_tokenizer, "SK2", 1024, 5, 42)  # built, and the file replaced
+    assert len(more) == 5 and [s.to_dict() for s in more[:4]] == [s.to_dict() for s in built]
+    monkeypatch.setattr(niah_cache, "build_samples", _no_building)
+    assert len(cached_samples(tmp_path, smollm2_tokenizer, "SK2", 1024, 5, 42)) == 5
+
+
 def test_other_cells_tokenizers_and_broken_files_build_their_own(smollm2_tokenizer, make_word_tokenizer, tmp_path):
     cached_samples(tmp_path, smollm2_tokenizer, "SK1", 1024, 2, 42)
     (only,) = tmp_path.glob("*.npz")
-    for other in [("SK1", 1024, 2, 7), ("SK1", 1024, 3, 42), ("SK1", 2048, 2, 42)]:
+    for other in [("SK1", 1024, 2, 7), ("SK1", 2048, 2, 42), ("SK2", 1024, 2, 42)]:
         cached_samples(tmp_path, smollm2_tokenizer, other[0], other[1], other[2], other[3])
     assert len(list(tmp_path.glob("*.npz"))) == 4
     assert tokenizer_fingerprint(make_word_tokenizer()) != tokenizer_fingerprint(smollm2_tokenizer)

@@ -2,9 +2,11 @@
 built instead of building them again (sitting D: ~28 s of each 32K+64K job's 120 s, `hyla eval niah` at 25 samples a
 cell, 8 jobs side by side).
 
-A cell's samples are one file, named by the hash of everything they are made from: the task, length, count, seed,
-depths and generation budget; the tokenizer (its backend's full definition); the generator's code (this package's
-`niah_samples`, `haystack` and `tokens` modules) and its data (RULER's essays, the key vocabulary). Only tokenizers
+A cell's samples are one file, named by the hash of everything they are made from: the task, length, seed, depths
+and generation budget; the tokenizer (its backend's full definition); the generator's code (this package's
+`niah_samples`, `haystack` and `tokens` modules) and its data (RULER's essays, the key vocabulary). Sample i depends
+on its index, not on the count asked for (`build_samples`), so a file of 25 serves a request for 4 (the recipe plan's
+per-candidate NIAH reads the evaluations' cells); a request for more builds them all and replaces the file. Only tokenizers
 that encode through their plain backend are cached (`hyla.evals.tokens.plain_backend`): their samples carry the
 prompts' token ids, given back to the tokenizer that reads them. An unreadable file is built again.
 """
@@ -51,11 +53,10 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
     return hashlib.sha256(f"{backend.to_str()}\n{bool(tokenizer.split_special_tokens)}".encode()).hexdigest()
 
 
-def samples_key(tokenizer_hash: str, task: str, length: int, num_samples: int, seed: int, num_depths: int,
+def samples_key(tokenizer_hash: str, task: str, length: int, seed: int, num_depths: int,
                 tokens_to_generate: int) -> str:
     fields = {"tokenizer": tokenizer_hash, "generator": generator_fingerprint(), "task": task, "length": length,
-              "num_samples": num_samples, "seed": seed, "num_depths": num_depths,
-              "tokens_to_generate": tokens_to_generate}
+              "seed": seed, "num_depths": num_depths, "tokens_to_generate": tokens_to_generate}
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
@@ -67,10 +68,12 @@ def cached_samples(cache_dir: str | Path | None, tokenizer: Any, task: str, leng
     if tokenizer_hash is None:
         return build_samples(tokenizer, task, length, num_samples, seed, num_depths=num_depths,
                              tokens_to_generate=tokens_to_generate)
-    path = Path(cache_dir) / (f"{task}-{length}-" + samples_key(tokenizer_hash, task, length, num_samples, seed,
-                                                                num_depths, tokens_to_generate) + ".npz")
+    path = Path(cache_dir) / (f"{task}-{length}-" + samples_key(tokenizer_hash, task, length, seed, num_depths,
+                                                                tokens_to_generate) + ".npz")
     samples = _read(path, tokenizer)
-    if samples is None:
+    if samples is not None and len(samples) >= num_samples:
+        samples = samples[:num_samples]
+    else:
         samples = build_samples(tokenizer, task, length, num_samples, seed, num_depths=num_depths,
                                 tokens_to_generate=tokens_to_generate)
         if all(sample.prompt_ids is not None for sample in samples):
