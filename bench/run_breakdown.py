@@ -1,5 +1,6 @@
 """Where an experiment run's seconds went, from the files a GPU session brings back: `runner.log` (each job's start and
-end) and `results.tar.gz` (the report's archive: plan, job logs, stage manifests, evaluation results).
+end) and `results.tar.xz` (or an older run's `results.tar.gz`: the report's archive of plan, job logs, stage
+manifests, evaluation results).
 
     python bench/run_breakdown.py docs/results/smollm2-135m/halo-sitting-d [--convert convert] [--model main]
 
@@ -59,7 +60,8 @@ def first_step_seconds(log: str) -> float | None:
 def breakdown(folder: Path, convert: str = "convert", model: str = "main") -> list[tuple[str, float, str]]:
     """(item, seconds, where the number comes from) along the run's critical path."""
     runner_log = (folder / "runner.log").read_text()
-    files = read_archive(folder / "results.tar.gz")
+    archive = next(path for name in ("results.tar.xz", "results.tar.gz") if (path := folder / name).is_file())
+    files = read_archive(archive)
     spans = job_spans(runner_log)
     run_start = _utc(runner_log.splitlines()[0][1:].split(" ")[0])
     rows = []
@@ -100,7 +102,7 @@ def breakdown(folder: Path, convert: str = "convert", model: str = "main") -> li
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folder", type=Path, help="a folder with runner.log and results.tar.gz")
+    parser.add_argument("folder", type=Path, help="a folder with runner.log and results.tar.xz (or .tar.gz)")
     parser.add_argument("--convert", default="convert", help="the conversion job")
     parser.add_argument("--model", default="main", help="the conversion's folder and evaluation label")
     args = parser.parse_args()
