@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # What each device call of scripts/gpu-session/experiment.sh sends, against the 64 MiB a call may carry: the
 # repository's tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a
-# call over the limit is refused before it starts. When part1 + start no longer fit, it checks the three-call variant (a `stash`
-# call with .gpu-inputs/b between them) and says so; it fails only when neither fits.
+# call over the limit is refused before it starts; it fails when one of them would be.
 #   bash scripts/gpu-session/carry_size.sh
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -19,16 +18,12 @@ check() {  # $1: call name, rest: carried paths; fails when the call would be ov
       c / 1048576, (t <= l ? "ok" : "OVER") }'
   [ "$total" -le "$limit" ]
 }
-if ! check part1 .gpu-teacher/p0 .gpu-inputs/a .whl; then
-  # a recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads no .gpu-inputs/a
-  check part1-recipe .gpu-teacher/p0 .whl || exit 1
-  echo "part1 fits only without .gpu-inputs/a: enough for recipe plans, not for plans with a corpus job"
-fi
-# the recipe plans' offline English, with RULER's data: a `stash` call (before `start`)
-if [ -d .gpu-inputs/c ]; then check stash-bc .gpu-inputs/b .gpu-inputs/c || exit 1; fi
+# The calls of experiment.sh's header, in order; a plan with a corpus job also carries .gpu-inputs/a in part1.
+check part1 .gpu-teacher/p0 .whl || exit 1
+check part1+a .gpu-teacher/p0 .gpu-inputs/a .whl || echo "part1 is over with .gpu-inputs/a: send it in a stash call of its own"
+# the recipe plans' offline English
+if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
+check stash-b .gpu-inputs/b .gpu-teacher/p2 || exit 1
 # an earlier sitting's compiled kernels (bench/gpu_cache.sh place): a `stash` call per group
 for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group##*/}" "$group" || exit 1; }; done
-check start .gpu-teacher/p1 .gpu-inputs/b && exit 0
-# the three-call variant: .gpu-inputs/b in a `stash` call of its own, then `start` with the teacher's second part
-check stash .gpu-inputs/b && check start .gpu-teacher/p1 || exit 1
-echo "part1 + start is over: send .gpu-inputs/b with \`experiment.sh stash\` between them (see experiment.sh)"
+check start .gpu-teacher/p1 || exit 1

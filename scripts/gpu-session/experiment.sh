@@ -6,20 +6,21 @@
 # safe next call), and write any other command before the call in flight returns. Every mode but part1, stash and
 # start fails at once on a fresh machine instead of waiting for a run that is gone.
 #
-# Inputs, made here first: `bash scripts/gpu-session/pack_inputs.sh` (teacher GGUF in two parts, training text, CSR
-# requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each call's size. Then device
-# calls started back to back:
-#   call 1  carry [".gpu-teacher/p0", ".gpu-inputs/a", ".whl"]  bash scripts/gpu-session/experiment.sh part1
-#           (a recipe plan needs no .gpu-inputs/a; PROBE=0 skips the throughput probe, ~9 minutes)
-#   call 2  carry [".gpu-teacher/p1", ".gpu-inputs/b"]          bash scripts/gpu-session/experiment.sh start
-#   call 3+ (no carry)                                          bash scripts/gpu-session/experiment.sh wait
-# When call 2 would pass 64 MiB, send .gpu-inputs/b in a call of its own between calls 1 and 2 (`carry
-# [".gpu-inputs/b"]  bash scripts/gpu-session/experiment.sh stash`); `start` takes the inputs from either place.
-# A recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads the offline English of `hyla data fetch`
-# (.gpu-inputs/c/english.tar.xz, ~33 MB): always in a `stash` call of its own before `start` (`carry
-# [".gpu-inputs/c"]  bash scripts/gpu-session/experiment.sh stash`); `start` unpacks it into $keep/textcache.
+# Inputs, made here first: `bash scripts/gpu-session/pack_inputs.sh` (the teacher GGUF in three parts of <= 35 MB,
+# training text, CSR requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each
+# call's size against the 64 MiB (the repository travels with every call and grows with each sitting's results).
+# Then device calls started back to back:
+#   call 1  carry [".gpu-teacher/p0", ".whl"] (+ ".gpu-inputs/a" for plans with a corpus job)   experiment.sh part1
+#           (PROBE=0 skips the throughput probe, ~9 minutes)
+#   call 2  carry [".gpu-inputs/c"]                             experiment.sh stash   (recipe plans only)
+#   call 3  carry [".gpu-inputs/b", ".gpu-teacher/p2"]          experiment.sh stash   (SMOKE=1 here, if wanted)
+#   call 4  carry [".gpu-teacher/p1"]                           experiment.sh start
+#   call 5+ (no carry)                                          experiment.sh wait
+# part1, stash and start keep the teacher parts they carry; `start` joins them in order and checks the sha256. A
+# recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads the offline English of `hyla data fetch`
+# (.gpu-inputs/c/english.tar.xz, ~33 MB); `start` unpacks it into $keep/textcache.
 #
-# `part1` keeps teacher part 0 and the text under /root/keep, installs the wheels and (PROBE=1, the default) measures
+# `part1` keeps teacher part 0 (and .gpu-inputs/a's text) under /root/keep, installs the wheels and (PROBE=1, the default) measures
 # each stage's training throughput at this teacher's shape (`hyla bench train`, at most PROBE_TIMEOUT_S=520 s;
 # $OUT/probe.json; PROBE_ARGS passes options, e.g. "--cases distill:16x4096 --no-losses"). `start` joins the
 # teacher, unpacks the inputs, copies the repository to
@@ -178,6 +179,13 @@ launch() {
   tail -n 3 $keep/runner.out
 }
 
+keep_teacher_parts() {  # the teacher's GGUF parts this call carries (.gpu-teacher/pN/smol.partNN), kept for `start`
+  local part
+  for part in .gpu-teacher/p*/smol.part*; do
+    if [ -f "$part" ]; then cp "$part" $keep/ || return 1; fi
+  done
+}
+
 copy_repository() {
   rm -rf $keep/repo && mkdir -p $keep/repo && cp -r src bench tests configs pyproject.toml $keep/repo/
 }
@@ -185,7 +193,8 @@ copy_repository() {
 case $mode in
 part1)
   # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c instead.
-  mkdir -p $keep && cp .gpu-teacher/p0/smol.part00 $keep/ || exit 1
+  mkdir -p $keep && keep_teacher_parts || exit 1
+  [ -f $keep/smol.part00 ] || { echo "error: part1 carries the teacher's first part (.gpu-teacher/p0)"; exit 2; }
   if [ -f .gpu-inputs/a/text-a.tar.xz ]; then cp .gpu-inputs/a/text-a.tar.xz $keep/ || exit 1; fi
   ls -l $keep
   nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
@@ -200,7 +209,7 @@ part1)
 stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .gpu-inputs/cache/gN: a group of
         # an earlier sitting's compiled kernels and autotuning choices (`bash bench/gpu_cache.sh save` there, then
         # `place` here), one stash call per group, all before `start`: they are unpacked once all have come
-  mkdir -p $keep || exit 1
+  mkdir -p $keep && keep_teacher_parts || exit 1
   bash bench/gpu_cache.sh restore
   for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do
     if [ -f $file ]; then cp $file $keep/ || exit 1; fi
@@ -216,7 +225,9 @@ stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .
   fi
   ;;
 start)
-  cat $keep/smol.part00 .gpu-teacher/p1/smol.part01 > $keep/smol.gguf || exit 1
+  # The parts in order, from part1, the stash calls and this call (pack_inputs.sh: three of <= 35 MB).
+  keep_teacher_parts || exit 1
+  cat $keep/smol.part[0-9][0-9] > $keep/smol.gguf || exit 1
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
   # part1 installed the wheels already; carrying them again can put the call over its 64 MiB.
   if compgen -G ".whl/*.whl" >/dev/null; then
