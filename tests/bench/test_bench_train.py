@@ -141,3 +141,36 @@ def test_the_profile_says_whether_the_host_or_the_gpu_sets_the_pace():
                         "top": [{"us_per_step": 1000.0, "calls_per_step": 3, "name": "k"}]}}
     header = profile_lines({"cases": [case]})[1]
     assert "matmul 43.2 ms. Its kernels fill 132 ms of the timed step's 205 ms (64%): bound by the host" in header
+    case["compiled"] = {"graphs": 9, "graph_breaks": 4}
+    assert "2852 kernels from 9 compiled graphs (4 graph breaks); by kind" in profile_lines({"cases": [case]})[1]
+
+
+@pytest.mark.slow
+def test_a_whole_blocks_path_after_the_fast_path_compiles_whole_blocks(monkeypatch):
+    """Each case starts from an empty compile cache. With fla's chunk call stood in for by a torch.compiler.disable'd
+    function (what splits a compiled Lightning block on CUDA), the fast path compiles each Lightning block in pieces
+    and fast-whole-blocks, measured after it in the same process, one graph per kind of block with no graph break:
+    without the reset it reused the fast path's pieces. Same weights, batch and formulas: the losses agree to float32
+    rounding order (1e-5, as the whole-blocks test above)."""
+    import hyla.bench.train as bench
+    import hyla.ops.lightning as lightning
+    from hyla.convert.presets import make_plan
+    from hyla.train.fast import FastPath
+
+    chunked = lightning.lightning_chunked
+    monkeypatch.setattr(lightning, "lightning_chunked", torch.compiler.disable(chunked))
+    # compiled on CPU too (the bench compiles on CUDA only); the fused loss as on CUDA
+    compiled = FastPath(compile=True, fused_loss=True, fused_optimizer=False, micro_batch_size=None)
+    monkeypatch.setattr(bench, "_fast_path", lambda path, device: compiled)
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(LlamaConfig(**TOY)).eval()
+    plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
+    settings = bench.TrainBenchSettings(toy=True, device="cpu", steps=1, warmup=0, profile=False)
+    case = bench.Case("distill", 2, 64)
+    fast, whole = (bench.measure_case(case, path, teacher, plan, (0,), settings)
+                   for path in ("fast", "fast-whole-blocks"))
+    assert fast["compiled"]["graph_breaks"] > 0 and fast["compiled"]["graphs"] > 3
+    # the teacher's block, the student's attention block and its Lightning block
+    assert whole["compiled"] == {"graphs": 3, "graph_breaks": 0}
+    assert whole["losses"][0] == pytest.approx(fast["losses"][0], rel=1e-5)
+    torch._dynamo.reset()

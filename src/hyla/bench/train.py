@@ -209,12 +209,23 @@ def _fast_path(path: str, device: torch.device):
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
-    """Time `settings.steps` training steps of `case` on `path` after `settings.warmup` (the first compiles)."""
+    """Time `settings.steps` training steps of `case` on `path` after `settings.warmup` (the first compiles), from an
+    empty compile cache; the result's `compiled` counts the graphs this case compiled and its graph breaks."""
+    import torch._dynamo
+
     from hyla.ops.lightning import chunk_kernel_as_custom_op
 
-    # Compiled code reads the setting as a constant: the blocks compile for this path, and again for the next.
+    # Each path compiles its own graphs. Code compiled for an earlier path is reused wherever its guards pass, and
+    # the custom op's switch is guarded only in the frame of `lightning_attention`, not in the block frames split
+    # around fla's call: without the reset a whole-blocks path after the fast path ran the fast path's pieces.
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     with chunk_kernel_as_custom_op(path in WHOLE_BLOCK_PATHS):
-        return _measure_case(case, path, hf_teacher, plan, attention_layers, settings)
+        result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings)
+    result["compiled"] = {"graphs": counters["stats"]["unique_graphs"],
+                          "graph_breaks": sum(counters["graph_break"].values())}
+    return result
 
 
 def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:

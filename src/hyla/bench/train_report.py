@@ -74,6 +74,13 @@ def bound_by(kernel_ms: float | None, step_s: float | None) -> str:
             f"{where}.")
 
 
+def _compiled_text(case: dict) -> str:
+    compiled = case.get("compiled")
+    if not compiled or not compiled["graphs"]:
+        return ""
+    return f" from {compiled['graphs']} compiled graphs ({compiled['graph_breaks']} graph breaks)"
+
+
 def profile_lines(results: dict, top: int = 12) -> list[str]:
     lines = []
     for case in results["cases"]:
@@ -83,7 +90,7 @@ def profile_lines(results: dict, top: int = 12) -> list[str]:
         kernel_ms = profile["kernel_ms"]
         lines += ["", f"**{case['stage']} {case['batch']}x{case['seq_len']} ({case['path']}), one profiled step**: "
                   f"wall {profile['wall_ms']:.1f} ms, kernels " + (f"{kernel_ms:.1f} ms" if kernel_ms else "-")
-                  + f", {profile['kernels']:.0f} kernels; by kind: "
+                  + f", {profile['kernels']:.0f} kernels" + _compiled_text(case) + "; by kind: "
                   + ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in profile["by_kind_ms"].items()) + "."
                   + bound_by(kernel_ms, case.get("median_step_s")), "",
                   "| ms | calls | kernel |", "|---|---|---|"]

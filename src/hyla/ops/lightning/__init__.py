@@ -31,7 +31,9 @@ def lightning_log_decay(num_heads: int) -> torch.Tensor:
 
 # Whether training calls (no state in or out, unpacked rows) go through the custom op `hyla::lightning_chunk`
 # (hyla.ops.lightning.custom_op), which torch.compile keeps inside a compiled block, instead of fla's own function,
-# around which it splits the block. Compiled code reads it as a constant, and recompiles when it changes.
+# around which it splits the block. Compiled code reads it as a constant, but only `lightning_attention`'s own frame
+# guards on it: blocks compiled in pieces before a change stay in those pieces (each calling a recompiled
+# `lightning_attention`), so switch it before compiling, or reset dynamo's cache.
 _custom_op = False
 
 
