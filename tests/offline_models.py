@@ -53,3 +53,18 @@ def save_tiny_teacher(folder: Path, *, seed: int = 0, hidden_size: int = 32, fam
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def tiny_mixed_hypenet(seed: int = 0):
+    """A float64 HypeNet of three blocks (Lightning, gated attention with logit scaling, Lightning) in training mode,
+    for comparing compiled blocks with eager ones."""
+    import torch
+
+    from hyla import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(seed)
+    config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                           layer_types=["lightning", "attention", "lightning"], attention_output_gate=True,
+                           attention_logit_scaling_a=5.0)
+    return HypeNetForCausalLM(config).double().train()

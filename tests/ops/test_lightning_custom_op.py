@@ -13,6 +13,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hyla.ops.lightning import chunk_kernel_as_custom_op, lightning_attention, lightning_log_decay
 from hyla.ops.lightning.reference import lightning_chunked
+from offline_models import tiny_mixed_hypenet
 
 # float64 end to end; the op's backward is three more chunked calls (reversed in time for dk and dv) where the
 # reference's is autograd through one: only the summation order differs.
@@ -109,19 +110,13 @@ def test_compiled_model_keeps_the_op_inside_one_graph_per_kind_of_block(monkeypa
     no graph break, one graph per kind of block, the compiled code calling the op (forward and backward, for both
     Lightning blocks), and the eager model's loss and gradients (float64, inductor)."""
     import hyla.ops.lightning.custom_op as custom
-    from hyla import HypeNetConfig, HypeNetForCausalLM
     from hyla.compile import compile_blocks
 
     reference_calls = []
     reference = custom._reference
     monkeypatch.setattr(custom, "_reference", lambda *args: reference_calls.append(1) or reference(*args))
 
-    torch.manual_seed(0)
-    config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                           layer_types=["lightning", "attention", "lightning"], attention_output_gate=True,
-                           attention_logit_scaling_a=5.0)
-    eager = HypeNetForCausalLM(config).double().train()
+    eager = tiny_mixed_hypenet()
     compiled = copy.deepcopy(eager)
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters

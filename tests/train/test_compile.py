@@ -17,16 +17,12 @@ from hyla import HypeNetConfig, HypeNetForCausalLM
 from hyla.compile import compile_blocks
 from hyla.convert.pipeline import stage_settings
 from hyla.convert.presets import apply_overrides, make_plan
+from offline_models import tiny_mixed_hypenet
 
 
 @pytest.mark.slow
 def test_compiled_blocks_give_the_eager_loss_and_gradients():
-    torch.manual_seed(0)
-    config = HypeNetConfig(vocab_size=60, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                           layer_types=["lightning", "attention", "lightning"], attention_output_gate=True,
-                           attention_logit_scaling_a=5.0)
-    eager = HypeNetForCausalLM(config).double().train()
+    eager = tiny_mixed_hypenet()
     compiled = copy.deepcopy(eager)
     keys = list(compiled.state_dict())
     torch._dynamo.reset()
