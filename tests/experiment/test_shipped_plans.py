@@ -241,7 +241,7 @@ def test_the_converted_seed_003_plan_converts_every_mixer_alike_and_evaluates_ev
     budgets = set()
     for mixer in ("lightning", "gla", "gdn"):
         convert = scale_tokens(_sets(plan.jobs[f"convert-{mixer}"].run))
-        assert convert.model.rnn_mixer == mixer and convert.selection.method == "0,1,7,16,18,19,23"
+        assert convert.model.rnn_mixer == mixer and convert.selection.method == "7,8,16,17,18,19,23"
         assert convert.finetune_skipped and convert.distill.seq_len == 4096 and convert.trained_seq_len == 4096
         assert not convert.data.long_sources and convert.data.scaling_sources == recipe.data.scaling_sources
         assert None not in convert.scaling.candidates and convert.scaling.niah_lengths == []
