@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 24 on one H200 in one device call (<= 8 minutes): generation and evaluation on the inference engine.
-#   1. GPU tests (74 of them, ~320 s on a fresh machine in sitting E; at most 360 s): engine generation against
+#   1. GPU tests (74 of them, ~305 s on a fresh machine in sitting E; at most 360 s): engine generation against
 #      transformers' generate (float32, converted SmolLM2-135M shape, 4K-64K, ragged batch with EOS, sampling,
 #      model.generate routing, the tuned bf16 settings) and the engine's kernel and decode-step
 #      tests after the refactor (tests/inference/test_inference_gpu.py). A failure stops the script.
