@@ -25,7 +25,8 @@
 # $OUT/probe.json; PROBE_ARGS passes options, e.g. "--cases distill:16x4096 --no-losses"). `start` joins the
 # teacher, unpacks the inputs, copies the repository to
 # /root/keep/repo and starts `hyla experiment run` there in its own session (it outlives the call), then waits like
-# `wait`: up to WAIT_S seconds (default 540) or until the run ends, printing `hyla experiment status` every 2 minutes,
+# `wait`: up to WAIT_S seconds (default 540; never past CALL_S=600 less REPORT_S=90 from the call's start: a call that
+# reaches the device's limit loses the machine) or until the run ends, printing `hyla experiment status` every 2 minutes,
 # and writes `hyla experiment report` into $OUT. `restart` stops the runner (it stops its jobs; finished jobs stay
 # finished) and starts it again with this call's src/ and configs/. Variables: PLAN (the plan file), PLAN_ARGS (more
 # `hyla experiment run` arguments, e.g. "--only csr-main --set niah_samples=10"), DISTILL_SECONDS (the plan's
@@ -106,7 +107,11 @@ warm_status() {
 
 collect() {
   local start=$SECONDS
-  while [ $((SECONDS - start)) -lt "$wait_s" ] && runner_alive; do
+  # A call that reaches the device's limit loses the machine, and the run with it: the waiting ends WAIT_S after it
+  # began or REPORT_S (default 90: status, report, logs) before the call's CALL_S from this script's start, earlier of
+  # the two. (Sitting E's `start` with WAIT_S=570 spent 30-76 s before waiting and was killed at 600 s.)
+  local deadline=$(( ${CALL_S:-600} - ${REPORT_S:-90} ))
+  while [ $((SECONDS - start)) -lt "$wait_s" ] && [ $((SECONDS + 15)) -le "$deadline" ] && runner_alive; do
     sleep 15
     if [ $(( (SECONDS - start) % 120 )) -lt 15 ]; then
       hyla experiment status $run | head -n 3
@@ -115,7 +120,7 @@ collect() {
       warm_status
     fi
   done
-  runner_alive && echo "the run goes on after ${wait_s} s: call wait again"
+  runner_alive && echo "the run goes on after $((SECONDS - start)) s of waiting ($SECONDS s into this call): call wait again"
   hyla experiment status $run
   hyla experiment report $run --out "$OUT" 2>&1 | tail -n 60
   smoke_status
