@@ -149,7 +149,7 @@ def test_the_profile_says_whether_the_host_or_the_gpu_sets_the_pace():
 def test_a_whole_blocks_path_after_the_fast_path_compiles_whole_blocks(monkeypatch):
     """Each case starts from an empty compile cache. With fla's chunk call stood in for by a torch.compiler.disable'd
     function (what splits a compiled Lightning block on CUDA), the fast path compiles each Lightning block in pieces
-    and fast-whole-blocks, measured after it in the same process, one graph per kind of block with no graph break:
+    (fast-split-blocks) and fast-whole-blocks, measured after it in the same process, one graph per kind of block with no graph break:
     without the reset it reused the fast path's pieces. Same weights, batch and formulas: the losses agree to float32
     rounding order (1e-5, as the whole-blocks test above)."""
     import hyla.bench.train as bench
@@ -160,15 +160,19 @@ def test_a_whole_blocks_path_after_the_fast_path_compiles_whole_blocks(monkeypat
     chunked = lightning.lightning_chunked
     monkeypatch.setattr(lightning, "lightning_chunked", torch.compiler.disable(chunked))
     # compiled on CPU too (the bench compiles on CUDA only); the fused loss as on CUDA
-    compiled = FastPath(compile=True, fused_loss=True, fused_optimizer=False, micro_batch_size=None)
-    monkeypatch.setattr(bench, "_fast_path", lambda path, device: compiled)
+    def compiled(path, stage, device):  # the path's own blocks setting, the float32 teacher
+        whole = bench.PATH_SETTINGS[path][0]
+        return FastPath(compile=True, fused_loss=True, fused_optimizer=False, micro_batch_size=None,
+                        whole_blocks=bool(whole)), False
+
+    monkeypatch.setattr(bench, "_fast_path", compiled)
     torch.manual_seed(0)
     teacher = LlamaForCausalLM(LlamaConfig(**TOY)).eval()
     plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
     settings = bench.TrainBenchSettings(toy=True, device="cpu", steps=1, warmup=0, profile=False)
     case = bench.Case("distill", 2, 64)
     fast, whole = (bench.measure_case(case, path, teacher, plan, (0,), settings)
-                   for path in ("fast", "fast-whole-blocks"))
+                   for path in ("fast-split-blocks", "fast-whole-blocks"))
     assert fast["compiled"]["graph_breaks"] > 0 and fast["compiled"]["graphs"] > 3
     # the teacher's block, the student's attention block and its Lightning block
     assert whole["compiled"] == {"graphs": 3, "graph_breaks": 0}

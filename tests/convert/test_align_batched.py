@@ -257,3 +257,33 @@ def test_stage_1_batched_loss_with_a_bf16_teacher_compiles_the_teachers_blocks(t
     assert "[align] torch.compile: the loss function, whole, and 4 frozen teacher blocks" in printed
     results = json.loads((tmp_path / "fast" / "01-align" / "manifest.json").read_text())["results"]
     assert results["alignment_loss"]["batched"] and results["fast_path"]["compile"]
+
+
+@pytest.mark.slow
+def test_compiled_stages_default_to_whole_blocks_and_train_what_the_split_blocks_train(tiny_teacher, tmp_path,
+                                                                                       capsys):
+    """`compile` alone (as on CUDA by default) runs stage 1 as the loop with each twin compiled with its loss
+    (Lightning's kernel as the custom op) and stage 2 with it inside the compiled blocks; `whole_blocks=false`
+    splits them again. The same formulas either way: the twins and students agree to float32 rounding order."""
+    import json
+
+
+    stop = ["--until-stage", "distill", "--set", "align.compile=true", "--set", "distill.compile=true"]
+    assert main(convert_args(tiny_teacher, tmp_path / "whole", *stop)) == 0
+    printed = capsys.readouterr().out
+    assert "[align] alignment loss: per-twin loop, each twin compiled with its loss" in printed
+    assert "[align] torch.compile: the loss function, whole (no block compiled on its own)" in printed
+    assert "[distill] fast path: compiled blocks whole (Lightning as a custom op)" in printed
+    assert main(convert_args(tiny_teacher, tmp_path / "split", *stop, "--set", "align.whole_blocks=false",
+                             "--set", "distill.whole_blocks=false")) == 0
+    printed = capsys.readouterr().out
+    assert "[align] alignment loss: per-twin loop, each twin compiled (" in printed
+    assert "[distill] fast path: compiled blocks split" in printed
+    for stage, whole in (("01-align", True), ("03-distill", True)):
+        results = json.loads((tmp_path / "whole" / stage / "manifest.json").read_text())["results"]
+        assert results["fast_path"]["whole_blocks"] is whole
+    _assert_same_twins(_trained_twins(tmp_path / "split"), _trained_twins(tmp_path / "whole"), rtol=1e-3)
+    split, whole = (load_file(tmp_path / name / "03-distill" / "student.safetensors") for name in ("split", "whole"))
+    assert split.keys() == whole.keys()
+    for name in split:
+        torch.testing.assert_close(whole[name], split[name], rtol=1e-3, atol=1e-5, msg=name)

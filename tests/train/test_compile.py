@@ -165,15 +165,17 @@ def test_fast_path_settings_leave_stage_hashes_alone():
                                ["align.compile=true", "distill.compile=true", "finetune.compile=true",
                                 "distill.fused_loss=false", "distill.micro_batch_size=1",
                                 "finetune.fused_optimizer=true", "distill.data_parallel=fsdp",
-                                "align.data_parallel=ddp", "align.batched_twins=true"])
+                                "align.data_parallel=ddp", "align.batched_twins=true",
+                                "align.whole_blocks=false", "distill.whole_blocks=true"])
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
-    # does leaving out `align_documents` and `teacher_bf16` while they are off (fields added later; on, they change
-    # the training windows or the teacher's targets).
+    # does leaving out `align_documents` and `teacher_bf16` while they are off or unset (fields added later; on, they
+    # change the training windows or the teacher's targets; `hyla convert` resolves an unset teacher_bf16 for its
+    # device before hashing).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-                  "data_parallel", "batched_twins")
+                  "data_parallel", "batched_twins", "whole_blocks")
     off_by_default = ("align_documents", "teacher_bf16")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}

@@ -42,7 +42,7 @@ def one_process_group():
 
 def loss_curve(case: Case, mode: str, env: Distributed, teacher, plan) -> list[float]:
     torch.manual_seed(0)
-    fast = _fast_path("fast", env.device)
+    fast, _ = _fast_path("fast-split-blocks", case.stage, env.device)
     fast = dataclasses.replace(fast, fused_loss=fast.fused_loss and case.stage != "align", micro_batch_size=2)
     built = _build(case, teacher, plan, (1, 4), fast.fused_loss, env.device)
     compile_blocks([*built.blocks, *built.frozen_blocks])

@@ -13,7 +13,7 @@ from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
 from hyla.models.transfer import to_hypenet
 from hyla.train.distributed import Distributed
-from hyla.train.fast import EAGER, resolve_fast_path
+from hyla.train.fast import EAGER, resolve_fast_path, resolve_teacher_bf16
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.step import TrainStep
 
@@ -137,9 +137,19 @@ def test_fast_path_is_on_by_default_on_cuda_and_the_eager_path_stays_selectable(
     cuda = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
                              device=torch.device("cuda"))
     assert cuda.compile and cuda.fused_loss and cuda.fused_optimizer and cuda.micro_batch_size is None
+    assert cuda.whole_blocks and "whole" in cuda.describe()
     cpu = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
                             device=torch.device("cpu"))
-    assert not cpu.compile and cpu.fused_loss and not cpu.fused_optimizer
+    assert not cpu.compile and cpu.fused_loss and not cpu.fused_optimizer and not cpu.whole_blocks
+    # Whole blocks follow compiling unless set; compiled, the blocks can be split again.
+    assert resolve_fast_path(compile=True, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                             device=torch.device("cpu")).whole_blocks
+    split = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                              device=torch.device("cuda"), whole_blocks=False)
+    assert split.compile and not split.whole_blocks and "split" in split.describe()
+    # The frozen teacher's precision: bf16 on CUDA by default, float32 on CPU, either when set.
+    assert resolve_teacher_bf16(None, torch.device("cuda")) and not resolve_teacher_bf16(None, torch.device("cpu"))
+    assert resolve_teacher_bf16(True, torch.device("cpu")) and not resolve_teacher_bf16(False, torch.device("cuda"))
     chosen = resolve_fast_path(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None,
                                device=torch.device("cuda"))
     assert chosen == EAGER

@@ -26,20 +26,31 @@ import torch
 from hyla.bench.floors import LIGHTNING_CHUNK
 
 STAGES = ("align", "distill", "finetune")
-# fast-batched: the fast path with stage 1's batched twins (align.batched_twins); align cases only.
-# fast-bf16-teacher: the fast path with the frozen teacher in bf16, its blocks compiled in stage 1 too
-# (align.teacher_bf16, distill.teacher_bf16); align and distill cases only.
-# fast-batched-bf16-teacher: both (align.batched_twins and align.teacher_bf16); align cases only.
-# fast-whole-blocks: the fast path with every compiled block one graph: Lightning's chunk kernel called through the
-# custom op that torch.compile keeps inside a compiled block (hyla.ops.lightning.chunk_kernel_as_custom_op), not five
-# pieces around fla's own function; in stage 1 each twin compiled together with its loss (the per-twin loop,
-# `choose_alignment_path(whole_twins=True)`). fast-whole-blocks-bf16-teacher: that and the bf16 teacher; align and
-# distill cases only.
-PATHS = ("eager", "fast", "fast-batched", "fast-bf16-teacher", "fast-batched-bf16-teacher", "fast-whole-blocks",
-         "fast-whole-blocks-bf16-teacher")
-BATCHED_PATHS = ("fast-batched", "fast-batched-bf16-teacher")
-BF16_TEACHER_PATHS = ("fast-bf16-teacher", "fast-batched-bf16-teacher", "fast-whole-blocks-bf16-teacher")
-WHOLE_BLOCK_PATHS = ("fast-whole-blocks", "fast-whole-blocks-bf16-teacher")
+# Each path: (whole_blocks, teacher_bf16, batched twins); None = the stage's default on the device, as `hyla convert`
+# resolves it (hyla.train.fast: on CUDA whole blocks and the bf16 teacher). `eager` is the reference: every fast-path
+# part off, the default teacher. The named variants pin both settings:
+# fast-split-blocks: Lightning's fla call outside the compiled graphs (each block compiled in five pieces), the
+#   float32 teacher under autocast (the fast path until 2026-12-03).
+# fast-bf16-teacher: split blocks, the frozen teacher in bf16 (align.teacher_bf16, distill.teacher_bf16).
+# fast-whole-blocks: Lightning's chunk kernel through the custom op that torch.compile keeps inside a compiled block
+#   (hyla.ops.lightning.chunk_kernel_as_custom_op), one graph per block; in stage 1 each twin compiled with its loss
+#   (`choose_alignment_path(whole_twins=True)`); the float32 teacher. fast-whole-blocks-bf16-teacher: and the bf16
+#   teacher (the default on CUDA).
+# fast-batched[-bf16-teacher]: stage 1's batched twins (align.batched_twins); align cases only.
+PATH_SETTINGS = {
+    "eager": (False, None, False),
+    "fast": (None, None, False),
+    "fast-split-blocks": (False, False, False),
+    "fast-bf16-teacher": (False, True, False),
+    "fast-whole-blocks": (True, False, False),
+    "fast-whole-blocks-bf16-teacher": (True, True, False),
+    "fast-batched": (False, False, True),
+    "fast-batched-bf16-teacher": (False, True, True),
+}
+PATHS = tuple(PATH_SETTINGS)
+BATCHED_PATHS = tuple(path for path, (_, _, batched) in PATH_SETTINGS.items() if batched)
+# Paths with a bf16 teacher by name: stage 3 has no teacher (a float32 one pinned is no teacher there either).
+TEACHER_PATHS = tuple(path for path, (_, bf16, _) in PATH_SETTINGS.items() if bf16)
 TEACHER_STAGES = ("align", "distill")
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
@@ -199,13 +210,16 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
                   list(student.model.layers), [], training_flops_per_token("finetune", student, case.seq_len))
 
 
-def _fast_path(path: str, device: torch.device):
-    from hyla.train.fast import EAGER, resolve_fast_path
+def _fast_path(path: str, stage: str, device: torch.device):
+    """The fast-path settings and the teacher's precision `path` runs `stage` with on `device`."""
+    from hyla.train.fast import EAGER, resolve_fast_path, resolve_teacher_bf16
 
+    whole_blocks, teacher_bf16, _ = PATH_SETTINGS[path]
+    teacher_bf16 = stage in TEACHER_STAGES and resolve_teacher_bf16(teacher_bf16, device)
     if path == "eager":
-        return EAGER
+        return EAGER, teacher_bf16
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                             device=device)
+                             device=device, whole_blocks=whole_blocks), teacher_bf16
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
@@ -221,7 +235,8 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    with chunk_kernel_as_custom_op(path in WHOLE_BLOCK_PATHS):
+    fast, _ = _fast_path(path, case.stage, torch.device(settings.device))
+    with chunk_kernel_as_custom_op(fast.whole_blocks):
         result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings)
     result["compiled"] = {"graphs": counters["stats"]["unique_graphs"],
                           "graph_breaks": sum(counters["graph_break"].values())}
@@ -238,12 +253,11 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     device = torch.device(settings.device)
     reset_peak_memory(device)
     torch.manual_seed(settings.seed)  # both paths start from the same weights and see the same batches
-    fast = _fast_path(path, device)
+    fast, teacher_bf16 = _fast_path(path, case.stage, device)
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
-                   batched=path in BATCHED_PATHS, teacher_bf16=path in BF16_TEACHER_PATHS,
-                   whole_twins=path in WHOLE_BLOCK_PATHS)
+                   batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
@@ -278,7 +292,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     flops = built.flops["total"]
     rate = peak_flops(device)
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
-              "fast_path": fast.as_dict(), "whole_blocks": path in WHOLE_BLOCK_PATHS,
+              "fast_path": fast.as_dict(), "whole_blocks": fast.whole_blocks, "teacher_bf16": teacher_bf16,
               "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,
@@ -408,7 +422,7 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
         for path in settings.paths:
             if path in BATCHED_PATHS and case.stage != "align":
                 continue  # batched twins are stage 1's; the other stages' fast path is "fast"
-            if path in BF16_TEACHER_PATHS and case.stage not in TEACHER_STAGES:
+            if path in TEACHER_PATHS and case.stage not in TEACHER_STAGES:
                 continue  # stage 3 has no teacher
             print(f"{case.label} {path}", flush=True)
             try:

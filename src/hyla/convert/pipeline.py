@@ -20,6 +20,7 @@ from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
+from hyla.train.fast import resolve_teacher_bf16
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -169,6 +170,9 @@ def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
     num_params = sum(p.numel() for p in hf_teacher.parameters())
     plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
     plan.seed = request.seed
+    # The frozen teacher's precision for this device (None: bf16 on CUDA), in the stages' hashes as resolved.
+    for budget in (plan.align, plan.distill):
+        budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, env.device)
     request = dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
     fingerprint = teacher_fingerprint(hf_teacher)
     settings = stage_settings(plan, request)

@@ -50,11 +50,15 @@ class StageBudget:
     # Windows start at document starts where that keeps a document whole (hyla.data.loader): a recall document's
     # question then always sees its facts.
     align_documents: bool = False
+    # Lightning's kernel inside the compiled blocks as a custom op, one graph per block; in stage 1 each twin
+    # compiled with its loss (hyla.train.fast.FastPath.whole_blocks; None: on wherever blocks are compiled).
+    whole_blocks: bool | None = None
     # Stages 1-2: the frozen teacher held in bf16 (its weights cast once, its residual stream in bf16) instead of
     # float32 weights under bf16 autocast (each step casts them), and on the fast path its blocks compiled in stage 1
-    # too (stage 2 compiles them either way). Changes the targets by bf16 rounding. Off until a GPU measures it:
-    # `hyla bench train --paths fast,fast-bf16-teacher`.
-    teacher_bf16: bool = False
+    # too (stage 2 compiles them either way). Changes the targets by bf16 rounding. None: on for CUDA, off on CPU
+    # (hyla.train.fast.resolve_teacher_bf16); measured on an H200 with whole blocks (`hyla bench train`,
+    # docs/results/train-speed.md): alignment 594K tokens/s against 400K with split blocks.
+    teacher_bf16: bool | None = None
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
     # fsdp (hyla.train.parallel). Speed and memory only.
@@ -73,13 +77,13 @@ class StageBudget:
         resumed with them switched either way, and earlier runs keep their hash)."""
         settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
         for name in ("align_documents", "teacher_bf16"):
-            if not settings[name]:  # earlier runs keep their hash
+            if not settings[name]:  # earlier runs keep their hash (None: the device's default)
                 del settings[name]
         return settings
 
 
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel", "batched_twins")
+              "data_parallel", "batched_twins", "whole_blocks")
 
 
 @dataclass

@@ -23,6 +23,7 @@ from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.models.transfer import to_hypenet
+from hyla.ops.lightning import chunk_kernel_as_custom_op
 from hyla.train import LoopSettings, OptimSettings, run_training
 from hyla.train.activations import checkpoint_activations
 from hyla.train.distributed import Distributed, barrier
@@ -151,7 +152,7 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
-                             device=run.env.device)
+                             device=run.env.device, whole_blocks=budget.whole_blocks)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -176,6 +177,8 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     fast = fast or stage_fast_path(run, budget)
     choice = stage_data_parallel(run, budget, model, teacher)
     run.log(f"[{name}] fast path: {fast.describe()}")
+    if teacher is not None and budget.teacher_bf16 is not None:
+        run.log(f"[{name}] frozen teacher: {'bf16' if budget.teacher_bf16 else 'float32 weights under bf16 autocast'}")
     run.log(f"[{name}] data parallel: {choice.describe()}")
     if fast.compile and loss_compiled:
         # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks.
@@ -196,8 +199,9 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
     loop = LoopSettings(steps=budget.steps, checkpoint_every=budget.checkpoint_every, description=name,
                         micro_batch_rows=fast.micro_batch_size, fused_optimizer=fast.fused_optimizer,
                         vocab_size=vocab_size)
-    result = run_training(model, parallel, loader, optim, loop, folder, run.env,
-                          meta={"stage": name, "settings": budget.settings()}, sync=parallel.sync)
+    with chunk_kernel_as_custom_op(fast.whole_blocks):
+        result = run_training(model, parallel, loader, optim, loop, folder, run.env,
+                              meta={"stage": name, "settings": budget.settings()}, sync=parallel.sync)
     last = result.metrics[-1] if result.metrics else {}
     tokens = budget.steps * budget.seq_len * budget.batch_size
     rates = sorted(m["tok_per_s"] for m in result.metrics[result.resumed_from:] if "tok_per_s" in m)
@@ -264,13 +268,13 @@ def run_align(run: Run, stage: Stage) -> dict:
     # With align.batched_twins: every twin in one batched problem where the twins allow it
     # (hyla.convert.align_batched); else the per-twin loop, compiled twin by twin on the fast path.
     path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
-                                 batched=run.plan.align.batched_twins)
+                                 batched=run.plan.align.batched_twins, whole_twins=fast.whole_blocks)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
     # align.teacher_bf16: the teacher's blocks are compiled too (they record the mixers themselves), on either path.
     frozen = list(teacher.model.layers) if run.plan.align.teacher_bf16 else []
     summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
                            frozen_blocks=frozen, fast=fast, teacher=teacher,
-                           loss_compiled=path.compiled and path.batched)
+                           loss_compiled=path.compiled and not path.compile_twins)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}

@@ -15,6 +15,10 @@ class FastPath:
     fused_loss: bool  # the LM head fused with the loss in row chunks (hyla.ops.linear_loss): no [tokens, V] logits
     fused_optimizer: bool  # torch's fused AdamW
     micro_batch_size: int | None  # sequences per forward/backward pass; None: the most that fit
+    # Lightning's chunk kernel called through the custom op `hyla::lightning_chunk`, which torch.compile keeps inside
+    # a compiled block (one graph per block instead of pieces around fla's call), and with `compile` in stage 1 each
+    # twin compiled with its loss (hyla.ops.lightning.chunk_kernel_as_custom_op). Same kernels.
+    whole_blocks: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -24,7 +28,8 @@ class FastPath:
             return "on" if flag else "off"
 
         micro = "the most that fit" if self.micro_batch_size is None else str(self.micro_batch_size)
-        return (f"compiled blocks {on(self.compile)}, fused LM head + loss {on(self.fused_loss)}, fused AdamW "
+        blocks = "off" if not self.compile else "whole (Lightning as a custom op)" if self.whole_blocks else "split"
+        return (f"compiled blocks {blocks}, fused LM head + loss {on(self.fused_loss)}, fused AdamW "
                 f"{on(self.fused_optimizer)}, micro-batch {micro} sequences")
 
 
@@ -32,17 +37,29 @@ EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_b
 
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
-                      micro_batch_size: int | None, device: torch.device) -> FastPath:
+                      micro_batch_size: int | None, device: torch.device,
+                      whole_blocks: bool | None = None) -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
-    forward, where the LM head's weight is the gathered one under FSDP2)."""
+    forward, where the LM head's weight is the gathered one under FSDP2). `whole_blocks` (None: on wherever the
+    blocks are compiled; uncompiled, the custom op runs the same kernels eagerly): measured on an H200
+    (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation."""
     cuda = device.type == "cuda"
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
+    compile = cuda if compile is None else compile
     return FastPath(
-        compile=cuda if compile is None else compile,
+        compile=compile,
         fused_loss=True if fused_loss is None else fused_loss,
         fused_optimizer=cuda if fused_optimizer is None else fused_optimizer,
         micro_batch_size=micro_batch_size,
+        whole_blocks=compile if whole_blocks is None else whole_blocks,
     )
+
+
+def resolve_teacher_bf16(teacher_bf16: bool | None, device: torch.device) -> bool:
+    """Whether a stage's frozen teacher is held in bf16 (`StageBudget.teacher_bf16`; None: on CUDA, where the
+    stages run under bf16 autocast anyway, and off on CPU). A setting of the stage's result, not of its speed: the
+    eager reference path reads the same teacher."""
+    return device.type == "cuda" if teacher_bf16 is None else teacher_bf16
