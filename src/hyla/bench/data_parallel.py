@@ -75,7 +75,17 @@ def _group_env(n: int, groups: dict, device: torch.device):
 
 def measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, settings: ParallelBenchSettings) -> dict:
     """Time `settings.steps` steps of `case` (rows per GPU) on `env`'s processes under `mode` after
-    `settings.warmup` (the first compiles); returns what the main process measured."""
+    `settings.warmup` (the first compiles), on the path's settings as `hyla convert` resolves them (`fast`: on CUDA
+    Lightning's kernel inside the compiled blocks and the bf16 teacher); returns what the main process measured."""
+    from hyla.ops.lightning import chunk_kernel_as_custom_op
+
+    fast, teacher_bf16 = _fast_path(settings.path, case.stage, env.device)
+    with chunk_kernel_as_custom_op(fast.whole_blocks):
+        return _measure(case, mode, env, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16)
+
+
+def _measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, settings: ParallelBenchSettings,
+             fast, teacher_bf16: bool) -> dict:
     from hyla.bench.timing import peak_memory_gib, reset_peak_memory
     from hyla.compile import compile_blocks
     from hyla.train.optim import OptimSettings, build_optimizer
@@ -85,10 +95,9 @@ def measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, sett
     device = env.device
     reset_peak_memory(device)
     torch.manual_seed(settings.seed)  # every world starts from the same weights
-    fast = _fast_path(settings.path, device)
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1
-    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device)
+    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, teacher_bf16=teacher_bf16)
     if fast.compile:
         compile_blocks([*built.blocks, *built.frozen_blocks])
     built.model.train()
@@ -119,7 +128,8 @@ def measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, sett
     median = statistics.median(times[settings.warmup:])
     tokens = env.world_size * case.batch * case.seq_len
     return {"stage": case.stage, "batch_per_gpu": case.batch, "seq_len": case.seq_len, "world_size": env.world_size,
-            "mode": choice.mode, "fast_path": fast.as_dict(), "micro_batch_rows_used": step.micro_batch_rows,
+            "mode": choice.mode, "fast_path": fast.as_dict(), "teacher_bf16": teacher_bf16,
+            "micro_batch_rows_used": step.micro_batch_rows,
             "median_step_s": median, "step_s": times, "first_step_s": times[0], "tokens_per_step": tokens,
             "tok_per_s": tokens / median, "tok_per_s_per_gpu": tokens / median / env.world_size, "losses": losses,
             "peak_gib": peak}
