@@ -36,6 +36,87 @@ def test_bench_model_toy_writes_results(tmp_path):
     assert json.loads((merged / "model.json").read_text())["systems"].keys() == results["systems"].keys()
 
 
+def bench_model_settings(out, monkeypatch, *flags: str):
+    """The ModelSettings `hyla bench model --toy --device cpu FLAGS` runs with, and the model.json it writes, with
+    its systems left out (no model is built)."""
+    from dataclasses import replace
+
+    seen, run_model_bench = [], model.run_model_bench
+
+    def run_no_systems(settings, **kwargs):
+        seen.append(settings)
+        return run_model_bench(replace(settings, systems=()), **kwargs)
+
+    monkeypatch.setattr(model, "run_model_bench", run_no_systems)
+    assert main(["bench", "model", "--toy", "--device", "cpu", "--out", str(out), *flags]) == 0
+    return seen[0], json.loads((out / "model.json").read_text())
+
+
+@pytest.mark.parametrize("source", ["tuned", "file"])
+def test_bench_model_runs_the_settings_prefill_chunk_and_attention_unless_an_expert_option_sets_them(
+        tmp_path, monkeypatch, source):
+    """Without --prefill-chunk and --attention-backend the engine runs the values of its settings (the tuned settings
+    of the device, or --engine-settings); with them, the options' values. model.json records the values that ran."""
+    from types import SimpleNamespace
+
+    from hyla.inference import settings as engine_settings
+
+    chosen = engine_settings.EngineSettings(prefill_chunk=4096, attention_backend="flash", name="chosen")
+    if source == "tuned":
+        monkeypatch.setattr(engine_settings, "tuned_settings", lambda device: chosen)
+        flags = []
+    else:
+        path = tmp_path / "settings.json"
+        path.write_text(json.dumps(chosen.to_json()))
+        flags = ["--engine-settings", str(path)]
+    settings, results = bench_model_settings(tmp_path / "unset", monkeypatch, *flags)
+    assert (settings.prefill_chunk, settings.attention_backend) == (None, None)
+    # what bench_engine_system builds each engine with, and records as the system's "engine"
+    fitted, _ = model.engine_settings(settings, SimpleNamespace(device=torch.device("cpu")), 1)
+    assert (fitted.prefill_chunk, fitted.attention_backend) == (4096, "flash")
+    assert (results["engine"]["prefill_chunk"], results["engine"]["attention_backend"]) == (4096, "flash")
+    assert results["settings"]["prefill_chunk"] is None  # the request: not set
+    merged = tmp_path / "merged"
+    assert main(["bench", "report", str(tmp_path / "unset" / "model.json"), "--out", str(merged)]) == 0
+    assert json.loads((merged / "model.json").read_text())["runs"][0]["engine"] == results["engine"]
+    settings, results = bench_model_settings(tmp_path / "set", monkeypatch, *flags, "--prefill-chunk", "1K",
+                                             "--attention-backend", "torch")
+    fitted, _ = model.engine_settings(settings, SimpleNamespace(device=torch.device("cpu")), 1)
+    assert (fitted.prefill_chunk, fitted.attention_backend) == (1024, "torch")
+    assert (results["engine"]["prefill_chunk"], results["engine"]["attention_backend"]) == (1024, "torch")
+
+
+def help_sections(capsys, *argv: str) -> dict[str, str]:
+    """`hyla ARGV --help` by section: the heading line (an argument group's title and colon) -> the section."""
+    with pytest.raises(SystemExit):
+        main([*argv, "--help"])
+    sections = [section for section in capsys.readouterr().out.split("\n\n") if section.strip()]
+    return {section.splitlines()[0]: section for section in sections}
+
+
+@pytest.mark.parametrize("verb,options", [
+    ("model", ["--prefill-chunk", "--attention-backend", "--decode-step", "--matvec", "--no-compile",
+               "--compile-mode", "--compile-prefill", "--no-pdl"]),
+    ("profile", ["--decode-step", "--matvec", "--no-compile", "--compile-mode", "--compile-prefill", "--no-pdl"]),
+    ("generate", ["--decode-step"]),
+])
+def test_bench_options_that_override_the_engine_settings_are_listed_as_expert_options(capsys, verb, options):
+    import re
+
+    sections = help_sections(capsys, "bench", verb)
+    expert = sections.pop("expert options (experiments against the engine's settings):")
+    others = "\n".join(text for heading, text in sections.items() if not heading.startswith("usage:"))
+    for option in options:
+        assert re.search(rf"^  {option}\b", expert, re.M), option
+        assert not re.search(rf"^  {option}\b", others, re.M), option
+
+
+def test_bench_model_help_names_hypenet_fused_an_expert_comparison(capsys):
+    options = next(text for heading, text in help_sections(capsys, "bench", "model").items() if "--systems" in text
+                   and not heading.startswith("usage:"))
+    assert "expert comparison, hypenet-fused" in " ".join(options.split())
+
+
 def test_bench_generate_toy_times_both_paths_on_the_same_prompts(tmp_path):
     """`hyla bench generate --toy`: NIAH prompts through hyla's engine and transformers' generate; each result names
     its generation path; float32 on CPU, so both paths give the same greedy text."""

@@ -16,6 +16,8 @@ from pathlib import Path
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
 DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
+# The argument group of the options that override the engine's settings file for an experiment.
+EXPERT_OPTIONS = "expert options (experiments against the engine's settings)"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -33,12 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kernels.set_defaults(handler=run_kernels)
     model = verbs.add_parser("model", help="HypeNet-2B vs the Qwen3-1.7B shape: prefill, decode, memory")
     model.add_argument("--contexts", type=_lengths, default=None, help="comma list (default 8K,32K,128K,512K,1M)")
-    model.add_argument("--systems", default=None, help="comma list of hypenet, qwen3-engine, qwen3-hf-default, "
-                                                       "qwen3-hf-graph (default: these four), and hypenet-fused")
+    model.add_argument("--systems", default=None,
+                       help="comma list of hypenet, qwen3-engine, qwen3-hf-default, qwen3-hf-graph (default: these "
+                            "four); and, as an expert comparison, hypenet-fused: hypenet with the decode step "
+                            "forced to fused-projections through cuBLAS (the tuned settings run that step above "
+                            "batch 1 and on GPUs without a tuned file, so it differs from hypenet only at batch 1 "
+                            "where they choose another: triton-fused on the H200, eager on CPU)")
     model.add_argument("--qwen3-engine-max-prefill", type=_count, default=2**19)
     model.add_argument("--hypenet-max-prefill", type=_count, default=2**20)
-    model.add_argument("--attention-backend", default="auto", choices=("auto", "cudnn", "flash", "torch"),
-                       help="the engine's prefill attention kernel")
     model.add_argument("--hf-max-prefill", type=_count, default=2**17)
     model.add_argument("--hf-graph-contexts", type=_lengths, default=None, help="default 32K,128K,512K")
     model.add_argument("--large-batch", type=int, default=32)
@@ -49,8 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     model.add_argument("--long-prefill-repeats", type=_positive, default=1,
                        help="timed prefills at contexts >= 128K, each after the same one-chunk warm-up (median "
                             "reported, every time kept in the JSON)")
-    model.add_argument("--prefill-chunk", type=_count, default=2**16)
-    _engine_options(model)
+    expert = _engine_options(model)
+    expert.add_argument("--prefill-chunk", type=_count, default=None,
+                        help="tokens per engine prefill call (default: the engine settings')")
+    expert.add_argument("--attention-backend", default=None, choices=("auto", "cudnn", "flash", "torch"),
+                        help="the engine's prefill attention kernel (auto: cuDNN on CUDA; default: the engine "
+                             "settings')")
     _common(model)
     model.set_defaults(handler=run_model)
     profile = verbs.add_parser("profile", help="one decode step or one prefill chunk, kernel by kernel "
@@ -168,11 +176,13 @@ def _register_generate(verbs) -> None:
     generate.add_argument("--max-new-tokens", type=_positive, default=64)
     generate.add_argument("--paths", default="engine,hf", help="comma list of engine, hf")
     generate.add_argument("--engine-settings", metavar="JSON", help="the engine's settings file (default: tuned)")
-    generate.add_argument("--decode-step", choices=DECODE_STEPS,
-                          help="the engine's decode step for every run (default: the tuned settings', which fall "
-                               "back from triton-fused to fused-projections for GLA/GDN layers and under EME)")
     generate.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     generate.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    expert = generate.add_argument_group(EXPERT_OPTIONS)
+    expert.add_argument("--decode-step", choices=DECODE_STEPS,
+                        help="expert option: the engine's decode step for every run instead of the engine settings' "
+                             "(which fall back from triton-fused to fused-projections for GLA/GDN layers and under "
+                             "EME)")
     modes = generate.add_argument_group(
         "inference modes (with either option: a row per recurrent mixer, variant and length, and each variant's "
         "costs against direct)")
@@ -224,13 +234,14 @@ def run_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_options(parser: argparse.ArgumentParser) -> None:
+def _engine_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
     """The engine settings `model` and `profile` share (fields of ModelSettings and ProfileSettings): the tuned
-    settings shipped for this GPU unless a settings file or an expert option says otherwise."""
+    settings shipped for this GPU unless a settings file or an expert option says otherwise. Returns the expert
+    group, for a verb's own expert options."""
     parser.add_argument("--engine-settings", metavar="JSON",
                         help="the engine's settings file (default: the tuned settings shipped for this GPU, "
                              "hyla/inference/tuned/; `hyla bench sweep` writes one)")
-    expert = parser.add_argument_group("expert options (experiments against the engine's settings)")
+    expert = parser.add_argument_group(EXPERT_OPTIONS)
     expert.add_argument("--decode-step", choices=DECODE_STEPS,
                         help="eager: the model's modules; fused-projections: each block's input maps concatenated "
                              "(4 products a block instead of 8); triton-fused: hyla's fused kernels (batch 1)")
@@ -246,6 +257,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     expert.add_argument("--no-pdl", action="store_true",
                         help="launch the triton-fused kernels without programmatic dependent launch")
     parser.add_argument("--toy", action="store_true", help="tiny shapes (a smoke test of the code path)")
+    return expert
 
 
 def engine_overrides(args: argparse.Namespace) -> dict:
@@ -372,13 +384,13 @@ def run_model(args: argparse.Namespace) -> int:
         contexts=args.contexts or defaults.contexts,
         systems=tuple(args.systems.split(",")) if args.systems else defaults.systems,
         qwen3_engine_max_prefill=args.qwen3_engine_max_prefill, hypenet_max_prefill=args.hypenet_max_prefill,
-        attention_backend=args.attention_backend, hf_max_prefill=args.hf_max_prefill,
+        hf_max_prefill=args.hf_max_prefill,
         hf_graph_contexts=args.hf_graph_contexts or defaults.hf_graph_contexts, large_batch=args.large_batch,
         large_batch_contexts=(defaults.large_batch_contexts if args.large_batch_contexts is None
                               else args.large_batch_contexts),
         decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
-        prefill_chunk=args.prefill_chunk, **engine_overrides(args), toy=args.toy,
-        device=args.device, check_length=40 if args.toy else defaults.check_length,
+        prefill_chunk=args.prefill_chunk, attention_backend=args.attention_backend, **engine_overrides(args),
+        toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -506,7 +518,7 @@ def run_report(args: argparse.Namespace) -> int:
         results = json.loads(path.read_text())
         merged["systems"].update(results.get("systems", {}))
         merged["runs"].append({"file": str(path), "environment": results.get("environment"),
-                               "settings": results.get("settings")})
+                               "settings": results.get("settings"), "engine": results.get("engine")})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     _write_json(out / "model.json", merged)

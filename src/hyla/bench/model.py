@@ -18,12 +18,14 @@ from hyla.bench import hf_baseline, shapes
 from hyla.bench.floors import ModelShape
 from hyla.bench.timing import CheckFailed, allocated_gib, peak_memory_gib, relative_error, reset_peak_memory, time_ms
 from hyla.inference import InferenceEngine
-from hyla.inference.settings import OVERRIDABLE, fit_to_model, resolve_settings
+from hyla.inference.settings import OVERRIDABLE, EngineSettings, fit_to_model, resolve_settings
 from hyla.ops.dispatch import use_backend
 
 SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
-# Also runnable on request: the HypeNet shape on the engine with the fused-projections decode step (cuBLAS products),
-# beside "hypenet" (the tuned settings) in the same run for an A/B of the decode step.
+# An expert comparison, run only when named: the HypeNet shape with the decode step forced to fused projections through
+# cuBLAS, beside "hypenet" (the tuned settings) on the same built model. It differs from "hypenet" only where the tuned
+# settings choose another step: batch 1 on a GPU whose file picks triton-fused (the H200), and CPU (eager); above
+# batch 1, and on GPUs that run default.json, the tuned settings are that step already.
 EXTRA_SYSTEMS = ("hypenet-fused",)
 # bf16 weights and activations; the engine and the reference round at different points (chunked attention merged in
 # fp32, fp32 recurrent state vs fla's chunk kernel, split-K decode): ~1e-2 relative on logits, as the model's own
@@ -38,7 +40,6 @@ class ModelSettings:
     systems: tuple[str, ...] = SYSTEMS
     qwen3_engine_max_prefill: int = 2**19  # its 1M prefill would take ~4 minutes of device time
     hypenet_max_prefill: int = 2**20
-    attention_backend: str = "auto"  # prefill attention of the engine: auto (cuDNN on CUDA), cudnn, flash, torch
     hf_max_prefill: int = 2**17
     hf_max_default_decode: int = 2**19
     hf_graph_contexts: tuple[int, ...] = (2**15, 2**17, 2**19)
@@ -47,10 +48,12 @@ class ModelSettings:
     decode_steps: int = 20
     repeats: int = 3  # timed repetitions of each measurement (fewer when one takes seconds)
     long_prefill_repeats: int = 1  # timed prefills at >= 128K (median reported, every time kept)
-    prefill_chunk: int = 2**16
     # The engine's settings: a settings file (None: the tuned settings shipped for this GPU, hyla.inference.settings)
-    # and expert overrides of its fields (None: the file's value).
+    # and expert overrides of its fields (None: the file's value). The values a run used are in its results: "engine"
+    # as resolved for the device, and each system's "engine" / "engine_batched" as fitted to its model and batch.
     engine_settings: str | None = None
+    prefill_chunk: int | None = None
+    attention_backend: str | None = None  # the prefill attention kernel: auto (cuDNN on CUDA), cudnn, flash, torch
     decode_step: str | None = None
     matvec: str | None = None
     compile_decode: bool | None = None
@@ -67,9 +70,14 @@ def engine_settings(settings, model, batch_size: int):
     """(EngineSettings, notes) of a benchmark's `settings` (ModelSettings or ProfileSettings) for `model` at
     `batch_size`: its settings file or the tuned settings, its overrides, fitted to the model and batch
     (`hyla.inference.settings.fit_to_model`: above batch 1, the file's batched settings)."""
+    return fit_to_model(resolved_settings(settings, model.device), model, batch_size)
+
+
+def resolved_settings(settings, device) -> EngineSettings:
+    """The EngineSettings a benchmark's `settings` name on `device`, before they are fitted to a model: its settings
+    file or the tuned settings of the device, with the overrides it sets."""
     overrides = {name: getattr(settings, name, None) for name in OVERRIDABLE}
-    resolved = resolve_settings(model.device, path=settings.engine_settings, **overrides)
-    return fit_to_model(resolved, model, batch_size)
+    return resolve_settings(device, path=settings.engine_settings, **overrides)
 
 
 def build_engine(model, settings, *, batch_size: int, max_length: int, **overrides) -> InferenceEngine:
@@ -364,9 +372,11 @@ def run_model_bench(settings: ModelSettings, *, log=print, save=None) -> dict:
     device, dtype = torch.device(settings.device), getattr(torch, settings.dtype)
     if "qwen3-hf-graph" in settings.systems and device.type != "cuda":
         raise ValueError("qwen3-hf-graph needs a CUDA device")
-    results = {"settings": asdict(settings), "systems": {}}
+    engine = resolved_settings(settings, device).summary()
+    results = {"settings": asdict(settings), "engine": engine, "systems": {}}
     log(f"model bench on {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}), "
         f"{settings.dtype}, contexts {list(settings.contexts)}, systems {list(settings.systems)}")
+    log(f"engine settings: {engine}")
     hypenet_systems = [s for s in settings.systems if s in ("hypenet", "hypenet-fused")]
     if hypenet_systems:
         model = build_hypenet(shapes.hypenet_config(toy=settings.toy), device=device, dtype=dtype)
