@@ -50,6 +50,9 @@ def test_halo_conversion_exports_a_loadable_model_with_a_report(tiny_teacher, tm
     assert [row["layer"] for row in selection["layers"]] == [0, 1, 2, 3]
     for row in selection["layers"]:
         assert {"recall", "recall_stderr", "csr", "csr_stderr", "halo_score"} <= row.keys()
+    # the path the recall scores were generated on, in the stage's files and results
+    assert selection["generation_path"] == manifest(out, "select")["results"]["generation_path"] == "engine"
+    assert json.loads((out / "02-select" / "scores.json").read_text())["generation_path"] == "engine"
     assert (out / "02-select" / "selection.png").exists()
     model_dir = out / "06-export"
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

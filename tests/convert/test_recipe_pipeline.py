@@ -54,6 +54,7 @@ def test_stage_three_and_scaling_read_corpora_of_their_own(tiny_teacher, tmp_pat
     assert set(scaling["loss_by_a"]) == {"None", "20", "500"} and scaling["loss_per_length"] > 0
     assert set(scaling["loss_by_position"]) == {"None", "20", "500", "c(L)"}
     assert all(0 <= cells["SK1@512"]["score"] <= 1 for cells in scaling["niah"].values())
+    assert scaling["generation_path"] == "engine"
     assert scaling["chosen_a"] in (None, 20, 500)
     # each pass's seconds, to tell where the stage's time went
     assert set(scaling["seconds_by_candidate"]["loss"]) == set(scaling["seconds_by_candidate"]["niah"]) == set(

@@ -49,14 +49,16 @@ def test_scaling_niah_builds_one_engine_a_length_with_the_scores_of_one_a_cell(t
                 expected[(a, key)] = [(record["pred"], record["score"]) for record in records]
     assert len(built) == 2 * len(plan.niah_lengths) * len(plan.niah_tasks)
     built.clear()
+    paths = set()
     for a in (20.0, 500.0):
         model.inference_options = InferenceOptions(logit_scaling_a=a)
-        cells = niah_scores(model, tokenizer, plan, samples)
+        cells = niah_scores(model, tokenizer, plan, samples, paths)
         for key, cell in cells.items():
             scores = [score for _, score in expected[(a, key)]]
             assert cell["score"] == sum(scores) / len(scores) and cell["num_samples"] == plan.niah_samples
     # One engine a length and candidate, each the buffer a cell's own engine had.
     assert built == [512, 1024, 512, 1024]
+    assert paths == {"engine"}
 
 
 def test_scaling_niah_predictions_equal_a_generation_per_cell(tiny_teacher):

@@ -456,6 +456,8 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
         return [f"{task}@{length}#{index}" for index in range(num_samples)]
 
     class Generation:  # what default_scorers reads of hyla.evals.generation.Generation
+        path = "engine"
+
         def __init__(self, model):
             self.model = model
 
@@ -481,15 +483,17 @@ def test_default_scorers_aggregate_the_evaluations(monkeypatch):
     monkeypatch.setattr(loglik, "encoded_scores",
                         lambda model, tokenizer, encoded, **kwargs: csr_batches.append(kwargs["batch_size"]) or [])
     monkeypatch.setattr(csr_eval, "score_documents", lambda task, docs, scores: results[task])
+    paths = set()
     recall_fn, csr_fn = default_scorers(
         None, ["niah_single_1", "SK3"], [512], 2, ["hellaswag", "lambada"], 5, 4, csr_batch_size=3, csr_metric="acc_norm",
-        niah_max_new_tokens=40, log=lines.append,
+        niah_max_new_tokens=40, log=lines.append, generation_paths=paths,
     )
     # Scores 1, 0, 1, 1 (as above): 0.75 ± 0.25.
     assert recall_fn(None) == pytest.approx((0.75, 0.25), rel=1e-15)
     assert recall_fn(None) == pytest.approx((0.75, 0.25), rel=1e-15)
     assert built == [("SK1", 512, 2, 42), ("SK3", 512, 2, 42)], "prompts are built once, for every variant"
     assert lines == ["[select] NIAH on the engine path: 2 batches, prefill 1.2 s, decode 0.5 s, 2.0 s in all"] * 2
+    assert paths == {"engine"}
     # acc_norm of HellaSwag (0.6 ± 0.04) and acc of LAMBADA, which has no acc_norm (0.7 ± 0.04).
     assert csr_fn(None) == pytest.approx((0.65, 0.02 * math.sqrt(2)), rel=1e-12)
     assert csr_batches == [3, 3], "CSR scores csr_batch_size pairs a forward"
@@ -515,6 +519,7 @@ def probe_scores() -> SelectionScores:
     scores.add(3, (0.7, None), (0.40, 0.01), 1.5)
     scores.teacher_recall, scores.teacher_recall_stderr = 1.0, 0.01
     scores.teacher_csr, scores.teacher_csr_stderr = 0.6, 0.01
+    scores.generation_path = "engine"
     return scores
 
 
@@ -548,6 +553,7 @@ def test_report_json_table_and_plot(tmp_path):
     assert row["layer"] == 2 and row["chosen"] and row["halo_rank"] == 1 and row["csr_gap_within_stderr"]
     assert row["halo_score"] == pytest.approx(0.1 / (0.01 + EPS), rel=1e-9)
     assert payload["layers"][3]["recall_stderr"] is None
+    assert payload["generation_path"] == "engine"
     assert SelectionScores.from_dict(payload) == scores
 
     console = Console(width=80, record=True)
@@ -631,3 +637,42 @@ def test_variants_are_scored_in_bfloat16_on_cuda_and_the_teacher_is_left_as_it_w
     assert scored is not teacher and scored.weight.dtype == torch.bfloat16
     assert teacher.weight.dtype == torch.float32, "later stages distill from the float32 teacher"
     assert torch.equal(scored.weight, teacher.weight.to(torch.bfloat16))
+
+
+def test_the_selection_stage_names_the_generation_paths_of_its_recall_scores(tmp_path, monkeypatch):
+    """scores.json (and the partial scores an interrupted run resumes from) name the path every recall score was
+    generated on: this run's, and those of the scores it resumed."""
+    from types import SimpleNamespace
+
+    from hyla.convert import select_stage
+
+    teacher = tiny_teacher()
+    partials = []
+
+    def scorers(*args, generation_paths, **kwargs):
+        probe = recall_probe()
+
+        def recall_fn(model):
+            if (tmp_path / "scores.partial.json").exists():
+                partials.append(json.loads((tmp_path / "scores.partial.json").read_text())["generation_path"])
+            generation_paths.add("engine")
+            return probe(model)
+
+        return recall_fn, csr_probe()
+
+    monkeypatch.setattr(select_stage, "default_scorers", scorers)
+    monkeypatch.setattr(select_stage, "scoring_model", lambda run: teacher)
+    monkeypatch.setattr(select_stage, "load_twins", lambda run: tiny_twins(teacher))
+    run, stage = SimpleNamespace(tokenizer=None, log=print), SimpleNamespace(path=tmp_path)
+    plan = SimpleNamespace(niah_tasks=None, niah_lengths=None, niah_samples=None, csr_tasks=None, csr_limit=None,
+                           batch_size=None, csr_batch_size=None, niah_max_new_tokens=None)
+    assert select_stage._score(run, stage, plan).generation_path == "engine"
+    assert json.loads((tmp_path / "scores.json").read_text())["generation_path"] == "engine"
+    assert partials == ["engine"] * NUM_LAYERS, "the partial scores name the path too"
+    resumed = probe_scores()
+    resumed.generation_path = "hf"
+    for layer in (2, 3):
+        del resumed.recall[layer]
+    (tmp_path / "scores.partial.json").write_text(json.dumps(resumed.to_dict()))
+    assert select_stage._score(run, stage, plan).layers == list(range(NUM_LAYERS))
+    assert json.loads((tmp_path / "scores.json").read_text())["generation_path"] == "engine+hf"

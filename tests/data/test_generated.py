@@ -35,6 +35,15 @@ def test_generated_text_becomes_a_corpus_with_its_settings_recorded(tmp_path, ti
     result = prepare_corpus(tmp_path / "corpus", settings, show_progress=False)
     assert result.manifest["num_documents"] == 3
     assert result.manifest["settings"]["generation"]["max_new_tokens"] == 4
+    assert result.manifest["sources"][0]["generation_path"] == "engine"
+
+
+def test_a_source_built_on_teacher_text_names_the_path_it_was_sampled_on(tiny_teacher_dir):
+    settings = GenerationSettings(num_documents=2, max_new_tokens=3, batch_size=2)
+    source = open_source(f"docs@0-1:teacher:{tiny_teacher_dir}", generation=settings)
+    assert source.record == {}, "known once sampling starts"
+    assert len(list(source.documents())) == 1
+    assert source.record == {"generation_path": "engine"}
 
 
 def test_the_teacher_samples_as_its_teacher_equivalent_hypenet_on_the_engine(tiny_teacher_dir):

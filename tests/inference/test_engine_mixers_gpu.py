@@ -70,6 +70,7 @@ def reference_logits(model, tokens, options=None):
 def graph_decoded(engine, tokens, prompt_length):
     pieces = [engine.prefill(tokens[:, :prompt_length])]
     engine.capture_graph()
+    assert engine.graph_captured
     for t in range(prompt_length, tokens.shape[1]):
         pieces.append(engine.decode(tokens[:, t : t + 1]).clone())
     return torch.stack(pieces, 1)

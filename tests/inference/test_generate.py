@@ -8,7 +8,13 @@ import torch
 import hyla
 from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.inference import InferenceEngine
-from hyla.inference.generate import GenerationSession, Sampling, generation_path, hf_request_to_engine
+from hyla.inference.generate import (
+    GenerationSession,
+    Sampling,
+    generation_path,
+    generation_path_record,
+    hf_request_to_engine,
+)
 
 # float64 models: the engine and the model's forward differ by summation order only (~1e-15), so greedy and sampled
 # tokens agree exactly with transformers' generate on the same model.
@@ -146,6 +152,7 @@ def test_session_rebuilds_its_engine_when_the_weights_change():
     ids = torch.tensor([prompts_of((7,))[0]])
     first = session.generate(ids, max_new_tokens=6)
     engine = session.engine
+    assert not engine.graph_captured, "CUDA graphs only on CUDA"
     assert torch.equal(session.generate(ids, max_new_tokens=6), first) and session.engine is engine
     with torch.no_grad():
         model.lm_head.weight.mul_(-1.0)
@@ -172,6 +179,13 @@ def test_models_the_engine_cannot_run_keep_transformers_generate():
     ids = torch.tensor([[5, 6, 7]])
     out = hyla.generate(tiny_llama, ids, max_new_tokens=3, pad_token_id=PAD)
     assert torch.equal(out, tiny_llama.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=PAD))
+
+
+def test_a_result_names_the_one_path_its_outputs_took_or_both():
+    assert generation_path_record("engine") == "engine"
+    assert generation_path_record("hf", "hf", None) == "hf"
+    assert generation_path_record("hf", "engine") == generation_path_record("engine+hf", "hf") == "engine+hf"
+    assert generation_path_record() is None and generation_path_record(None) is None
 
 
 def greedy_by_forward(model, ids, steps, options):

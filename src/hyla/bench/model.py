@@ -212,7 +212,7 @@ def bench_engine(name, model, shape, settings, *, batch, contexts, prefill_conte
             engine.capture_graph()
             decode.append(time_engine_decode(engine, shape, context, settings.decode_steps, log, settings.repeats,
                                              after_real_prefill=True, launch_pdl=engine.launch_pdl))
-    if device.type == "cuda" and engine._graph is None:
+    if device.type == "cuda" and not engine.graph_captured:
         engine.capture_graph()
     engine.fill_synthetic(max(contexts))
     for context in sorted(set(contexts) - {row["context"] for row in decode}):

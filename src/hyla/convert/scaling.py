@@ -72,16 +72,20 @@ def scaling_sequences(run, stage, plan):
     return (*heldout_sequences(run.corpus()[1], length=plan.length, num_docs=plan.num_docs), "held-out tail")
 
 
-def niah_scores(model, tokenizer, plan, samples_cache: dict) -> dict[str, dict]:
+def niah_scores(model, tokenizer, plan, samples_cache: dict,
+                generation_paths: set[str] | None = None) -> dict[str, dict]:
     """Mean NIAH score per `TASK@LENGTH` cell over `plan.niah_samples` prompts (built once, shared by every
     candidate), with its standard error. The cells share one generation, as `hyla eval niah`'s do: an engine is
     built when the batch or buffer no longer fits (once a length, not once a cell), and every NIAH prompt of a
-    length fits the same buffer, so each prompt runs on the engine a fresh one would be."""
+    length fits the same buffer, so each prompt runs on the engine a fresh one would be. generation_paths: the
+    generation's path is added to it."""
     from hyla.convert.selection import mean_and_stderr
     from hyla.evals import niah as niah_eval
     from hyla.evals.generation import Generation
 
     generation = Generation(model)
+    if generation_paths is not None:
+        generation_paths.add(generation.path)
     cells = {}
     for length in plan.niah_lengths:
         for task in plan.niah_tasks:
@@ -100,6 +104,7 @@ def run_scaling(run, stage) -> dict:
     from hyla.convert.runners import load_student
     from hyla.evals.generation import compile_record
     from hyla.evals.ppl import bucket_means, default_bucket_edges
+    from hyla.inference.generate import generation_path_record
 
     plan = run.plan.scaling
     trained = run.plan.trained_seq_len
@@ -124,7 +129,7 @@ def run_scaling(run, stage) -> dict:
         curves[label] = bucket_means(token_losses, edges)
         run.log(f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
                 f"over {len(sequences)} x {plan.length} tokens")
-    niah = {}
+    niah, generation_paths = {}, set()
     if plan.niah_lengths and plan.niah_samples > 0:
         student.to(torch.bfloat16)
         samples_cache: dict = {}
@@ -132,7 +137,7 @@ def run_scaling(run, stage) -> dict:
             # the evaluation generates through the model's own options (the engine, or transformers' generate)
             student.inference_options = options
             started = time.perf_counter()
-            niah[label] = niah_scores(student, run.tokenizer, plan, samples_cache)
+            niah[label] = niah_scores(student, run.tokenizer, plan, samples_cache, generation_paths)
             seconds["niah"][label] = round(time.perf_counter() - started, 2)
             run.log(f"[scaling] {label}: NIAH " + ", ".join(f"{key} {cell['score']:.2f}"
                                                              for key, cell in niah[label].items()))
@@ -142,7 +147,7 @@ def run_scaling(run, stage) -> dict:
         plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length)
     return {"chosen_a": best, "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
             "loss_per_length": losses.get(PER_LENGTH), "per_length_train_length": trained if plan.per_length else None,
-            "loss_by_position": curves, "niah": niah,
+            "loss_by_position": curves, "niah": niah, "generation_path": generation_path_record(*generation_paths),
             "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans,
             "seconds_by_candidate": seconds, "compile": compile_record()}
 

@@ -45,7 +45,8 @@ def run_select(run: Run, stage: Stage) -> dict:
         report.print_table()
         if scores.recall:
             report.plot(stage.path / "selection.png")
-    return {"method": method, "k": report.k, "chosen": sorted(report.chosen), "ranked": report.chosen}
+    return {"method": method, "k": report.k, "chosen": sorted(report.chosen), "ranked": report.chosen,
+            "generation_path": scores.generation_path}
 
 
 def _alignment_errors(run: Run, num_layers: int) -> dict[int, float] | None:
@@ -120,17 +121,27 @@ def scoring_model(run: Run):
 
 
 def _score(run: Run, stage: Stage, plan) -> SelectionScores:
+    from hyla.inference.generate import generation_path_record
+
     partial_path = stage.path / "scores.partial.json"
     resume = SelectionScores.from_dict(json.loads(partial_path.read_text())) if partial_path.exists() else None
+    paths: set[str] = set()
     recall_fn, csr_fn = default_scorers(
         run.tokenizer, plan.niah_tasks, plan.niah_lengths, plan.niah_samples, plan.csr_tasks, plan.csr_limit,
         plan.batch_size, csr_batch_size=plan.csr_batch_size, csr_metric="acc_norm",
-        niah_max_new_tokens=plan.niah_max_new_tokens, log=run.log,
+        niah_max_new_tokens=plan.niah_max_new_tokens, log=run.log, generation_paths=paths,
     )
+
+    def with_paths(partial: SelectionScores) -> SelectionScores:
+        # the paths of this run's recall scores, and those of the scores resumed from
+        partial.generation_path = generation_path_record(partial.generation_path, *paths)
+        return partial
+
     scores = score_replacements(
         scoring_model(run), load_twins(run), recall_fn, csr_fn, resume_from=resume,
-        on_scored=lambda partial: write_json(partial_path, partial.to_dict()),
+        on_scored=lambda partial: write_json(partial_path, with_paths(partial).to_dict()),
     )
+    with_paths(scores)
     write_json(stage.path / "scores.json", scores.to_dict())
     partial_path.unlink(missing_ok=True)
     return scores

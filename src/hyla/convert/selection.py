@@ -215,7 +215,8 @@ def select_layers(
 @dataclass
 class SelectionScores:
     """R_i and C_i of the single-replacement variants M(i), with standard errors (None when unknown), the seconds each
-    variant took, and the teacher's own scores when they were measured."""
+    variant took, the teacher's own scores when they were measured, and the generation path the recall scores came
+    from (`hyla.inference.generate.generation_path_record`; None: not recorded)."""
 
     num_layers: int
     recall: dict[int, float] = field(default_factory=dict)
@@ -227,6 +228,7 @@ class SelectionScores:
     teacher_recall_stderr: float | None = None
     teacher_csr: float | None = None
     teacher_csr_stderr: float | None = None
+    generation_path: str | None = None
 
     @property
     def layers(self) -> list[int]:
@@ -247,7 +249,8 @@ class SelectionScores:
             | dict(csr=self.csr[layer], csr_stderr=self.csr_stderr.get(layer), seconds=self.seconds.get(layer))
             for layer in self.layers
         ]
-        return {"num_layers": self.num_layers, "teacher": teacher, "layers": rows}
+        return {"num_layers": self.num_layers, "teacher": teacher, "layers": rows,
+                "generation_path": self.generation_path}
 
     @classmethod
     def from_dict(cls, payload: Mapping[str, Any]) -> SelectionScores:
@@ -260,6 +263,7 @@ class SelectionScores:
         if teacher:
             scores.teacher_recall, scores.teacher_recall_stderr = teacher["recall"], teacher.get("recall_stderr")
             scores.teacher_csr, scores.teacher_csr_stderr = teacher["csr"], teacher.get("csr_stderr")
+        scores.generation_path = payload.get("generation_path")
         return scores
 
 
@@ -457,6 +461,7 @@ def default_scorers(
     seed: int = 42,
     niah_max_new_tokens: int | None = None,
     log: Callable[[str], None] | None = None,
+    generation_paths: set[str] | None = None,
 ) -> tuple[Scorer, Scorer]:
     """(recall_fn, csr_fn) over `hyla.evals.niah` and `hyla.evals.csr`, scoring every variant on the same data.
 
@@ -465,7 +470,8 @@ def default_scorers(
     "acc_norm"; LAMBADA has only acc) over its first `csr_limit` documents, stderr as in `combine_task_scores`,
     `csr_batch_size` (None: `batch_size`) pairs a forward; each pair is tokenized once, on the first call.
     niah_max_new_tokens: the answer's length limit (None: hyla.evals.niah's). log: told, after each recall_fn call,
-    the generation path it took and its prefill and decode seconds.
+    the generation path it took and its prefill and decode seconds. generation_paths: recall_fn adds to it the path
+    each call generated on.
     """
     from hyla.evals import csr as csr_eval
     from hyla.evals import niah as niah_eval
@@ -494,6 +500,8 @@ def default_scorers(
         limit = {} if niah_max_new_tokens is None else {"max_new_tokens": niah_max_new_tokens}
         records = niah_eval.evaluate_samples(model, tokenizer, cached["samples"], batch_size=batch_size,
                                              generation=generation, **limit)
+        if generation_paths is not None:
+            generation_paths.add(generation.path)
         if log is not None:
             spent = generation.describe()
             batches = f"{spent['calls']} batch" + ("" if spent["calls"] == 1 else "es")

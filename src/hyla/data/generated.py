@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 # Openings across prose, explanation, dialogue, lists and code, so that sampled text covers the teacher's range.
 PROMPTS = (
@@ -68,13 +69,19 @@ class GenerationSettings:
             raise ValueError("generation needs num_documents, max_new_tokens, batch_size >= 1 and temperature > 0")
 
 
-def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_progress: bool = True) -> Iterator[str]:
-    """Sample `settings.num_documents` documents from the teacher, `batch_size` prompts at a time."""
+def teacher_documents(teacher_spec: str, settings: GenerationSettings, show_progress: bool = True, *,
+                      record: dict[str, Any] | None = None) -> Iterator[str]:
+    """Sample `settings.num_documents` documents from the teacher, `batch_size` prompts at a time. record: where
+    the `generation_path` they are sampled on is written once the teacher is loaded (for the corpus manifest)."""
+    from hyla.inference.generate import generation_path, generation_path_record
     from hyla.models.loading import load_teacher
     from hyla.progress import progress
 
     teacher = load_teacher(teacher_spec, dtype=settings.dtype, device=settings.device)
     model = generating_model(teacher.model)
+    if record is not None:
+        # the path `hyla.generate` takes in `sample_batch`: "auto" under the model's own options
+        record["generation_path"] = generation_path_record(generation_path(model)[0])
     prompts = _prompt_order(settings)
     batches = range(0, settings.num_documents, settings.batch_size)
     for start in progress(batches, desc="teacher text", unit="batch", disable=not show_progress, leave=False):

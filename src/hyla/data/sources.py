@@ -47,11 +47,13 @@ _RECALL_PREFIX = re.compile(r"recall(-[a-z]+)*[@:]")
 
 @dataclass
 class Source:
-    """One opened source: `documents()` yields its texts; `description` says what it resolved to."""
+    """One opened source: `documents()` yields its texts; `description` says what it resolved to; `record`: what
+    `documents()` found out while yielding, for the corpus manifest's entry (a teacher's `generation_path`)."""
 
     spec: str
     description: str
     documents: Callable[[], Iterator[str]] = field(repr=False)
+    record: dict[str, Any] = field(default_factory=dict)
 
 
 def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_files: bool = True,
@@ -78,7 +80,8 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                                                                     min_chars=recall.min_chars,
                                                                     max_chars=recall.max_chars,
                                                                     repeat=recall.repeat,
-                                                                    long_values=recall.long_values)))
+                                                                    long_values=recall.long_values)),
+                      record=inner.record)
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
                                     generation=generation)
@@ -96,8 +99,9 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
         if not teacher_spec:
             raise ValueError("source teacher: needs a teacher spec, e.g. teacher:smollm2-135m")
         load_teacher_config(teacher_spec)
+        record: dict[str, Any] = {}
         return Source(spec, f"{settings.num_documents} documents sampled from teacher {teacher_spec}",
-                      lambda: teacher_documents(teacher_spec, settings))
+                      lambda: teacher_documents(teacher_spec, settings, record=record), record=record)
     files = _ordered(expand_paths(spec), seed, shuffle_files)
     return Source(spec, f"{len(files)} files from {spec}", lambda: _file_documents(files, text_field))
 
@@ -109,7 +113,7 @@ def _open_document_range(spec: str, **options) -> Source:
     start, stop, inner_spec = int(match.group(1)), int(match.group(2)), match.group(3)
     inner = open_source(inner_spec, **options)
     return Source(spec, f"documents {start}-{stop - 1} of {inner.description}",
-                  lambda: itertools.islice(inner.documents(), start, stop))
+                  lambda: itertools.islice(inner.documents(), start, stop), record=inner.record)
 
 
 def expand_paths(spec: str) -> list[Path]:

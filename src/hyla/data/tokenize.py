@@ -204,7 +204,7 @@ def build_manifest(settings: PrepareSettings, sources: list[Source], tokenizer, 
         "last_document_truncated": counts["last_document_truncated"],
         "shards": writer.shards,
         "document_starts": DOCUMENT_STARTS,
-        "sources": [dict(spec=source.spec, description=source.description, **count)
+        "sources": [dict(spec=source.spec, description=source.description, **source.record, **count)
                     for source, count in zip(sources, counts["per_source"], strict=True)],
         "provenance": provenance(),
     }

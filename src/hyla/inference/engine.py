@@ -147,6 +147,11 @@ class InferenceEngine:
         return self.cache.batch_size
 
     @property
+    def graph_captured(self) -> bool:
+        """Whether `capture_graph` recorded the decode step: `decode` then replays it."""
+        return self._graph is not None
+
+    @property
     def lengths(self) -> list[int]:
         """Positions cached in each row."""
         return list(self._lengths)

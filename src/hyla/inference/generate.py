@@ -6,11 +6,14 @@ step for all rows, greedily or by sampling (temperature, top-k, top-p, in transf
 its end-of-sequence token. The result has transformers' form: the input ids followed by the new tokens, a finished
 row's later positions filled with the pad token, as long as the longest row needed.
 
-Models the engine cannot run (other architectures, other mixers, EME) go to their own `generate` (transformers'):
-`generation_path(model)` says which path a model takes and why. On CUDA `HypeNetForCausalLM.generate` itself comes
-here for the requests both paths serve alike (`hf_request_to_engine`). `GenerationSession` keeps its engine between
-calls (an evaluation's batches); a session's engine holds copies of weights it fused, so a session must not outlive
-changes to the model's weights (each `generate` rebuilds it when it sees parameters changed).
+Models the engine cannot run (other architectures; HypeNets with layer types it has no fast path for, the
+head-wise hybrids: `engine.SUPPORTED_LAYER_TYPES`) go to their own `generate` (transformers'); every InferenceOptions
+runs on the engine, EME and logit scaling included. `generation_path(model)` says which path a model takes and why; a
+result file names the path its outputs came from as `generation_path_record` writes it. On CUDA
+`HypeNetForCausalLM.generate` itself comes here for the requests both paths serve alike (`hf_request_to_engine`).
+`GenerationSession` keeps its engine between calls (an evaluation's batches); a session's engine holds copies of
+weights it fused, so a session must not outlive changes to the model's weights (each `generate` rebuilds it when it
+sees parameters changed).
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ def generation_path(model, requested: str = "auto", inference_options=None) -> t
             raise ValueError(f"generation path 'engine' cannot run this model: {reason}")
         return "hf", reason
     return "engine", f"HypeNet on {model.device.type}"
+
+
+def generation_path_record(*paths: str | None) -> str | None:
+    """The `generation_path` a result file records for outputs generated on `paths` (each "engine", "hf", or such a
+    record itself, read back from a resumed result; None: nothing generated there): the path they all took, or both
+    joined ("engine+hf") where some took each; None where nothing was generated."""
+    names = sorted({name for path in paths if path for name in path.split("+")})
+    return "+".join(names) or None
 
 
 @dataclass(frozen=True)
@@ -194,7 +205,7 @@ class GenerationSession:
         """[B, steps] new tokens from the prefill's choice `tokens` [B] on; steps <= max_new_tokens (fewer once
         every row has ended, as transformers stops)."""
         batch, device = tokens.shape[0], tokens.device
-        if device.type == "cuda" and engine._graph is None and max_new_tokens > 1:
+        if device.type == "cuda" and not engine.graph_captured and max_new_tokens > 1:
             engine.capture_graph()
         new = torch.empty(batch, max_new_tokens, dtype=torch.long, device=device)
         eos_ids = torch.tensor(eos, device=device) if eos else None
