@@ -153,6 +153,7 @@ def _register_lm_eval(verbs: Any) -> None:
     lm_eval.add_argument(
         "--only-included", action="store_true", help="use only the tasks under --include-path (faster start-up)"
     )
+    _add_generation_options(lm_eval)
     lm_eval.set_defaults(handler=_handle_lm_eval)
 
 
@@ -297,10 +298,12 @@ def _handle_lm_eval(args: argparse.Namespace) -> int:
     from hyla.evals import lm_eval_bridge
 
     lm_eval_bridge._import_lm_eval()
-    model, tokenizer, settings, out_dir = _start(args, "lm-eval", ["tasks", "limit", "num_fewshot", "include_path"])
+    names = ["tasks", "limit", "num_fewshot", "include_path", "generation", "engine_settings"]
+    model, tokenizer, settings, out_dir = _start(args, "lm-eval", names)
     result = lm_eval_bridge.run_lm_eval(
         model, tokenizer, args.tasks, limit=args.limit, batch_size=args.batch_size,
         num_fewshot=args.num_fewshot, include_path=args.include_path, include_default_tasks=not args.only_included,
+        generation=_generation(args, model),
     )
     _finish("lm-eval", args, settings, result, out_dir)
     return 0

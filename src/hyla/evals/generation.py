@@ -107,31 +107,46 @@ class Generation:
     # ones, which inference tensors allow only inside inference mode.
     @torch.no_grad()
     def batch(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
-              pad_token_id: int) -> torch.Tensor:
-        """Greedy output ids [B, T + new] of one left-padded batch, stopping at the model's end-of-sequence token as
-        transformers' generate does."""
+              pad_token_id: int, sampling=None, eos_token_id=None) -> torch.Tensor:
+        """Output ids [B, T + new] of one left-padded batch, greedy unless `sampling` (a
+        `hyla.inference.generate.Sampling`) says otherwise, stopping at `eos_token_id` (an id or a list; None: the
+        model's end-of-sequence token, as transformers' generate does)."""
+        from hyla.inference.generate import Sampling, hf_generate
+
         started = time.perf_counter()
+        sampling = sampling or Sampling()
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
         if self.session is not None:
-            eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
             output = self.session.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens,
-                                           eos_token_id=eos, pad_token_id=pad_token_id)
+                                           sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
             stats = self.session.stats
             for name in ("prompt_tokens", "new_tokens", "prefill_s", "decode_s"):
                 self.totals[name] += getattr(stats, name)
+            self._add_call(input_ids, output, started)
         else:
             # hf_generate: transformers' own, which HypeNetForCausalLM.generate hands to the engine on CUDA
-            generate = getattr(self.model, "hf_generate", self.model.generate)
-            output = generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new_tokens,
-                              do_sample=False, num_beams=1, pad_token_id=pad_token_id)
-            self.totals["prompt_tokens"] += int(attention_mask.sum())
-            self.totals["new_tokens"] += (output.shape[1] - input_ids.shape[1]) * output.shape[0]
+            output = hf_generate(self.model, input_ids, attention_mask, max_new_tokens=max_new_tokens,
+                                 sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+            self.record_hf_call(input_ids, attention_mask, output, started)
+        return output
+
+    def record_hf_call(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, output: torch.Tensor,
+                       started: float) -> None:
+        """Count one batch that transformers' generate made from `input_ids` [B, T] into `output` [B, T + new],
+        begun at `started` (time.perf_counter): by `batch`, or by a library that calls generate itself."""
+        real = attention_mask.sum() if attention_mask is not None else input_ids.numel()
+        self.totals["prompt_tokens"] += int(real)
+        self.totals["new_tokens"] += (output.shape[1] - input_ids.shape[1]) * output.shape[0]
+        self._add_call(input_ids, output, started)
+
+    def _add_call(self, input_ids: torch.Tensor, output: torch.Tensor, started: float) -> None:
         self.totals["calls"] += 1
         self.totals["new_positions"] += output.shape[1] - input_ids.shape[1]
         seconds = time.perf_counter() - started
         self.totals["seconds"] += seconds
         if self.totals["first_batch_s"] is None:  # where compiling and autotuning show
             self.totals["first_batch_s"] = seconds
-        return output
 
     def describe(self) -> dict[str, Any]:
         """The generation path, why, the engine's settings, and the tokens and seconds spent (for results.json)."""

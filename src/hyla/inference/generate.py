@@ -10,7 +10,8 @@ Models the engine cannot run (other architectures; HypeNets with layer types it 
 head-wise hybrids: `engine.SUPPORTED_LAYER_TYPES`) go to their own `generate` (transformers'); every InferenceOptions
 runs on the engine, EME and logit scaling included. `generation_path(model)` says which path a model takes and why; a
 result file names the path its outputs came from as `generation_path_record` writes it. On CUDA
-`HypeNetForCausalLM.generate` itself comes here for the requests both paths serve alike (`hf_request_to_engine`).
+`HypeNetForCausalLM.generate` itself comes here for the requests both paths serve alike (`hf_request_to_engine`;
+`engine_request` translates such a request on any device).
 `GenerationSession` keeps its engine between calls (an evaluation's batches); a session's engine holds copies of
 weights it fused, so a session must not outlive changes to the model's weights (each `generate` rebuilds it when it
 sees parameters changed).
@@ -300,13 +301,21 @@ _GLOBAL_DEFAULTS = {"max_length": 20, "do_sample": False, "use_cache": True, "nu
 
 def hf_request_to_engine(model, inputs, generation_config, kwargs: dict, inference_options=None) -> dict | None:
     """The arguments of `GenerationSession.generate` for a `model.generate(inputs, generation_config, **kwargs)`
-    call the engine serves exactly as transformers would (CUDA, a supported HypeNet under `inference_options`,
-    greedy or plain sampling, one beam and sequence), else None. `streamer` rides along."""
+    call on CUDA that the engine serves exactly as transformers would (`engine_request`), else None."""
+    if model.device.type != "cuda":
+        return None
+    return engine_request(model, inputs, generation_config, kwargs, inference_options)
+
+
+def engine_request(model, inputs, generation_config, kwargs: dict, inference_options=None) -> dict | None:
+    """The arguments of `GenerationSession.generate` for a `model.generate(inputs, generation_config, **kwargs)`
+    call the engine serves exactly as transformers would on any device (a supported HypeNet under
+    `inference_options`, greedy or plain sampling, one beam and sequence), else None. `streamer` rides along."""
     import copy
 
     from transformers import GenerationConfig
 
-    if model.device.type != "cuda" or unsupported_reason(model, inference_options) is not None:
+    if unsupported_reason(model, inference_options) is not None:
         return None
     kwargs = dict(kwargs)
     streamer = kwargs.pop("streamer", None)
