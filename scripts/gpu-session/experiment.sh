@@ -46,7 +46,8 @@
 # files of its own (the report's 6 and logs.tar.gz: runner.log, smoke.log, smoke-report.txt): AFTER may write one more
 # under $OUT, or print.
 # `WARM=1 ... part1` also starts, in the background, one step of each stage at the recipe's shapes on random weights
-# (`hyla bench train --paths fast`, WARM_CASES): a fresh machine's compiler and fla's autotuning fill their on-disk
+# (`hyla bench train --paths fast`, WARM_CASES; WARM_PATHS=fast-whole-blocks for a plan that pins the float32
+# teacher): a fresh machine's compiler and fla's autotuning fill their on-disk
 # caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
 # stage-1 first step took 148 s fresh; a warm cache's, 37 s). $keep/warm.log; every `collect` prints its last line.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
@@ -93,7 +94,7 @@ smoke_status() {
 start_warm() {  # the stages' first steps compiled and autotuned in the background (outlives the call)
   rm -rf $keep/warm && mkdir -p $keep/warm && cp -r src $keep/warm/ || exit 1
   ( cd $keep/warm && PYTHONPATH=$keep/site:$keep/warm/src setsid nohup python3 -m hyla.cli bench train \
-      --out $keep/warm/out --cases "${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384}" --paths fast \
+      --out $keep/warm/out --cases "${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384}" --paths "${WARM_PATHS:-fast}" \
       --steps 1 --warmup 0 --no-profile --no-losses > $keep/warm.log 2>&1 < /dev/null & )
   echo "compile warm-up started in the background: $keep/warm.log"
 }
