@@ -112,11 +112,13 @@ def test_rows_stop_at_their_end_of_sequence_token_as_transformers_does():
     assert first_row[3] == eos and (first_row[4:] == PAD).all()
 
 
-def test_sampling_draws_what_transformers_draws_under_one_seed():
-    """Temperature, top-k and top-p in transformers' order, one draw a step from torch's global generator: the same
-    seed gives the same tokens on both paths, and again on a second run."""
+@pytest.mark.parametrize("lengths", [(5, 8), (8, 5), (5, 17, 1, 30, 5)])
+def test_sampling_draws_what_transformers_draws_under_one_seed(lengths):
+    """Temperature, top-k and top-p in transformers' order, one draw a step from torch's global generator over the
+    rows in the batch's order (not the engine's order by length): the same seed gives the same tokens on both paths,
+    and again on a second run."""
     model = tiny_model(4)
-    ids, mask = left_pad(prompts_of((5, 8), seed=7))
+    ids, mask = left_pad(prompts_of(lengths, seed=7))
     kwargs = dict(max_new_tokens=10, do_sample=True, temperature=0.9, top_k=20, top_p=0.9, pad_token_id=PAD)
     torch.manual_seed(0)
     ours = hyla.generate(model, ids, mask, **kwargs)

@@ -71,11 +71,16 @@ class Sampling:
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
-    def choose(self, logits: torch.Tensor) -> torch.Tensor:
-        """Next tokens [B] from logits [B, V], as transformers' warpers and sampler compute them (float32)."""
+    def choose(self, logits: torch.Tensor, *, batch_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Next tokens [B] from logits [B, V], as transformers' warpers and sampler compute them (float32).
+        batch_rows [B]: the batch row of each row of logits where the two orders differ (None: they do not)."""
         scores = logits.float()
         if not self.do_sample:
             return scores.argmax(-1)
+        if batch_rows is not None:
+            # One multinomial over [B, V] draws for the rows in turn: drawing in the batch's order gives each row
+            # the draw transformers gives it under the same seed. Tokens come back in the order of `logits`.
+            return self.choose(logits[torch.argsort(batch_rows)])[batch_rows]
         if self.temperature != 1.0:
             scores = scores / self.temperature
         if self.top_k:
@@ -183,6 +188,7 @@ class GenerationSession:
         counts = mask.long().sum(-1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1], device=device)
         # Rows of equal length next to each other: the engine prefills each run of them together.
         order = torch.argsort(counts, stable=True)
+        batch_rows = None if torch.equal(order, torch.arange(len(order), device=device)) else order
         sorted_mask = mask[order] if mask is not None else None
         engine = self._engine(ids.shape[0], int(counts.max()) + max_new_tokens)
         self.stats = GenerationStats(prompt_tokens=int(counts.sum()), engine_built_s=self.stats.engine_built_s,
@@ -191,9 +197,9 @@ class GenerationSession:
             streamer.put(input_ids.cpu())
         started = _synchronized(device)
         logits = engine.prefill(ids[order], sorted_mask)
-        tokens = sampling.choose(logits)
+        tokens = sampling.choose(logits, batch_rows=batch_rows)
         prefilled = _synchronized(device)
-        new = self._decode(engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer)
+        new = self._decode(engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer, batch_rows)
         self.stats.prefill_s, self.stats.decode_s = prefilled - started, _synchronized(device) - prefilled
         if streamer is not None:
             streamer.end()
@@ -202,9 +208,11 @@ class GenerationSession:
         self.stats.new_tokens = _num_generated(output, eos)
         return torch.cat([input_ids, output.to(input_ids.device)], dim=1)
 
-    def _decode(self, engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer) -> torch.Tensor:
-        """[B, steps] new tokens from the prefill's choice `tokens` [B] on; steps <= max_new_tokens (fewer once
-        every row has ended, as transformers stops)."""
+    def _decode(self, engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer,
+                batch_rows=None) -> torch.Tensor:
+        """[B, steps] new tokens from the prefill's choice `tokens` [B] on, rows in the engine's order (batch_rows:
+        the batch row of each, as `Sampling.choose` takes it); steps <= max_new_tokens (fewer once every row has
+        ended, as transformers stops)."""
         batch, device = tokens.shape[0], tokens.device
         if device.type == "cuda" and not engine.graph_captured and max_new_tokens > 1:
             engine.capture_graph()
@@ -225,7 +233,7 @@ class GenerationSession:
                 break
             # Greedy: the engine feeds its own argmax back (inside the graph); sampling feeds the drawn token.
             logits = engine.decode(tokens[:, None] if sampling.do_sample else None)
-            tokens = sampling.choose(logits) if sampling.do_sample else engine.next_tokens[:, 0]
+            tokens = sampling.choose(logits, batch_rows=batch_rows) if sampling.do_sample else engine.next_tokens[:, 0]
         new = new[:, : step + 1]
         if eos_ids is not None:
             # Checked every few steps: cut at the step where the last row ended, where transformers stops.
