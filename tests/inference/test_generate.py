@@ -146,6 +146,11 @@ def test_streamer_receives_the_prompt_then_each_token():
     out = hyla.generate(model, ids, max_new_tokens=5, streamer=streamer)
     assert torch.equal(streamer.calls[0], ids) and streamer.ended
     assert torch.equal(torch.cat([c.reshape(-1) for c in streamer.calls[1:]]), out[0, 6:])
+    # A ragged batch the engine reorders by length: each step's tokens reach the streamer in the batch's row order.
+    ids, mask = left_pad(prompts_of((8, 5, 3)))
+    streamer = Collect()
+    out = hyla.generate(model, ids, mask, max_new_tokens=4, pad_token_id=PAD, streamer=streamer)
+    assert torch.equal(torch.stack(streamer.calls[1:], dim=1), out[:, ids.shape[1]:])
 
 
 def test_session_rebuilds_its_engine_when_the_weights_change():

@@ -80,7 +80,7 @@ class Sampling:
         if batch_rows is not None:
             # One multinomial over [B, V] draws for the rows in turn: drawing in the batch's order gives each row
             # the draw transformers gives it under the same seed. Tokens come back in the order of `logits`.
-            return self.choose(logits[torch.argsort(batch_rows)])[batch_rows]
+            return self.choose(_to_batch_order(logits, batch_rows))[batch_rows]
         if self.temperature != 1.0:
             scores = scores / self.temperature
         if self.top_k:
@@ -203,8 +203,7 @@ class GenerationSession:
         self.stats.prefill_s, self.stats.decode_s = prefilled - started, _synchronized(device) - prefilled
         if streamer is not None:
             streamer.end()
-        output = torch.empty_like(new)
-        output[order] = new
+        output = _to_batch_order(new, order)
         self.stats.new_tokens = _num_generated(output, eos)
         return torch.cat([input_ids, output.to(input_ids.device)], dim=1)
 
@@ -223,8 +222,8 @@ class GenerationSession:
             if eos_ids is not None:
                 tokens = torch.where(finished, pad_token_id, tokens)
             new[:, step] = tokens
-            if streamer is not None:
-                streamer.put(tokens.cpu())
+            if streamer is not None:  # in the batch's row order
+                streamer.put((tokens if batch_rows is None else _to_batch_order(tokens, batch_rows)).cpu())
             if eos_ids is not None:
                 finished |= torch.isin(tokens, eos_ids)
                 if (step + 1) % _FINISHED_CHECK_EVERY == 0 and bool(finished.all()):
@@ -257,6 +256,13 @@ def _synchronized(device: torch.device) -> float:
         torch.cuda.synchronize(device)
     return time.perf_counter()
 
+
+
+def _to_batch_order(rows: torch.Tensor, batch_rows: torch.Tensor) -> torch.Tensor:
+    """`rows` in the engine's order (engine row i is batch row batch_rows[i]) put back in the batch's order."""
+    out = torch.empty_like(rows)
+    out[batch_rows] = rows
+    return out
 
 def generate(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
              max_new_tokens: int = 32, do_sample: bool = False, temperature: float = 1.0, top_k: int | None = None,
