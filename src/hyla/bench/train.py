@@ -235,15 +235,16 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    fast, _ = _fast_path(path, case.stage, torch.device(settings.device))
+    fast, teacher_bf16 = _fast_path(path, case.stage, torch.device(settings.device))
     with chunk_kernel_as_custom_op(fast.whole_blocks):
-        result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings)
+        result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16)
     result["compiled"] = {"graphs": counters["stats"]["unique_graphs"],
                           "graph_breaks": sum(counters["graph_break"].values())}
     return result
 
 
-def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
+def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings,
+                  fast, teacher_bf16: bool) -> dict:
     from hyla.bench.timing import peak_memory_gib, reset_peak_memory
     from hyla.compile import compile_blocks
     from hyla.train.distributed import Distributed
@@ -253,7 +254,6 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     device = torch.device(settings.device)
     reset_peak_memory(device)
     torch.manual_seed(settings.seed)  # both paths start from the same weights and see the same batches
-    fast, teacher_bf16 = _fast_path(path, case.stage, device)
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
