@@ -9,8 +9,14 @@ inductor's Triton backend, whose code is kept and never loaded (kernel names and
 Lightning block), or runs as the custom op (`--whole-blocks`). Each kernel's bytes are the sizes of its pointer
 arguments, taken at 256 and 512 tokens and extrapolated to 65,536; `--bandwidth` turns them into a time.
 
-Run: `python bench/distill_kernels_cpu.py [--whole-blocks] [--bf16-teacher] [--kernels]` (two compilations at each
-of two sizes, ~3 minutes on 2 cores). The inductor internals it hooks are torch 2.13's.
+`--bf16-activations`: the student's activations in the autocast dtype (`hyla.models.modeling.use_autocast_activations`,
+the stage setting `distill.bf16_activations`). `--compare`: the step without it and with it, one after the other,
+and the bytes and time it saves. Kernels outside the compiled blocks (the embeddings, the final norm, the loss) are
+not modelled.
+
+Run: `python bench/distill_kernels_cpu.py [--whole-blocks] [--bf16-teacher] [--bf16-activations | --compare]
+[--kernels]` (two compilations at each of two sizes, ~2 minutes on 2 cores; twice that with `--compare`). The inductor
+internals it hooks are torch 2.13's.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ def capture_triton_code(out_dir: str) -> None:
     inductor_config.fx_graph_cache = False
 
 
-def run_step(tokens: int, whole_blocks: bool, bf16_teacher: bool) -> None:
+def run_step(tokens: int, whole_blocks: bool, bf16_teacher: bool, bf16_activations: bool) -> None:
     """One distillation step of the compiled blocks, under CPU bf16 autocast, at `tokens` tokens (rows of 128)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -78,6 +84,7 @@ def run_step(tokens: int, whole_blocks: bool, bf16_teacher: bool) -> None:
     from hyla.bench.train import SMOLLM2_135M
     from hyla.compile import compile_blocks
     from hyla.convert.distill import StudentWithTeacher, bf16_teacher as to_bf16, build_student, distill_loss
+    from hyla.models.modeling import use_autocast_activations
     from hyla.models.transfer import to_hypenet
 
     if not whole_blocks:
@@ -87,6 +94,7 @@ def run_step(tokens: int, whole_blocks: bool, bf16_teacher: bool) -> None:
     teacher = to_hypenet(hf_teacher, attention_rope=True).eval()
     teacher = to_bf16(teacher) if bf16_teacher else teacher
     student = build_student(hf_teacher, [0], None, lightning_rope=True, lightning_qk_norm=True).float().train()
+    use_autocast_activations(student, bf16_activations)
     compile_blocks([*student.model.layers, *teacher.model.layers])
     ids = torch.randint(0, 512, (tokens // 128, 129))
     batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
@@ -157,10 +165,42 @@ def step_kernels(dirs: list[str]) -> list[tuple[str, str, str, float, str]]:
     return rows
 
 
+def dumped_step(flags: list[str]) -> list[tuple[str, str, str, float, str]]:
+    """`step_kernels` of the step compiled with `flags`, one fresh process per size."""
+    root = tempfile.mkdtemp(prefix="distill-kernels-")
+    dirs = [f"{root}/{tokens}" for tokens in TOKENS]
+    for tokens, out_dir in zip(TOKENS, dirs):
+        # One process per size: the graphs compile afresh, without a cache to reuse.
+        os.makedirs(out_dir)
+        subprocess.run([sys.executable, __file__, *flags, "--worker", str(tokens), out_dir], check=True)
+    return step_kernels(dirs)
+
+
+def summary(rows, args, label: str) -> tuple[float, float]:
+    """Prints the totals by kind of block and direction (and every kernel with --kernels); returns the step's
+    (bytes, ms) over all blocks."""
+    totals: dict[tuple[str, str], float] = {}
+    moved_total = 0.0
+    for kind, direction, name, moved, source in rows:
+        us = moved / args.bandwidth * 1e6 + args.launch_us
+        totals[kind, direction] = totals.get((kind, direction), 0.0) + us * BLOCKS[kind]
+        moved_total += moved * BLOCKS[kind]
+        if args.kernels:
+            print(f"{kind:9s} {direction} {moved / 1e6:7.0f} MB {us:7.1f} us x{BLOCKS[kind]:2d}  {name}  <- "
+                  f"{source[:100]}")
+    ms = sum(totals.values()) / 1e3
+    print(f"{label}: compiled blocks' Triton kernels at {STEP_TOKENS} tokens, {args.bandwidth / 1e12:.1f} TB/s: "
+          + ", ".join(f"{kind} {direction} {us / 1e3:.1f} ms" for (kind, direction), us in sorted(totals.items()))
+          + f"; total {moved_total / 1e9:.1f} GB, {ms:.1f} ms")
+    return moved_total, ms
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--whole-blocks", action="store_true", help="Lightning's chunk call as the custom op")
     parser.add_argument("--bf16-teacher", action="store_true", help="the frozen teacher in bf16")
+    parser.add_argument("--bf16-activations", action="store_true", help="the student's activations in bf16")
+    parser.add_argument("--compare", action="store_true", help="without and with --bf16-activations")
     parser.add_argument("--kernels", action="store_true", help="list every kernel, not only the totals")
     parser.add_argument("--bandwidth", type=float, default=4.2e12, help="bytes/s for the times (H200: ~4.2e12)")
     parser.add_argument("--launch-us", type=float, default=2.0, help="added to each kernel's time")
@@ -168,26 +208,19 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         capture_triton_code(args.worker[1])
-        run_step(int(args.worker[0]), args.whole_blocks, args.bf16_teacher)
+        run_step(int(args.worker[0]), args.whole_blocks, args.bf16_teacher, args.bf16_activations)
         return
-    flags = [flag for flag, on in (("--whole-blocks", args.whole_blocks), ("--bf16-teacher", args.bf16_teacher)) if on]
-    root = tempfile.mkdtemp(prefix="distill-kernels-")
-    dirs = [f"{root}/{tokens}" for tokens in TOKENS]
-    for tokens, out_dir in zip(TOKENS, dirs):
-        # One process per size: the graphs compile afresh, without a cache to reuse.
-        os.makedirs(out_dir)
-        subprocess.run([sys.executable, __file__, *flags, "--worker", str(tokens), out_dir], check=True)
-    totals: dict[tuple[str, str], float] = {}
-    for kind, direction, name, moved, source in step_kernels(dirs):
-        us = moved / args.bandwidth * 1e6 + args.launch_us
-        totals[kind, direction] = totals.get((kind, direction), 0.0) + us * BLOCKS[kind]
-        if args.kernels:
-            print(f"{kind:9s} {direction} {moved / 1e6:7.0f} MB {us:7.1f} us x{BLOCKS[kind]:2d}  {name}  <- "
-                  f"{source[:100]}")
-    print(f"{' '.join(flags) or 'split blocks'}: compiled blocks' Triton kernels at {STEP_TOKENS} tokens, "
-          f"{args.bandwidth / 1e12:.1f} TB/s: " + ", ".join(f"{kind} {direction} {us / 1e3:.1f} ms"
-                                                         for (kind, direction), us in sorted(totals.items()))
-          + f"; total {sum(totals.values()) / 1e3:.1f} ms")
+    flags = [flag for flag, on in (("--whole-blocks", args.whole_blocks), ("--bf16-teacher", args.bf16_teacher),
+                                   ("--bf16-activations", args.bf16_activations)) if on]
+    if not args.compare:
+        summary(dumped_step(flags), args, " ".join(flags) or "split blocks")
+        return
+    flags = [flag for flag in flags if flag != "--bf16-activations"]
+    label = " ".join(flags) or "split blocks"
+    before = summary(dumped_step(flags), args, label)
+    after = summary(dumped_step([*flags, "--bf16-activations"]), args, f"{label} --bf16-activations")
+    print(f"--bf16-activations saves {(before[0] - after[0]) / 1e9:.1f} GB and {before[1] - after[1]:.1f} ms of the "
+          f"compiled blocks' kernels a step ({before[1]:.1f} -> {after[1]:.1f} ms at {args.bandwidth / 1e12:.1f} TB/s)")
 
 
 if __name__ == "__main__":

@@ -76,6 +76,22 @@ def test_bench_train_whole_block_paths_time_every_stage_beside_the_fast_path(tmp
     assert "| distill | 2x128 | fast-whole-blocks |" in (tmp_path / "train.md").read_text()
 
 
+def test_bench_train_bf16_activations_path_times_the_stages_that_train_the_hybrid(tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-losses",
+                 "--no-profile", "--cases", "align:2x64,distill:2x64,finetune:1x64",
+                 "--paths", "fast-whole-blocks-bf16-teacher,fast-bf16-activations", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    cases = {(case["stage"], case["path"]): case for case in results["cases"]}
+    assert set(cases) == {("align", "fast-whole-blocks-bf16-teacher"), ("distill", "fast-whole-blocks-bf16-teacher"),
+                          ("distill", "fast-bf16-activations"), ("finetune", "fast-bf16-activations")}
+    assert [case["bf16_activations"] for case in results["cases"]] == [False, False, True, True]
+    # The same path but for the activations; CPU trains without autocast, where they stay float32: the same loss
+    # (tests/train/test_bf16_activations.py compares them under autocast).
+    assert (cases[("distill", "fast-bf16-activations")]["losses"]
+            == cases[("distill", "fast-whole-blocks-bf16-teacher")]["losses"])
+    assert "| distill | 2x64 | fast-bf16-activations |" in (tmp_path / "train.md").read_text()
+
+
 @pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
 def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2

@@ -147,19 +147,26 @@ def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher,
         assert torch.equal(expected[name], actual[name]), name
 
 
-def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tiny_teacher, tmp_path):
+def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tiny_teacher, tmp_path, capsys):
     """`teacher_bf16` holds the frozen teacher of stages 1-2 in bf16: the first step's losses move by bf16 rounding
     only (stage 1: the same twins and batch; stage 2: the same batch, from twins that differ by as much), 2^-8
     relative per activation through two blocks, where 5% is far above that and far below the losses' own changes
-    over the run; and the setting enters each stage's hash only when it is on."""
+    over the run; and the setting enters each stage's hash only when it is on. The same run sets
+    `distill.bf16_activations` (the hybrid's activations in bf16 under autocast, which CPU trains without: no effect
+    here; its numerics under autocast: tests/train/test_bf16_activations.py): the stage says so, hashes it, and
+    saves float32 weights."""
     stop = ["--until-stage", "distill"]
     plain, half = tmp_path / "plain", tmp_path / "half"
     assert main(convert_args(tiny_teacher, plain, *stop)) == 0
     assert main(convert_args(tiny_teacher, half, *stop, "--set", "align.teacher_bf16=true",
-                             "--set", "distill.teacher_bf16=true")) == 0
+                             "--set", "distill.teacher_bf16=true", "--set", "distill.bf16_activations=true")) == 0
+    assert "[distill] activations: bf16 under autocast" in capsys.readouterr().out
+    weights = load_file(next(half.glob("*-distill")) / "student.safetensors")
+    assert all(tensor.dtype == torch.float32 for tensor in weights.values())
     for stage in ("align", "distill"):
         before, after = manifest(plain, stage), manifest(half, stage)
         assert "teacher_bf16" not in before["settings"]["budget"] and after["settings"]["budget"]["teacher_bf16"] is True
+        assert after["settings"]["budget"].get("bf16_activations", False) == (stage == "distill")
         first, first_half = before["results"]["first"]["loss"], after["results"]["first"]["loss"]
         assert math.isfinite(first_half) and first_half == pytest.approx(first, rel=0.05), stage
         assert first_half != first, f"{stage}: the bf16 teacher was not used"

@@ -63,6 +63,7 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("selection.niah_max_new_tokens=0", "selection.niah_max_new_tokens must be >= 1, got 0"),
     ("preset=paper", "unknown setting 'preset'"),
     ("distill.lr", "is not of the form section.field=value"),
+    ("align.bf16_activations=true", "align.bf16_activations: the alignment trains single mixers"),
 ])
 def test_bad_set_values_are_one_clear_error(setting, message):
     with pytest.raises(ValueError) as error:

@@ -171,12 +171,12 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
-    # does leaving out `align_documents` and `teacher_bf16` while they are off or unset (fields added later; on, they
-    # change the training windows or the teacher's targets; `hyla convert` resolves an unset teacher_bf16 for its
-    # device before hashing).
+    # does leaving out `align_documents`, `teacher_bf16` and `bf16_activations` while they are off or unset (fields
+    # added later; on, they change the training windows, the teacher's targets or the student's rounding; `hyla
+    # convert` resolves an unset teacher_bf16 for its device before hashing).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
                   "data_parallel", "batched_twins", "whole_blocks")
-    off_by_default = ("align_documents", "teacher_bf16")
+    off_by_default = ("align_documents", "teacher_bf16", "bf16_activations")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}
     aligned = apply_overrides(make_plan("smoke", 1_000_000), ["distill.align_documents=true"])
@@ -184,5 +184,8 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     half = apply_overrides(make_plan("smoke", 1_000_000), ["align.teacher_bf16=true"])
     assert half.align.settings()["teacher_bf16"] is True
     assert stage_settings(half, request)["align"] != stage_settings(plan, request)["align"]
+    rounded = apply_overrides(make_plan("smoke", 1_000_000), ["distill.bf16_activations=true"])
+    assert rounded.distill.settings()["bf16_activations"] is True
+    assert stage_settings(rounded, request)["distill"] != stage_settings(plan, request)["distill"]
     changed = apply_overrides(make_plan("smoke", 1_000_000), ["distill.seq_len=64"])
     assert stage_settings(changed, request)["distill"] != stage_settings(plan, request)["distill"]

@@ -20,15 +20,26 @@ import functools
 import statistics
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
 from hyla.bench.floors import LIGHTNING_CHUNK
 
 STAGES = ("align", "distill", "finetune")
-# Each path: (whole_blocks, teacher_bf16, batched twins); None = the stage's default on the device, as `hyla convert`
-# resolves it (hyla.train.fast: on CUDA whole blocks and the bf16 teacher). `eager` is the reference: every fast-path
-# part off, the default teacher. The named variants pin both settings:
+
+
+class PathSettings(NamedTuple):
+    """A path's stage settings; None = the stage's default on the device, as `hyla convert` resolves it
+    (hyla.train.fast: on CUDA whole blocks and the bf16 teacher)."""
+
+    whole_blocks: bool | None
+    teacher_bf16: bool | None
+    batched_twins: bool = False
+    bf16_activations: bool = False
+
+
+# `eager` is the reference: every fast-path part off, the default teacher. The named variants pin their settings:
 # fast-split-blocks: Lightning's fla call outside the compiled graphs (each block compiled in five pieces), the
 #   float32 teacher under autocast (the fast path until 2026-12-03).
 # fast-bf16-teacher: split blocks, the frozen teacher in bf16 (align.teacher_bf16, distill.teacher_bf16).
@@ -37,21 +48,37 @@ STAGES = ("align", "distill", "finetune")
 #   (`choose_alignment_path(whole_twins=True)`); the float32 teacher. fast-whole-blocks-bf16-teacher: and the bf16
 #   teacher (the default on CUDA).
 # fast-batched[-bf16-teacher]: stage 1's batched twins (align.batched_twins); align cases only.
+# fast-bf16-activations: the default on CUDA (whole blocks, bf16 teacher) with the trained hybrid's activations in
+#   bf16 (distill.bf16_activations, finetune.bf16_activations); distill and finetune cases only.
 PATH_SETTINGS = {
-    "eager": (False, None, False),
-    "fast": (None, None, False),
-    "fast-split-blocks": (False, False, False),
-    "fast-bf16-teacher": (False, True, False),
-    "fast-whole-blocks": (True, False, False),
-    "fast-whole-blocks-bf16-teacher": (True, True, False),
-    "fast-batched": (False, False, True),
-    "fast-batched-bf16-teacher": (False, True, True),
+    "eager": PathSettings(False, None),
+    "fast": PathSettings(None, None),
+    "fast-split-blocks": PathSettings(False, False),
+    "fast-bf16-teacher": PathSettings(False, True),
+    "fast-whole-blocks": PathSettings(True, False),
+    "fast-whole-blocks-bf16-teacher": PathSettings(True, True),
+    "fast-batched": PathSettings(False, False, batched_twins=True),
+    "fast-batched-bf16-teacher": PathSettings(False, True, batched_twins=True),
+    "fast-bf16-activations": PathSettings(True, True, bf16_activations=True),
 }
 PATHS = tuple(PATH_SETTINGS)
-BATCHED_PATHS = tuple(path for path, (_, _, batched) in PATH_SETTINGS.items() if batched)
-# Paths with a bf16 teacher by name: stage 3 has no teacher (a float32 one pinned is no teacher there either).
-TEACHER_PATHS = tuple(path for path, (_, bf16, _) in PATH_SETTINGS.items() if bf16)
+BATCHED_PATHS = tuple(path for path, settings in PATH_SETTINGS.items() if settings.batched_twins)
 TEACHER_STAGES = ("align", "distill")
+HYBRID_STAGES = ("distill", "finetune")  # the stages that train the whole hybrid
+
+
+def path_measures_stage(path: str, stage: str) -> bool:
+    """Whether `path` is timed in `stage`: the batched twins are stage 1's; the bf16 activations the hybrid's (stages
+    2-3); a bf16 teacher by name needs a teacher (stages 1-2: a float32 one pinned is no teacher in stage 3
+    either)."""
+    settings = PATH_SETTINGS[path]
+    if settings.batched_twins:
+        return stage == "align"
+    if settings.bf16_activations:
+        return stage in HYBRID_STAGES
+    return stage in TEACHER_STAGES or not settings.teacher_bf16
+
+
 # SmolLM2-135M's sizes (its GGUF / HF config) and the attention layers HALO chose for it.
 SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                     num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192, rope_theta=100000.0,
@@ -179,15 +206,16 @@ class _Built:
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
            compile: bool = False, batched: bool = False, teacher_bf16: bool = False,
-           whole_twins: bool = False) -> _Built:
+           whole_twins: bool = False, bf16_activations: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
-    chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16`: the
-    stage's `teacher_bf16` setting."""
+    chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16` and
+    `bf16_activations`: the stage's settings of those names."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
     from hyla.convert.align_batched import choose_alignment_path
     from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
+    from hyla.models.modeling import use_autocast_activations
     from hyla.models.transfer import to_hypenet
 
     teacher = to_hypenet(hf_teacher, attention_rope=True).to(device).eval()
@@ -202,6 +230,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         return _Built(twins, path.loss_fn, list(twins.twins), list(teacher.model.layers) if teacher_bf16 else [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
+    use_autocast_activations(student, bf16_activations)
     if case.stage == "distill":
         loss_fn = functools.partial(distill_loss, fused=fused_loss)
         return _Built(StudentWithTeacher(student, teacher), loss_fn, list(student.model.layers),
@@ -214,12 +243,12 @@ def _fast_path(path: str, stage: str, device: torch.device):
     """The fast-path settings and the teacher's precision `path` runs `stage` with on `device`."""
     from hyla.train.fast import EAGER, resolve_fast_path, resolve_teacher_bf16
 
-    whole_blocks, teacher_bf16, _ = PATH_SETTINGS[path]
-    teacher_bf16 = stage in TEACHER_STAGES and resolve_teacher_bf16(teacher_bf16, device)
+    settings = PATH_SETTINGS[path]
+    teacher_bf16 = stage in TEACHER_STAGES and resolve_teacher_bf16(settings.teacher_bf16, device)
     if path == "eager":
         return EAGER, teacher_bf16
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                             device=device, whole_blocks=whole_blocks), teacher_bf16
+                             device=device, whole_blocks=settings.whole_blocks), teacher_bf16
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
@@ -236,15 +265,17 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     counters = torch._dynamo.utils.counters
     counters.clear()
     fast, teacher_bf16 = _fast_path(path, case.stage, torch.device(settings.device))
+    bf16_activations = PATH_SETTINGS[path].bf16_activations and case.stage in HYBRID_STAGES
     with chunk_kernel_as_custom_op(fast.whole_blocks):
-        result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16)
+        result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16,
+                               bf16_activations)
     result["compiled"] = {"graphs": counters["stats"]["unique_graphs"],
                           "graph_breaks": sum(counters["graph_break"].values())}
     return result
 
 
 def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings,
-                  fast, teacher_bf16: bool) -> dict:
+                  fast, teacher_bf16: bool, bf16_activations: bool) -> dict:
     from hyla.bench.timing import peak_memory_gib, reset_peak_memory
     from hyla.compile import compile_blocks
     from hyla.train.distributed import Distributed
@@ -257,7 +288,8 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
-                   batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks)
+                   batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks,
+                   bf16_activations=bf16_activations)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
@@ -293,6 +325,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     rate = peak_flops(device)
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
               "fast_path": fast.as_dict(), "whole_blocks": fast.whole_blocks, "teacher_bf16": teacher_bf16,
+              "bf16_activations": bf16_activations,
               "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,
@@ -420,10 +453,8 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
                "peak_flops": peak_flops(device), "cases": [], "losses": []}
     for case in settings.cases:
         for path in settings.paths:
-            if path in BATCHED_PATHS and case.stage != "align":
-                continue  # batched twins are stage 1's; the other stages' fast path is "fast"
-            if path in TEACHER_PATHS and case.stage not in TEACHER_STAGES:
-                continue  # stage 3 has no teacher
+            if not path_measures_stage(path, case.stage):
+                continue
             print(f"{case.label} {path}", flush=True)
             try:
                 results["cases"].append(measure_case(case, path, hf_teacher, plan, attention_layers, settings))

@@ -59,6 +59,13 @@ class StageBudget:
     # (hyla.train.fast.resolve_teacher_bf16); measured on an H200 with whole blocks (`hyla bench train`,
     # docs/results/train-speed.md): alignment 594K tokens/s against 400K with split blocks.
     teacher_bf16: bool | None = None
+    # Stages 2-3: the trained hybrid's activations in bf16 under the stage's bf16 autocast, the residual stream from
+    # the embeddings on and every RMSNorm's output (hyla.models.modeling.use_autocast_activations), where float32
+    # weights and embeddings otherwise promote them to float32. Weights, gradients and AdamW stay float32. Changes
+    # the result by bf16 rounding of activations and of the backward pass's residual gradient (in the stage's hash);
+    # no effect on CPU, which trains without autocast. Off until measured on a GPU (`hyla bench train --paths
+    # fast,fast-bf16-activations`).
+    bf16_activations: bool = False
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
     # fsdp (hyla.train.parallel). Speed and memory only.
@@ -76,7 +83,7 @@ class StageBudget:
         `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be
         resumed with them switched either way, and earlier runs keep their hash)."""
         settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
-        for name in ("align_documents", "teacher_bf16"):
+        for name in ("align_documents", "teacher_bf16", "bf16_activations"):
             if not settings[name]:  # earlier runs keep their hash (None: the device's default)
                 del settings[name]
         return settings
@@ -394,6 +401,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).checkpoint_activations:
             raise ValueError(f"{name}.checkpoint_activations: the alignment trains each layer pair on its own and "
                              f"keeps little; set it for distill or finetune")
+        if getattr(plan, name).bf16_activations:
+            raise ValueError(f"{name}.bf16_activations: the alignment trains single mixers, not the hybrid's "
+                             f"residual stream; set it for distill or finetune")
     _check_mixer_options(plan.model)
     if plan.finetune_skipped and plan.data.long_sources:
         raise ValueError("finetune.tokens=0 skips stage 3, the only reader of data.long_sources "

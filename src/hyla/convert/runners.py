@@ -22,6 +22,7 @@ from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, trainin
 from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
+from hyla.models.modeling import use_autocast_activations
 from hyla.models.transfer import to_hypenet
 from hyla.ops.lightning import chunk_kernel_as_custom_op
 from hyla.train import LoopSettings, OptimSettings, run_training
@@ -356,6 +357,9 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
     student = load_student(run, weights_stage)
     # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
     prepared = prepare(student) if prepare is not None else None
+    if budget.bf16_activations:
+        use_autocast_activations(student)
+        run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget)
     summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),

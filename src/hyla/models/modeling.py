@@ -135,6 +135,9 @@ class HypeNetModel(HypeNetPreTrainedModel):
         self.gradient_checkpointing = False
         # What a call that passes no inference options runs with (not saved: the config holds none).
         self.inference_options = DEFAULT_OPTIONS
+        # Under autocast, the residual stream in the autocast dtype from the embeddings on (a training setting, not
+        # saved: `use_autocast_activations`); False: in the embeddings' dtype, float32 for float32 weights.
+        self.autocast_activations = False
         self.post_init()
 
     def _context(self, hidden_states, attention_mask, position_ids, cache, cu_seqlens,
@@ -183,6 +186,9 @@ class HypeNetModel(HypeNetPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        device_type = hidden_states.device.type
+        if self.autocast_activations and torch.is_autocast_enabled(device_type):
+            hidden_states = hidden_states.to(torch.get_autocast_dtype(device_type))
         use_cache = self.config.use_cache if use_cache is None else use_cache
         if use_cache and past_key_values is None and not self.training:
             past_key_values = HybridCache(self.config.layer_types)
@@ -281,3 +287,15 @@ class HypeNetForCausalLM(HypeNetPreTrainedModel, GenerationMixin):
                 logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100
             )
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
+
+
+def use_autocast_activations(model: HypeNetForCausalLM | HypeNetModel, enabled: bool = True) -> None:
+    """Train `model` with its activations in the autocast dtype (bf16 under the training stages' autocast): the
+    residual stream from the embeddings on, and every RMSNorm's output (the block norms, the mixers' q/k and output
+    norms), instead of float32 wherever a float32 weight or the float32 embeddings promote them. Weights, their
+    gradients and the optimizer stay float32; outside autocast a model of one dtype computes as before."""
+    inner = model.model if isinstance(model, HypeNetForCausalLM) else model
+    inner.autocast_activations = enabled
+    for module in inner.modules():
+        if isinstance(module, RMSNorm):
+            module.keep_input_dtype = enabled
