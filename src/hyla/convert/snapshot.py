@@ -138,14 +138,15 @@ def snapshot(request: SnapshotRequest, log=print) -> dict[str, Any]:
         check_weights_file(stages[name].path / file_name, name)
     options = recorded_build_options(manifests)
     recorded_teacher = manifests[request.stage]["teacher"]
-    check_teacher(recorded_teacher, teacher_fingerprint(load_teacher_config(request.teacher)), request)
+    config = load_teacher_config(request.teacher)
+    check_teacher(recorded_teacher, teacher_fingerprint(config), request)
     results = manifests[request.stage]["results"]
     scaling = "off" if request.attention_logit_scaling_a is None else f"{request.attention_logit_scaling_a:g}"
     log(f"snapshot: the {request.stage} stage of {request.run} ({results.get('steps')} steps, "
         f"{results.get('tokens', 0):,} tokens{', skipped: the distilled weights' if results.get('skipped') else ''}); "
         f"attention at {manifests['select']['results']['chosen']}, "
         f"{', '.join(f'{key} {value}' for key, value in options.items())}, logit scaling {scaling} -> {request.to}")
-    hf_teacher, tokenizer = load_teacher(request.teacher)
+    hf_teacher, tokenizer = load_teacher(request.teacher, config=config)
     check_teacher(recorded_teacher, teacher_fingerprint(hf_teacher), request)
     student = stage_student(hf_teacher, stages, request.stage, **options,
                             attention_logit_scaling_a=request.attention_logit_scaling_a).float()
