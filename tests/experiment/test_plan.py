@@ -38,6 +38,23 @@ def test_a_matrix_makes_one_job_per_combination(tmp_path, write_plan):
     assert plan.jobs["niah-main-SK2"].run[4:] == ("/r/m", "--tasks", "SK2", "--x", "/r")
 
 
+def test_when_leaves_a_job_or_a_combination_out_of_the_plan(tmp_path, write_plan):
+    path = write_plan([
+        job("convert"),
+        job("snapshot", needs=["convert"], when="${stage_evals}"),
+        {"name": "niah-${model}", "when": "${model.when}", "matrix": {"model": [
+            {"name": "main", "when": "true"}, {"name": "distill", "when": "${stage_evals}"}]},
+         "run": ["python", "-c", "${model}"]},
+        job("report", after=["*"])],
+        variables={"stage_evals": True})
+    assert list(load_plan(path, tmp_path).jobs) == ["convert", "snapshot", "niah-main", "niah-distill", "report"]
+    plan = load_plan(path, tmp_path, overrides=["stage_evals=false"])
+    assert list(plan.jobs) == ["convert", "niah-main", "report"] and plan.jobs["report"].after == ("convert",
+                                                                                                   "niah-main")
+    with pytest.raises(PlanError, match=r"job 1 \(a\): when must be true or false once substituted, got 'yes'"):
+        load_plan(write_plan([job("a", when="${x}")], variables={"x": "yes"}), tmp_path)
+
+
 def test_globs_in_after_and_the_escaped_dollar(tmp_path, write_plan):
     path = write_plan([job("train-a"), job("train-b"), job("report", "print('$${HOME}')", after=["*"])])
     plan = load_plan(path, tmp_path)

@@ -60,6 +60,7 @@ def test_labels_name_the_model_whatever_the_task_and_span():
     assert report.label_of("csr-abl-halo") == "abl-halo"
     assert report.label_of("niah-main-a500-SK3-short") == "main-a500"
     assert report.label_of("niah-gla-nope-eme") == "gla-nope-eme"
+    assert report.label_of("niah-distill-SK2-short") == "distill"  # the recipe plan's snapshot of stage 2
 
 
 def test_ablations_get_their_table_and_plot(tmp_path):

@@ -100,7 +100,8 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
             lengths = run[run.index("--lengths") + 1].split(",")
             cells |= {(name.split("-")[1], run[run.index("--tasks") + 1], length) for length in lengths}
     assert cells == {(model, task, length) for model in ("teacher", "main") for task in ("SK1", "SK2", "SK3")
-                     for length in ("4K", "16K", "32K", "64K")}
+                     for length in ("4K", "16K", "32K", "64K")} | {
+        ("distill", task, length) for task in ("SK1", "SK2") for length in ("4K", "16K")}
     for model in ("teacher", "main"):
         csr = plan.jobs[f"csr-{model}"].run
         assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
@@ -127,10 +128,28 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         options = _options_of(args)
         assert options == wanted[name], name
     # every job that waits for the conversion starts once it ends
-    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 15 <= plan.parallel
+    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 16 <= plan.parallel
     # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
     assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
     assert "teacher-hf" not in " ".join(command)
+
+
+def test_the_recipe_plan_evaluates_the_distilled_student_beside_the_final_model(tmp_path):
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path)
+    snapshot = build_parser().parse_args(list(plan.jobs["snapshot-distill"].run[1:]))
+    assert (snapshot.verb, snapshot.stage, snapshot.logit_scaling_a) == ("snapshot", "distill", None)
+    assert snapshot.out == tmp_path.resolve() / "main" and snapshot.to == tmp_path.resolve() / "main-distill"
+    assert snapshot.teacher == plan.jobs["convert"].run[plan.jobs["convert"].run.index("--teacher") + 1]
+    assert plan.jobs["snapshot-distill"].needs == ("convert",)
+    for task in ("SK1", "SK2"):
+        distill, main = plan.jobs[f"niah-distill-{task}-short"], plan.jobs[f"niah-main-{task}-short"]
+        assert distill.needs == ("snapshot-distill",)
+        # The final model's command on the snapshot: the same prompts (samples cache), lengths and settings.
+        renamed = (item.replace("/main/06-export", "/main-distill").replace("niah-main-", "niah-distill-")
+                   for item in main.run)
+        assert distill.run == tuple(renamed)
+    off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["stage_evals=false"])
+    assert set(plan.jobs) - set(off.jobs) == {"snapshot-distill", "niah-distill-SK1-short", "niah-distill-SK2-short"}
 
 
 def _options_of(args) -> dict:

@@ -6,6 +6,7 @@ converted seed-003 plan (three mixers at one budget and one data stage, stage 3 
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -67,7 +68,8 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     assert hyla_main(argv) == 0, (run / "runner.log").read_text()
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
-        "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report"}
+        "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report",
+        "snapshot-distill", "niah-distill-SK1-short"}
     stages = run / "main"
     data = json.loads((stages / "00-data" / "manifest.json").read_text())["results"]
     assert sorted(data["corpora"]) == ["long", "main", "scaling"]
@@ -77,8 +79,14 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     assert finetune["corpus"] == "long" and finetune["align_documents"]
     scaling = json.loads((stages / "05-scaling" / "manifest.json").read_text())["results"]
     assert scaling["source"] == "../00-data/scaling" and "c(L)" in scaling["loss_by_position"]
+    # The distilled student, snapshot before stage 3, as an evaluated model of its own beside the final one.
+    assert json.loads((run / "main-distill" / "snapshot.json").read_text())["stage"] == "distill"
     summary = json.loads((run / "report" / "summary.json").read_text())
-    assert set(summary["niah"]) == {"teacher", "main"} and "main" in summary["csr"]
+    assert set(summary["niah"]) == {"teacher", "main", "distill"} and "main" in summary["csr"]
+    assert set(summary["niah"]["distill"]["SK1"]) == set(summary["niah"]["main"]["SK1"]) == {"512"}
+    assert "| distill | SK1 |" in (run / "report" / "report.md").read_text()
+    with tarfile.open(run / "report" / "results.tar.xz") as archive:
+        assert "main-distill/snapshot.json" in archive.getnames()
     assert summary["alignment"]["main"]["twin_init"] == "lstsq"
     assert (run / "report" / "align.png").is_file()
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from hyla.convert.presets import PRESETS
 from hyla.convert.stages import STAGES
+from hyla.evals.cli import _scaling_a
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -16,13 +17,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="HALO: align Lightning twins, select attention layers, distil, fine-tune long, choose the "
         "logit scaling, export an HF folder. Resumable: rerun the same command to continue.",
     )
-    parser.add_argument("verb", nargs="?", choices=("run", "select", "reselect"), default="run",
+    parser.add_argument("verb", nargs="?", choices=("run", "select", "reselect", "snapshot"), default="run",
                         help="run: the whole pipeline (default); select: stop after layer selection (its report: "
                         "OUT/02-select/selection.json, .png); reselect: the noise-aware rule applied again to OUT's "
-                        "recorded selection scores, no scoring (OUT/reselect/, options below)")
+                        "recorded selection scores, no scoring (OUT/reselect/, options below); snapshot: a finished "
+                        "training stage's student as an HF model folder, from OUT's records, no training (options "
+                        "below)")
     parser.add_argument("--teacher", default=None,
                         help="HF folder, hub id, GGUF file, or alias (smollm2-135m); required but for reselect, "
-                        "where it measures the teacher's output energies for runs whose alignment did not log them")
+                        "where it measures the teacher's output energies for runs whose alignment did not log them; "
+                        "for snapshot, the teacher OUT was converted from (checked against its fingerprint)")
     parser.add_argument("--out", required=True, type=Path, help="output folder (stage folders + final model)")
     parser.add_argument("--preset", default="smoke", choices=PRESETS, help="budget preset (default: smoke)")
     parser.add_argument("--data", action="append", default=None,
@@ -45,6 +49,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     reselect.add_argument("--energy-batches", type=int, default=4)
     reselect.add_argument("--energy-shape", default="4x512", metavar="BATCHxSEQ")
     reselect.add_argument("--report-dir", type=Path, default=None, help="report folder (default OUT/reselect)")
+    snapshot = parser.add_argument_group("snapshot")
+    snapshot.add_argument("--stage", default=None,
+                          help="the finished stage whose student to write: distill (03-distill: before the long "
+                          "fine-tuning) or finetune (04-finetune: before the scaling stage chooses a)")
+    snapshot.add_argument("--to", type=Path, default=None,
+                          help="the model folder to write (new, or empty; outside OUT), whole or not at all")
+    snapshot.add_argument("--logit-scaling-a", type=_scaling_a, default=None, metavar="A|off",
+                          help="the attention logit scaling constant saved in the model (default off: stages 2 and "
+                          "3 train without it; the scaling stage chooses a after them)")
     parser.set_defaults(handler=_run)
 
 
@@ -53,6 +66,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.verb == "reselect":
         return _reselect(args)
+    if args.verb == "snapshot":
+        return _snapshot(args)
     if args.teacher is None:
         raise ValueError("--teacher is required (HF folder, hub id, GGUF file, or alias such as smollm2-135m)")
     overrides = list(args.overrides)
@@ -81,4 +96,20 @@ def _reselect(args: argparse.Namespace) -> int:
     print(f"recorded {result['recorded_chosen']} | noise-aware (alignment tie-break) "
           f"{result['noise_aware_alignment_tie_break']} | noise-aware (raw-s tie-break) "
           f"{result['noise_aware_halo_tie_break']}; wrote {result['out']}")
+    return 0
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    from hyla.convert.snapshot import SnapshotRequest, snapshot
+
+    for flag, value in (("--stage", args.stage), ("--to", args.to)):
+        if value is None:
+            raise ValueError(f"snapshot needs {flag} (hyla convert snapshot --out RUN --stage distill --to DIR "
+                             f"--teacher SPEC)")
+    result = snapshot(SnapshotRequest(run=args.out, stage=args.stage, to=args.to, teacher=args.teacher,
+                                      attention_logit_scaling_a=None if args.logit_scaling_a == "off"
+                                      else args.logit_scaling_a))
+    layers = result["layer_types"]
+    print(f"wrote {result['to']}: the {result['stage']} stage's student ({layers.count('attention')} attention layers "
+          f"of {len(layers)})")
     return 0

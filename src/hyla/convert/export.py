@@ -39,16 +39,23 @@ def model_card(report: dict) -> str:
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
         f"- the other layers: `{report['plan']['model']['rnn_mixer']}` (`model.rnn_mixer`)",
         f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
-        "| stage | steps | tokens | first loss | last loss |", "|---|---|---|---|---|",
+        *training_table(stages, ("align", "distill", "finetune")),
+        "", "The full report is in `conversion.json`.", "",
     ]
-    for name in ("align", "distill", "finetune"):
+    return "\n".join(lines)
+
+
+def training_table(stages: dict, names) -> list[str]:
+    """A model card's markdown table of the training stages `names`: steps, tokens, first and last loss (`stages`:
+    each stage's manifest results)."""
+    lines = ["| stage | steps | tokens | first loss | last loss |", "|---|---|---|---|---|"]
+    for name in names:
         result = stages.get(name, {})
         lines.append(
             f"| {name} | {result.get('steps')} | {result.get('tokens', 0):,} | "
             f"{result.get('first', {}).get('loss', float('nan')):.4g} | {result.get('last', {}).get('loss', float('nan')):.4g} |"
         )
-    lines += ["", "The full report is in `conversion.json`.", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def run_export(run: Run, stage: Stage) -> dict:

@@ -132,21 +132,26 @@ EXTRA_CORPUS = {"finetune": "long", "scaling": "scaling"}
 def check_stage_inputs(run: Run, name: str) -> None:
     """Stop with one line naming the file and the stage to redo when an input of stage `name` is missing or damaged,
     before the stage's folder is made."""
-    from safetensors import SafetensorError, safe_open
-
     if name in READS_CORPUS:
         run.corpus()
     if name in EXTRA_CORPUS:
         run.extra_corpus(EXTRA_CORPUS[name])
     for source, file_name in STAGE_INPUTS.get(name, ()):
-        path = run.stages[source].path / file_name
-        try:
-            with safe_open(str(path), "pt"):
-                pass
-        except (SafetensorError, OSError) as err:
-            state = "missing" if not path.exists() else f"damaged or truncated ({err})"
-            raise ValueError(f"{path} (the {source} stage's output) is {state}; rerun with --from-stage {source}") \
-                from None
+        check_weights_file(run.stages[source].path / file_name, source)
+
+
+def check_weights_file(path: Path, source: str) -> None:
+    """One line naming the stage to redo when `path`, a safetensors file the stage `source` wrote, is missing or
+    damaged (its header is read, not its tensors)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except (SafetensorError, OSError) as err:
+        state = "missing" if not path.exists() else f"damaged or truncated ({err})"
+        raise ValueError(f"{path} (the {source} stage's output) is {state}; rerun with --from-stage {source}") \
+            from None
 
 
 def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
@@ -345,11 +350,21 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
 def load_student(run: Run, weights_stage: str | None, **config_fields) -> Any:
     """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins);
     `config_fields` on top of the plan's (the export's chosen attention_logit_scaling_a)."""
-    chosen = run.stages["select"].read_manifest()["results"]["chosen"]
-    student = run.build_student(chosen, **config_fields)
-    if weights_stage is not None:
-        load_weights(student, run.stages[weights_stage].path / "student.safetensors")
+    student = stage_student(run.hf_teacher, run.stages, weights_stage, rnn_mixer=run.plan.model.rnn_mixer,
+                            **run.plan.student_options(), **config_fields)
     return student.to(run.env.device).float()
+
+
+def stage_student(hf_teacher, stages: dict[str, Stage], weights_stage: str | None, **build_options) -> Any:
+    """The hybrid with attention where the select stage chose and the align stage's twins elsewhere, with the weights
+    `weights_stage` saved (None: as built), on the teacher's device. `build_options`: `build_student`'s (rnn_mixer, the
+    student options the run was made with, more config fields). It reads the stage folders and no plan, so that
+    `hyla convert snapshot` builds a stage's student from what the run recorded."""
+    chosen = stages["select"].read_manifest()["results"]["chosen"]
+    student = build_student(hf_teacher, chosen, stages["align"].path / "twins.safetensors", **build_options)
+    if weights_stage is not None:
+        load_weights(student, stages[weights_stage].path / "student.safetensors")
+    return student
 
 
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,

@@ -25,7 +25,8 @@ A plan file holds:
   before, e.g. a report); `kind` ("train" takes a train slot and, after running out
   of GPU memory, runs once more alone; "data", "eval", "check": labels); `env`; `matrix` (one job per combination of
   its axes' values, e.g. `{"task": ["SK1", "SK2"]}` and a name `niah-${task}`; an axis of objects gives their
-  fields as `${axis.field}`).
+  fields as `${axis.field}`); `when` (true or false once substituted, e.g. `"${stage_evals}"`: false leaves the job,
+  or that combination of its matrix, out of the plan).
 
 In a job's arguments, `${name}` is replaced by its value; an argument that is exactly `${name}` of a list becomes
 that many arguments (none for an empty list); inside a longer string a list is joined with commas. `$$` is a `$`.
@@ -51,7 +52,8 @@ from hyla.experiment.substitution import PlanError, arguments, bind, finish, sub
 KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
 _TOP_KEYS = {"name", "description", "variables", "settings", "env", "profiles", "jobs", "report"}
-_JOB_KEYS = {"name", "needs", "after", "checked_by", "kind", "env", "matrix", "always", "description", *ACTIONS}
+_JOB_KEYS = {"name", "needs", "after", "checked_by", "kind", "env", "matrix", "always", "when", "description",
+             *ACTIONS}
 _SETTINGS = {"parallel": 14, "train_slots": 4}
 _BUILT_IN = ("run", "plan_dir", "python")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -303,11 +305,24 @@ def _expand_jobs(entries: list, variables: dict, where: str) -> dict[str, Job]:
         plain = _lookup_in(variables, {})
         for binding in _matrix(entry.get("matrix"), label):
             binding = {axis: bind(value, plain, f"{label}: matrix") for axis, value in binding.items()}
+            if not _wanted(entry, _lookup_in(variables, binding), label):
+                continue
             job = _expand_one(entry, actions[0], kind, _lookup_in(variables, binding), label)
             if job.name in jobs:
                 raise PlanError(f"{where}: two jobs are named {job.name}")
             jobs[job.name] = job
     return jobs
+
+
+def _wanted(entry: dict, lookup, label: str) -> bool:
+    """The job's `when`, substituted: "true" (or no `when`) keeps it, "false" leaves it out of the plan."""
+    when = entry.get("when", True)
+    if isinstance(when, bool):
+        return when
+    value = substitute(str(when), lookup, f"{label}: when")
+    if value not in ("true", "false"):
+        raise PlanError(f"{label}: when must be true or false once substituted, got {value!r}")
+    return value == "true"
 
 
 def _expand_one(entry: dict, action: str, kind: str, lookup, label: str) -> Job:

@@ -33,6 +33,7 @@ STAGES = ["00-data", "01-align", "02-select", "03-distill", "04-finetune", "05-s
 TARBALL_PATTERNS = [
     "evals/*/*.json", "evals/*/*.png", "*/0*-*/manifest.json", "*/0*-*.stage/manifest.json", "*/0*-*/metrics.jsonl",
     "*/02-select/selection.json", "*/02-select/scores.partial.json", "*/02-select/selection.png", "*/05-scaling/scaling.png", "*/06-export/conversion.json", "*/06-export/config.json",
+    "*/snapshot.json",
     "*/teacher-check.json", "*/metrics.jsonl", "*/*/metrics.jsonl", "*/model/training.json", "*/*/model/training.json",
     "*/model/config.json", "*/*/model/config.json", "*/manifest.json", "*/*/manifest.json", "plan.json",
     "status.json", "runner.log", "logs/*.log"]
