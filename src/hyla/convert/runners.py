@@ -75,7 +75,11 @@ class Run:
     def build_student(self, attention_layers: list[int], **config_fields):
         """The hybrid with attention at `attention_layers` and the stage-1 twins elsewhere (not yet on the device)."""
         return build_student(self.hf_teacher, attention_layers, self.stages["align"].path / "twins.safetensors",
-                             rnn_mixer=self.plan.model.rnn_mixer, **self.plan.student_options(), **config_fields)
+                             **self.student_build_options(), **config_fields)
+
+    def student_build_options(self) -> dict:
+        """`build_student`'s options of this plan: the RNN mixer and the student options."""
+        return {"rnn_mixer": self.plan.model.rnn_mixer, **self.plan.student_options()}
 
     def _data_results(self) -> dict:
         data = self.stages["data"]
@@ -350,8 +354,7 @@ def load_twins(run: Run) -> dict[int, torch.nn.Module]:
 def load_student(run: Run, weights_stage: str | None, **config_fields) -> Any:
     """The hybrid of the selected layout, with the weights a training stage saved (or fresh from the stage-1 twins);
     `config_fields` on top of the plan's (the export's chosen attention_logit_scaling_a)."""
-    student = stage_student(run.hf_teacher, run.stages, weights_stage, rnn_mixer=run.plan.model.rnn_mixer,
-                            **run.plan.student_options(), **config_fields)
+    student = stage_student(run.hf_teacher, run.stages, weights_stage, **run.student_build_options(), **config_fields)
     return student.to(run.env.device).float()
 
 
