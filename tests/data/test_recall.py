@@ -1,5 +1,6 @@
-"""Synthetic recall documents (`recall:SPEC`, `recall-long:SPEC`): facts, question and answer agree; lengths; seeds;
-long values and their kinds; the source spec; existing specs unchanged."""
+"""Synthetic recall documents (`recall:SPEC`, `recall-long:SPEC`, `recall-lead:SPEC`): facts, question and answer
+agree; lengths; seeds; long values and their kinds; lead lines and answers found by the key; the source spec;
+existing specs unchanged."""
 
 from __future__ import annotations
 
@@ -189,7 +190,7 @@ def test_long_spec_forms_and_errors(tmp_path):
                 "recall-long@5:stdlib", "recall-repeat-long-long:stdlib"):
         with pytest.raises(ValueError, match="recall"):
             parse_recall_spec(bad)
-    with pytest.raises(ValueError, match=r"recall\[-repeat\]\[-long\]"):
+    with pytest.raises(ValueError, match=r"recall\[-repeat\]\[-lead\]\[-long\]"):
         open_source("recall-long-repeat:stdlib")  # the recall forms named, not "source not found"
     (tmp_path / "a.txt").write_text(PROSE)
     source = open_source(f"recall-repeat-long@1000-2000:{tmp_path / 'a.txt'}")
@@ -254,3 +255,66 @@ def test_a_drawn_value_shaped_like_a_uuid_or_out_of_range_is_drawn_again():
     drawn = iter(["0f8fad5b-d9cb-469f-a165-70867728950e", "X-0F8FAD5B-D9CB-469F-A165-70867728950E", "short",
                   "a" * 49, "KX7-48QZT1M0W9B2C6RJ"])
     assert long_value(random.Random(0), lambda rng: next(drawn)) == "KX7-48QZT1M0W9B2C6RJ"
+
+
+def _words_in_common_at_the_end(first: str, second: str) -> int:
+    count = 0
+    for a, b in zip(reversed(first.split()), reversed(second.split())):
+        if a != b:
+            break
+        count += 1
+    return count
+
+
+@pytest.mark.parametrize("repeat,long_values", [(False, False), (True, False), (False, True)])
+def test_lead_documents_open_with_a_keyless_line_and_answer_only_by_the_key(repeat, long_values):
+    source = iter([PROSE]) if repeat else texts()
+    docs = list(recall_documents(source, seed=0, min_chars=1000, max_chars=3000, repeat=repeat,
+                                 long_values=long_values, lead=True))
+    assert len(docs) > 50
+    leads, answers = set(), set()
+    for doc in docs:
+        body, qa = doc.text.rsplit("\n\n", 1)
+        question, answer = qa.split("\n")
+        key, value = doc.keys[doc.asked], doc.values[doc.asked]
+        assert question.startswith("Question: ") and key in question and doc.kind in question
+        assert answer.startswith("Answer: ") and answer.endswith(f" is {value}.") and key in answer
+        lines = body.split("\n")
+        lead = lines[0]
+        # the lead line names the kind and says " is ", names no key and gives no value
+        assert doc.kind in lead and " is " in lead
+        assert not any(re.search(rf"\b{k}\b", lead) for k in doc.keys)
+        assert not any(v in lead for v in doc.values)
+        leads.add(lead.replace(doc.kind, "KIND"))
+        facts = [line for line in lines[1:] if any(re.search(rf"\b{k}\b", line) for k in doc.keys)]
+        assert len(facts) == len(doc.keys)
+        [fact] = [line for line in facts if re.search(rf"\b{key}\b", line)]
+        assert fact.endswith(f" {value}.") and doc.kind in fact
+        # before its value the answer is no fact's sentence and ends like none: the last word ("is") at most
+        prefix = answer.removeprefix("Answer: ")[: -len(f" {value}.")]
+        for line, val in zip(facts, doc.values):
+            assert prefix not in line
+            assert _words_in_common_at_the_end(prefix, line[: -len(f" {val}.")]) <= 1, (prefix, line)
+        # the haystack is the variant's own: the lines that are neither lead nor fact
+        haystack = [line for line in lines[1:] if line not in facts]
+        assert len(set(haystack)) == 1 if repeat else all(line in LINES for line in haystack)
+        answers.add(re.sub(rf"\b{key}\b", "KEY", prefix.replace(doc.kind, "KIND")))
+        assert "special magic" not in doc.text and "hidden within" not in doc.text  # not RULER's wording
+    assert len(leads) == 4 and len(answers) == 4  # every lead line and answer wording is drawn
+
+
+def test_lead_spec_forms_are_seeded_and_leave_the_other_variants_unchanged(tmp_path):
+    spec = parse_recall_spec("recall-repeat-lead-long@300-900:wordnet")
+    assert (spec.inner, spec.min_chars, spec.max_chars, spec.repeat, spec.lead, spec.long_values) == (
+        "wordnet", 300, 900, True, True, True)
+    assert parse_recall_spec("recall-lead:stdlib").lead and not parse_recall_spec("recall-long:stdlib").lead
+    for bad in ("recall-lead-repeat:stdlib", "recall-long-lead:stdlib", "recall-lead-lead:stdlib", "recall-lead:"):
+        with pytest.raises(ValueError, match=r"recall\[-repeat\]\[-lead\]\[-long\]"):
+            parse_recall_spec(bad)
+    first = [d.text for d in recall_documents(texts(), seed=3, min_chars=1000, max_chars=3000, lead=True)]
+    assert first == [d.text for d in recall_documents(texts(), seed=3, min_chars=1000, max_chars=3000, lead=True)]
+    assert first != [d.text for d in recall_documents(texts(), seed=4, min_chars=1000, max_chars=3000, lead=True)]
+    (tmp_path / "a.txt").write_text(PROSE)
+    source = open_source(f"recall-repeat-lead@1000-2000:{tmp_path / 'a.txt'}")
+    assert "one repeated passage, a lead line, answers found by the key)" in source.description
+    assert len(list(source.documents())) > 50

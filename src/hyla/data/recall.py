@@ -31,6 +31,18 @@ or holding RULER's UUID layout anywhere (8-4-4-4-12 hex, either case) is drawn a
 the kinds differ: haystacks, templates and question are those of `recall` and `recall-repeat`, whose documents this
 variant leaves unchanged. A value is 16-48 characters (29 on average) where a short one is 3-11 (7); docs/data.md,
 "Long values", has the cost per document and the command that measures it.
+
+`recall-lead:SPEC` (and `recall-repeat-lead`, `recall-lead-long`, `recall-repeat-lead-long`, each with an optional
+@MIN-MAX): documents in which the answer can only be found by its key. They open with a lead line that names the kind
+and says " is " but no key ("Every license key in these notes is written down once; keep each one in mind."), and the
+question and answer take one of four wordings in which words stand between the key and " is " ("Answer: The access
+code for Koravin, as written above, is 48213."), so that no answer sentence, before its value, is any fact's
+sentence or ends like one. A hybrid that continues the sentence most like its answer prefix instead of looking up the
+key answers with the rest of the lead line: RULER's prompt opens with such a sentence ("A special magic number is
+hidden within the following text."), and a converted hybrid answered " hidden within the following text?" in 20 of
+25 4K prompts (docs/log/2026-12-02-smollm2-135m-halo-sitting-e.md). In these documents the teacher's prediction of
+the answer, found by the key, is what a distillation asks for. The facts, haystacks and values are those of the
+variant without -lead.
 """
 
 from __future__ import annotations
@@ -45,13 +57,26 @@ from dataclasses import dataclass
 DEFAULT_CHARS = (2000, 14000)
 MAX_FACTS = 4
 REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
-_SPEC = re.compile(r"recall(-repeat)?(-long)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+_SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
               "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
 _FACT_TEMPLATES = ("The {kind} for {key} is {value}.", "Remember that {key} has the {kind} {value}.",
                    "Note: the {kind} of {key} is {value}.", "For the record, {key} uses the {kind} {value}.")
 _QUESTION = "Question: What is the {kind} for {key}?\nAnswer: The {kind} for {key} is {value}."
+# -lead: the line before the haystack (the kind and " is ", no key), and the question-answer pairs whose answer puts
+# words between the key and " is " (so that it never ends like a fact template before the value).
+_LEADS = ("Every {kind} in these notes is written down once; keep each one in mind.",
+          "The text below is ordinary, except that a {kind} is given here and there for a name.",
+          "Read carefully: each {kind} is stated only once in what follows.",
+          "Somewhere among the following lines, a {kind} is noted for one or more names.")
+_LEAD_QUESTIONS = (
+    "Question: What is the {kind} for {key} stated in the text above?\n"
+    "Answer: The {kind} for {key}, as written above, is {value}.",
+    "Question: Which {kind} does the text give for {key}?\nAnswer: For {key}, the {kind} given in the text is {value}.",
+    "Question: Look back through the notes. What {kind} belongs to {key}?\n"
+    "Answer: The {kind} belonging to {key}, as the notes say, is {value}.",
+    "Question: In the text above, what is {key}'s {kind}?\nAnswer: {key}'s {kind}, according to the text, is {value}.")
 
 
 def _digits(rng: random.Random, low: int, high: int) -> str:
@@ -134,17 +159,18 @@ class RecallSpec:
     max_chars: int = DEFAULT_CHARS[1]
     repeat: bool = False  # the haystack: one short passage repeated (recall-repeat), else consecutive text
     long_values: bool = False  # the values: long codes (LONG_KINDS, the -long variants), else short ones
+    lead: bool = False  # a lead line and an answer found only by the key (the -lead variants)
 
 
 def parse_recall_spec(spec: str) -> RecallSpec:
-    """`recall[-repeat][-long]:SPEC` or `recall[-repeat][-long]@MIN-MAX:SPEC` -> RecallSpec; ValueError with the
-    expected form otherwise."""
+    """`recall[-repeat][-lead][-long]:SPEC` or `recall[-repeat][-lead][-long]@MIN-MAX:SPEC` -> RecallSpec; ValueError
+    with the expected form otherwise."""
     match = _SPEC.fullmatch(spec)
-    if match is None or not match.group(5).strip():
-        raise ValueError(f"source {spec}: expected recall[-repeat][-long]:SPEC or "
-                         "recall[-repeat][-long]@MIN-MAX:SPEC (haystack characters; -repeat before -long)")
-    repeat, long_values, low, high, inner = match.groups()
-    flags = dict(repeat=bool(repeat), long_values=bool(long_values))
+    if match is None or not match.group(6).strip():
+        raise ValueError(f"source {spec}: expected recall[-repeat][-lead][-long]:SPEC or "
+                         "recall[-repeat][-lead][-long]@MIN-MAX:SPEC (haystack characters; the options in this order)")
+    repeat, lead, long_values, low, high, inner = match.groups()
+    flags = dict(repeat=bool(repeat), long_values=bool(long_values), lead=bool(lead))
     if low is None:
         return RecallSpec(inner, **flags)
     if not 0 < int(low) <= int(high):
@@ -161,9 +187,9 @@ class RecallDoc:
     asked: int  # index into keys/values of the fact the question asks for
 
 
-def make_document(haystack: str, rng: random.Random, *, long_values: bool = False) -> RecallDoc:
+def make_document(haystack: str, rng: random.Random, *, long_values: bool = False, lead: bool = False) -> RecallDoc:
     """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer;
-    `long_values`: a kind of LONG_KINDS."""
+    `long_values`: a kind of LONG_KINDS; `lead`: a lead line first and one of the lead variants' questions."""
     kind, value_of = rng.choice(LONG_KINDS if long_values else _KINDS)
     count = rng.randint(1, MAX_FACTS)
     keys: list[str] = []
@@ -177,7 +203,11 @@ def make_document(haystack: str, rng: random.Random, *, long_values: bool = Fals
         fact = rng.choice(_FACT_TEMPLATES).format(kind=kind, key=key, value=value)
         lines.insert(rng.randint(0, len(lines)), fact)
     asked = rng.randrange(count)
-    question = _QUESTION.format(kind=kind, key=keys[asked], value=values[asked])
+    if lead:
+        lines.insert(0, rng.choice(_LEADS).format(kind=kind))
+        question = rng.choice(_LEAD_QUESTIONS).format(kind=kind, key=keys[asked], value=values[asked])
+    else:
+        question = _QUESTION.format(kind=kind, key=keys[asked], value=values[asked])
     return RecallDoc("\n".join(lines).rstrip() + "\n\n" + question, kind, keys, values, asked)
 
 
@@ -203,12 +233,12 @@ def _passage(text: str, length: int) -> tuple[str, int]:
 
 def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
                      max_chars: int = DEFAULT_CHARS[1], repeat: bool = False,
-                     long_values: bool = False) -> Iterator[RecallDoc]:
+                     long_values: bool = False, lead: bool = False) -> Iterator[RecallDoc]:
     """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
     [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped.
     `repeat`: each haystack is instead a passage of 60-300 characters of `texts` (consecutive passages for
     consecutive documents) repeated one per line to the drawn length. `long_values`: the facts' values are long codes
-    (LONG_KINDS)."""
+    (LONG_KINDS). `lead`: a lead line and an answer found only by the key (`make_document`)."""
     rng = random.Random(f"hyla-recall-{seed}")
     pending = ""
     target = rng.randint(min_chars, max_chars)
@@ -225,6 +255,6 @@ def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAUL
                 cut = cut if cut > target // 2 else target
                 haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
             if haystack.strip():
-                yield make_document(haystack, rng, long_values=long_values)
+                yield make_document(haystack, rng, long_values=long_values, lead=lead)
             target = rng.randint(min_chars, max_chars)
             need = rng.randint(*REPEAT_CHARS) if repeat else target

@@ -10,6 +10,8 @@ Source specs (`hyla data prepare --source`):
 - `recall:SPEC` or `recall@MIN-MAX:SPEC`: synthetic recall documents (key-value facts and a question about one of
   them) built on the text of the source SPEC (see `hyla.data.recall`); `recall-repeat:...` the same with a haystack of
   one short passage repeated; `recall-long:...` and `recall-repeat-long:...` with values that are long codes;
+  `recall-lead:...` (and `recall-repeat-lead`, `recall[-repeat]-lead-long`) with a lead line and answers found only
+  by the key;
 - an offline text by name, `NAME` or `NAME:PATH` (`hotpotqa`, `aa-lcr`, `perl-doc`, `wordnet`, ...; see
   `hyla.data.offline`); a local folder of one of these names needs a path form (`./hotpotqa`);
 - `docs@A-B:SPEC`: documents A to B − 1 (counted from 0) of the source SPEC, e.g. to hold some out.
@@ -37,11 +39,12 @@ from hyla.data.generated import GenerationSettings
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
-                "'recall-repeat:SPEC', 'recall[-repeat]-long:SPEC', 'docs@A-B:SPEC' or an offline text name "
+                "'recall-repeat:SPEC', 'recall[-repeat][-lead]-long:SPEC', 'recall[-repeat]-lead:SPEC', "
+                "'docs@A-B:SPEC' or an offline text name "
                 "(hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
 _DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
-# recall, recall-repeat, recall-long, recall-repeat-long; a misspelt variant (recall-again:) gets the recall parser's
-# error naming the forms rather than "source not found"
+# recall, recall-repeat, recall-lead, recall-long, ... (hyla.data.recall); a misspelt variant (recall-again:) gets
+# the recall parser's error naming the forms rather than "source not found"
 _RECALL_PREFIX = re.compile(r"recall(-[a-z]+)*[@:]")
 
 
@@ -74,13 +77,15 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
         haystack = "of one repeated passage" if recall.repeat else "of haystack"
         low, high = LONG_VALUE_CHARS
         values = f", values of {low}-{high} characters" if recall.long_values else ""
+        values += ", a lead line, answers found by the key" if recall.lead else ""
         return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}{values}) "
                       f"on {inner.description}",
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
                                                                     min_chars=recall.min_chars,
                                                                     max_chars=recall.max_chars,
                                                                     repeat=recall.repeat,
-                                                                    long_values=recall.long_values)),
+                                                                    long_values=recall.long_values,
+                                                                    lead=recall.lead)),
                       record=inner.record)
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
