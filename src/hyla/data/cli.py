@@ -27,8 +27,8 @@ def _register_prepare(verbs: argparse._SubParsersAction) -> None:
                     "(.txt .md .rst .py, .jsonl[.gz] and .parquet records), 'stdlib' (the Python standard library, "
                     "offline), 'hf:NAME[:CONFIG][:SPLIT]' (streamed), 'teacher:SPEC' (sampled text) or "
                     "'recall:SPEC' / 'recall@MIN-MAX:SPEC' (key-value facts and a question about one of them, "
-                    "in MIN-MAX characters of SPEC's text; recall-repeat, recall-lead, recall-long and combined variants: "
-                    "docs/data.md).")
+                    "in MIN-MAX characters of SPEC's text; recall-repeat, recall-lead, recall-long and combined "
+                    "variants: docs/data.md).")
     add = prepare.add_argument
     add("--tokenizer", required=True, metavar="SPEC", help="teacher whose tokenizer to use (e.g. smollm2-135m)")
     add("--source", action="append", required=True, metavar="SRC",
