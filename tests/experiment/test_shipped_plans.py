@@ -101,7 +101,13 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
             cells |= {(name.split("-")[1], run[run.index("--tasks") + 1], length) for length in lengths}
     assert cells == {(model, task, length) for model in ("teacher", "main") for task in ("SK1", "SK2", "SK3")
                      for length in ("4K", "16K", "32K", "64K")} | {
-        ("distill", task, length) for task in ("SK1", "SK2") for length in ("4K", "16K")}
+        ("distill", task, length) for task in ("SK1", "SK2") for length in ("4K", "16K")} | {
+        ("compare", task, length) for task in ("SK1", "SK2", "SK3") for length in ("32K", "64K")}
+    # the final model's long cells again under a second a (compare_a), its own option on the same export
+    for task in ("SK1", "SK2", "SK3"):
+        compare, main = plan.jobs[f"niah-compare-{task}-long"].run, plan.jobs[f"niah-main-{task}-long"].run
+        assert compare[compare.index("--logit-scaling-a") + 1] == "5000" and "--logit-scaling-a" not in main
+        assert compare[compare.index("--model") + 1] == main[main.index("--model") + 1]
     for model in ("teacher", "main"):
         csr = plan.jobs[f"csr-{model}"].run
         assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
@@ -128,7 +134,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         options = _options_of(args)
         assert options == wanted[name], name
     # every job that waits for the conversion starts once it ends
-    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 16 <= plan.parallel
+    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 19 <= plan.parallel
     # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
     assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
     assert "teacher-hf" not in " ".join(command)
@@ -150,6 +156,8 @@ def test_the_recipe_plan_evaluates_the_distilled_student_beside_the_final_model(
         assert distill.run == tuple(renamed)
     off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["stage_evals=false"])
     assert set(plan.jobs) - set(off.jobs) == {"snapshot-distill", "niah-distill-SK1-short", "niah-distill-SK2-short"}
+    off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["compare_a_evals=false"])
+    assert set(plan.jobs) - set(off.jobs) == {f"niah-compare-{task}-long" for task in ("SK1", "SK2", "SK3")}
 
 
 def _options_of(args) -> dict:
