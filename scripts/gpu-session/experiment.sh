@@ -47,7 +47,8 @@
 # under $OUT, or print.
 # `WARM=1 ... part1` also starts, in the background, one step of each stage at the recipe's shapes on random weights
 # (`hyla bench train --paths fast`, WARM_CASES; WARM_PATHS=fast-whole-blocks for a plan that pins the float32
-# teacher): a fresh machine's compiler and fla's autotuning fill their on-disk
+# teacher; WARM_MIXERS="lightning gla gdn" for a plan that converts with each, in that order, one after the other:
+# GLA's first training step once took 286 s of fla autotuning): a fresh machine's compiler and fla's autotuning fill their on-disk
 # caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
 # stage-1 first step took 148 s fresh; a warm cache's, 37 s). $keep/warm.log; every `collect` prints its last line.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
@@ -93,10 +94,16 @@ smoke_status() {
 
 start_warm() {  # the stages' first steps compiled and autotuned in the background (outlives the call)
   rm -rf $keep/warm && mkdir -p $keep/warm && cp -r src $keep/warm/ || exit 1
-  ( cd $keep/warm && PYTHONPATH=$keep/site:$keep/warm/src setsid nohup python3 -m hyla.cli bench train \
-      --out $keep/warm/out --cases "${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384}" --paths "${WARM_PATHS:-fast}" \
-      --steps 1 --warmup 0 --no-profile --no-losses > $keep/warm.log 2>&1 < /dev/null & )
-  echo "compile warm-up started in the background: $keep/warm.log"
+  # One `hyla bench train` per mixer of WARM_MIXERS, one after the other, in the order the plan converts them.
+  local mixer commands=""
+  for mixer in ${WARM_MIXERS:-lightning}; do
+    commands+="python3 -m hyla.cli bench train --out $keep/warm/out-$mixer --rnn-mixer $mixer"
+    commands+=" --cases ${WARM_CASES:-align:128x512,distill:16x4096,finetune:4x16384} --paths ${WARM_PATHS:-fast}"
+    commands+=" --steps 1 --warmup 0 --no-profile --no-losses; "
+  done
+  ( cd $keep/warm && PYTHONPATH=$keep/site:$keep/warm/src setsid nohup bash -c "$commands" > $keep/warm.log 2>&1 \
+      < /dev/null & )
+  echo "compile warm-up started in the background (${WARM_MIXERS:-lightning}): $keep/warm.log"
 }
 
 warm_status() {

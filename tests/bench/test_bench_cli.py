@@ -372,12 +372,13 @@ def test_bench_profile_compiled_prefill_toy(tmp_path):
 
 
 def test_compile_modes_reach_torch_compile(monkeypatch):
-    from hyla.bench import cli
+    from hyla.bench import cli, train
     from hyla.inference import decode_step, settings
     from hyla.inference import engine as engine_module
 
     assert cli.COMPILE_MODES_CLI == settings.COMPILE_MODES
     assert cli.DECODE_STEPS == settings.DECODE_STEPS and cli.MATVEC_KERNELS == settings.MATVEC_KERNELS
+    assert cli.TRAINED_MIXERS == train.TRAINED_MIXERS
     modes = []
     monkeypatch.setattr(torch, "compile", lambda f, **kwargs: modes.append(kwargs["mode"]) or f)
     monkeypatch.setattr(decode_step, "_COMPILED", {})  # the process-wide compiled functions, empty

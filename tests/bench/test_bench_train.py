@@ -2,6 +2,7 @@
 what torch's FLOP counter counts for the same steps."""
 
 import json
+import math
 
 import pytest
 import torch
@@ -92,6 +93,17 @@ def test_bench_train_bf16_activations_path_times_the_stages_that_train_the_hybri
     assert "| distill | 2x64 | fast-bf16-activations |" in (tmp_path / "train.md").read_text()
 
 
+@pytest.mark.parametrize("mixer", ["gla", "gdn"])
+def test_bench_train_times_gla_and_gdn_conversions(mixer, tmp_path):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-losses",
+                 "--no-profile", "--paths", "fast", "--cases", "align:2x64,distill:2x128", "--rnn-mixer", mixer,
+                 "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "train.json").read_text())
+    assert results["settings"]["rnn_mixer"] == mixer
+    assert [(case["stage"], case["path"]) for case in results["cases"]] == [("align", "fast"), ("distill", "fast")]
+    assert all(case["tok_per_s"] > 0 and math.isfinite(case["losses"][0]) for case in results["cases"])
+
+
 @pytest.mark.parametrize("text", ["distill", "distill:4", "nosuch:2x64", "align:0x64"])
 def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert main(["bench", "train", "--toy", "--device", "cpu", "--cases", text, "--out", str(tmp_path)]) == 2
@@ -143,6 +155,24 @@ def test_flops_per_token_match_torchs_flop_counter():
     counted = counted_flops(lambda: alignment_loss(twins, batch)[0].backward())
     formula = training_flops_per_token("align", twins, length, teacher)["total"]
     assert counted / tokens == pytest.approx(formula + attention_square_excess(teacher, length), rel=1e-2)
+
+
+@pytest.mark.parametrize("mixer", ["gla", "gdn"])
+def test_flops_per_token_of_gla_and_gdn_hybrids_match_torchs_flop_counter(mixer):
+    """A forward pass of the hybrid on the CPU reference's chunked forms (chunk 64, as fla's): GLA's products are
+    Lightning's, GDN's half again as many."""
+    torch.manual_seed(0)
+    teacher_hf = LlamaForCausalLM(LlamaConfig(**TOY)).double().eval()
+    student = build_student(teacher_hf, [0], None, rnn_mixer=mixer).double().train()
+    assert student.config.layer_types[1:] == [mixer] * 3
+    length = 256
+    ids = torch.randint(0, TOY["vocab_size"], (2, length))
+    tokens = ids.numel()
+    with torch.no_grad():
+        counted = counted_flops(lambda: student(ids, use_cache=False))
+    forward = training_flops_per_token("finetune", student, length)["total"] / 3
+    assert counted / tokens == pytest.approx(forward + attention_square_excess(student, length), rel=1e-12)
+
 
 
 def test_the_profile_says_whether_the_host_or_the_gpu_sets_the_pace():

@@ -16,6 +16,8 @@ from pathlib import Path
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
 DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
+# hyla.bench.train.TRAINED_MIXERS, written out for the same reason
+TRAINED_MIXERS = ("lightning", "gla", "gdn")
 # The argument group of the options that override the engine's settings file for an experiment.
 EXPERT_OPTIONS = "expert options (experiments against the engine's settings)"
 
@@ -93,6 +95,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--no-profile", action="store_true", help="skip the profiled step of each fast case")
     train.add_argument("--no-losses", action="store_true", help="skip the LM-head losses measured alone")
     train.add_argument("--toy", action="store_true", help="tiny sizes (a 4-layer teacher of width 64): for CPU")
+    train.add_argument("--rnn-mixer", default="lightning", choices=TRAINED_MIXERS,
+                       help="the twins' and the hybrid's mixer outside the attention layers, as hyla convert's "
+                            "model.rnn_mixer (default lightning)")
     _common(train)
     train.set_defaults(handler=run_train)
     _register_data_parallel(verbs)
@@ -449,7 +454,7 @@ def run_train(args: argparse.Namespace) -> int:
         cases=tuple(Case.parse(item) for item in cases.split(",")) if cases else DEFAULT_CASES,
         paths=tuple(item for item in args.paths.split(",") if item), attention_layers=layers,
         steps=args.steps, warmup=args.warmup, profile=not args.no_profile, losses=not args.no_losses,
-        toy=args.toy, device=args.device,
+        toy=args.toy, device=args.device, rnn_mixer=args.rnn_mixer,
     )
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

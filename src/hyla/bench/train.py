@@ -5,10 +5,11 @@ Each case builds its stage's real modules (stage 1: `AlignmentTwins` + the loss 
 `choose_alignment_path`; stage 2: the hybrid and the teacher-equivalent + `distill_loss`; stage 3: the hybrid +
 `finetune_loss`), resolves the fast path as a stage does (`hyla.train.fast`), compiles what a stage compiles, and
 times the training loop's own step (`TrainStep`: micro-batches, clipping, AdamW, one host read) on random tokens.
-Weights are random unless a teacher is given: speed depends on shapes, not values. Reported per case and path:
-tokens/s (median step), model FLOPs per token (counted from the shapes: `training_flops_per_token`), the FLOP rate
-and MFU, peak memory, the first step's time (compilation), and for the fast path the top kernels of one profiled
-step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's chunked
+Weights are random unless a teacher is given: speed depends on shapes, not values. The twins and the hybrid's layers
+outside attention are Lightning, GLA or GDN (`rnn_mixer`, hyla convert's `model.rnn_mixer`). Reported per case and
+path: tokens/s (median step), model FLOPs per token (counted from the shapes: `training_flops_per_token`), the FLOP
+rate and MFU, peak memory, the first step's time (compilation), and for the fast path the top kernels of one
+profiled step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's chunked
 fused loss, and flash-linear-attention's fused KL / cross-entropy where installed): the measurement behind the fused
 loss's default.
 """
@@ -116,6 +117,8 @@ class Case:
         return cls(stage, batch, seq_len)
 
 
+# The mixers whose twins stages 1-2 train (`model.rnn_mixer`; SWA twins are the teacher's attention: nothing to time).
+TRAINED_MIXERS = ("lightning", "gla", "gdn")
 # Each stage at the halo-smollm2 recipe's shape (hyla.convert.recipes).
 DEFAULT_CASES = (Case("align", 128, 512), Case("distill", 16, 4096), Case("finetune", 4, 16384))
 
@@ -133,10 +136,13 @@ class TrainBenchSettings:
     toy: bool = False  # tiny sizes, for CPU
     device: str = "cuda"
     seed: int = 0
+    rnn_mixer: str = "lightning"  # the mixer of the twins and of the hybrid's other layers (`model.rnn_mixer`)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.warmup < 0:
             raise ValueError("steps must be >= 1 and warmup >= 0")
+        if self.rnn_mixer not in TRAINED_MIXERS:
+            raise ValueError(f"rnn_mixer must be one of {', '.join(TRAINED_MIXERS)}, got {self.rnn_mixer!r}")
         unknown = sorted(set(self.paths) - set(PATHS))
         if unknown or not self.paths:
             raise ValueError(f"paths must be some of {', '.join(PATHS)}, got {', '.join(self.paths) or 'none'}")
@@ -169,10 +175,21 @@ def _input_side_params(mixer: torch.nn.Module) -> int:
 
 
 def _mixer_forward_flops(mixer: torch.nn.Module, seq_len: int) -> float:
+    """Per token: the linear maps, then the token mixing. Lightning's and GLA's chunked forms share their products
+    (q k^T and its product with v inside a chunk, the state read and write: 4 C D + 4 D^2 a head; GLA's gates are
+    elementwise); GDN adds the chunk's k k^T and the keys' read of the state (6 C D + 6 D^2; its triangular solve,
+    C D, is left out as torch's FLOP counter leaves it out)."""
+    from hyla.layers.gdn import GatedDeltaNet
+    from hyla.layers.gla import GatedLinearAttention
+    from hyla.layers.lightning import LightningAttention
+
     flops = 2.0 * _linear_params(mixer)
     heads, head_dim = mixer.num_heads, mixer.head_dim
-    if hasattr(mixer, "log_decay"):  # Lightning
-        return flops + heads * (4.0 * LIGHTNING_CHUNK * head_dim + 4.0 * head_dim**2)
+    chunked = 4.0 * LIGHTNING_CHUNK * head_dim + 4.0 * head_dim**2
+    if isinstance(mixer, (LightningAttention, GatedLinearAttention)):
+        return flops + heads * chunked
+    if isinstance(mixer, GatedDeltaNet):
+        return flops + heads * 1.5 * chunked
     return flops + 2.0 * seq_len * heads * head_dim
 
 
@@ -225,11 +242,12 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         config = copy.deepcopy(teacher.config)
         for name, value in plan.twin_options().items():
             setattr(config, name, value)
-        twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device)
+        twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device, rnn_mixer=plan.model.rnn_mixer)
         path = choose_alignment_path(twins, compile=compile, batched=batched, whole_twins=whole_twins)
         return _Built(twins, path.loss_fn, list(twins.twins), list(teacher.model.layers) if teacher_bf16 else [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
-    student = build_student(hf_teacher, list(attention_layers), None, **plan.student_options()).to(device).float()
+    student = build_student(hf_teacher, list(attention_layers), None, rnn_mixer=plan.model.rnn_mixer,
+                            **plan.student_options()).to(device).float()
     use_autocast_activations(student, bf16_activations)
     if case.stage == "distill":
         loss_fn = functools.partial(distill_loss, fused=fused_loss)
@@ -439,14 +457,15 @@ def _attention_layers(settings: TrainBenchSettings, num_layers: int) -> tuple[in
 def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> dict:
     """Every case on every path (eager first), then the losses alone; `save(results)` after each measurement, so
     that a run cut short keeps what it measured."""
-    from hyla.convert.presets import make_plan
+    from hyla.convert.presets import apply_overrides, make_plan
 
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("hyla bench train: no CUDA device here; use --device cpu (with --toy for a quick check)")
     hf_teacher = _teacher(settings, device)
     attention_layers = _attention_layers(settings, hf_teacher.config.num_hidden_layers)
-    plan = make_plan("quick", sum(p.numel() for p in hf_teacher.parameters()))
+    plan = apply_overrides(make_plan("quick", sum(p.numel() for p in hf_teacher.parameters())),
+                           [f"model.rnn_mixer={settings.rnn_mixer}"])
     results = {"settings": {**dataclasses.asdict(settings), "attention_layers": list(attention_layers)},
                "teacher": {"spec": settings.teacher or ("toy" if settings.toy else "smollm2-135m shape, random"),
                            "num_params": sum(p.numel() for p in hf_teacher.parameters())},
