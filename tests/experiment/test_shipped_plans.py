@@ -27,7 +27,8 @@ def cases():
 
 
 def test_plans_are_shipped():
-    assert {path.stem for path in PLANS} >= {"smollm2", "smollm2-ablations", "seed-003", "halo-smollm2"}
+    assert {path.stem for path in PLANS} >= {"smollm2", "smollm2-ablations", "seed-003", "halo-smollm2",
+                                             "seed003-smollm2"}
 
 
 @pytest.mark.parametrize("path, profile", list(cases()))
@@ -253,14 +254,14 @@ def test_the_recipe_plan_takes_a_fractional_token_scale(tmp_path):
     assert scale_tokens(_sets(command)).distill.tokens == 90_000_000
 
 
-def test_the_converted_seed_003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tmp_path):
+def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tmp_path):
     from types import SimpleNamespace
 
     from hyla.convert.recipes import scale_tokens
     from hyla.evals.cli import _OVERRIDE_OPTIONS
     from hyla.evals.overrides import apply_inference_overrides
 
-    plan = load_plan(PLANS[[p.stem for p in PLANS].index("seed-003-converted")], tmp_path)
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("seed003-smollm2")], tmp_path)
     recipe = make_plan("halo-smollm2", 135_000_000)
     # The data job is the Lightning conversion's command up to the data stage, which the others copy.
     assert plan.jobs["data"].run == (*plan.jobs["convert-lightning"].run, "--until-stage", "data")
@@ -271,11 +272,15 @@ def test_the_converted_seed_003_plan_converts_every_mixer_alike_and_evaluates_ev
         assert convert.model.rnn_mixer == mixer and convert.selection.method == "7,8,16,17,18,19,23"
         assert convert.finetune_skipped and convert.distill.seq_len == 4096 and convert.trained_seq_len == 4096
         assert not convert.data.long_sources and convert.data.scaling_sources == recipe.data.scaling_sources
+        # the recipe's own training texts, whatever they are when it runs: the plan names none
+        assert convert.data.sources == recipe.data.sources
+        assert not any(item.startswith("data.sources=") for item in plan.jobs[f"convert-{mixer}"].run)
         assert None not in convert.scaling.candidates and convert.scaling.niah_lengths == []
         budgets.add(json.dumps([convert.align.settings(), convert.distill.settings()]))
     (budget,) = budgets  # one budget for every mixer: the recipe's stages 1-2 times token_scale 0.2
     align, distill = json.loads(budget)
-    assert (align["tokens"], distill["tokens"]) == (recipe.align.tokens // 5, recipe.distill.tokens // 5)
+    assert (align["tokens"], distill["tokens"]) == (10_000_000, 30_000_000)
+    assert (align["seq_len"], align["batch_size"], distill["batch_size"]) == (512, 128, 16)  # the measured shapes
     wanted = {"direct": {"logit_scaling": "off"},
               "log": {"logit_scaling": "per_length", "logit_scaling_train_length": 4096},
               "swla": {"logit_scaling": "off", "eme_window": 4096, "eme_stride": 1024},
@@ -286,16 +291,18 @@ def test_the_converted_seed_003_plan_converts_every_mixer_alike_and_evaluates_ev
     for name, job in plan.jobs.items():
         if not name.startswith("niah-"):
             continue
-        mixer, rest = name.removeprefix("niah-").split("-", 1)  # niah-MIXER-MODE-SPAN
-        mode, span = rest.rsplit("-", 1)
+        mixer, mode = name.removeprefix("niah-").split("-", 1)  # niah-MIXER-MODE
         args = parser.parse_args(list(job.run[1:]))
         model = SimpleNamespace(inference_options=None)
         applied = apply_inference_overrides(model, **{k: getattr(args, k) for k in _OVERRIDE_OPTIONS})
         assert applied == wanted[mode], name
         assert args.model.endswith(f"/{mixer}/06-export") and args.out.name == name and args.num_samples == 10
-        assert args.batch_size == {"short": 4, "long": 1}[span]
+        assert args.samples_cache == tmp_path / "niah-samples"  # one set of prompts for every row
         cells |= {(mixer, mode, task, length) for task in args.tasks for length in args.lengths}
     modes = {"lightning": set(wanted), "gla": set(wanted) - {"per-query"}, "gdn": set(wanted) - {"per-query"}}
+    assert sum(name.startswith("niah-") for name in plan.jobs) == 13  # one job a row of the table
     assert cells == {(mixer, mode, task, length) for mixer in modes for mode in modes[mixer]
                      for task in ("SK1", "SK2", "SK3") for length in (4096, 16384, 32768, 65536)}
     assert plan.report["niah_table"] == "wide" and plan.train_slots == 1
+    # every mixer's evaluations at once beside the next conversion
+    assert plan.parallel >= 1 + sum(name.startswith("niah-lightning-") for name in plan.jobs)

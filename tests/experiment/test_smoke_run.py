@@ -1,7 +1,8 @@
-"""The plans' smoke profiles end to end on CPU with a tiny random teacher (a subset of their evaluations, ~2 minutes
-each): the headline plan (teacher check, corpus with recall documents, conversion through every stage, evaluations,
-report), the halo-smollm2 recipe's plan (the recipe's conversion on stand-in texts, evaluations, report) and the
-converted seed-003 plan (three mixers at one budget and one data stage, stage 3 skipped, NIAH modes, one table)."""
+"""The plans' smoke profiles end to end on CPU with a tiny random teacher: the headline plan (teacher check, corpus
+with recall documents, conversion through every stage, evaluations, report) and the halo-smollm2 recipe's plan (the
+recipe's conversion on stand-in texts, evaluations, report), each with a subset of its evaluations (~2 minutes each),
+and the seed003-smollm2 plan whole (three mixers at one budget and one data stage, stage 3 skipped, thirteen NIAH
+rows, one table: ~5 minutes on 2 cores)."""
 
 from __future__ import annotations
 
@@ -92,17 +93,18 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_smoke_profile_runs_the_converted_seed_003_plan_on_cpu(tmp_path):
+def test_the_smoke_profile_runs_the_seed003_plan_end_to_end_on_cpu(tmp_path):
     teacher = save_tiny_teacher(tmp_path / "teacher")
     text = docs_text(tmp_path / "text")
-    plan = next(path for path in PLANS if path.stem == "seed-003-converted")
+    plan = next(path for path in PLANS if path.stem == "seed003-smollm2")
     run = tmp_path / "run"
-    evals = ["niah-lightning-per-query-short", "niah-gla-swla+log-long", "niah-gdn-log-short"]
     argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
-            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
-            "--only", ",".join(["convert-*", *evals, "report"]), "--poll", "0.5"]
+            "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}", "--poll", "0.5"]
     assert hyla_main(argv) == 0, (run / "runner.log").read_text()
     status = json.loads((run / "status.json").read_text())
+    modes = ["direct", "log", "swla", "swla+log"]
+    evals = {"niah-lightning-per-query", *(f"niah-{mixer}-{mode}" for mixer in ("lightning", "gla", "gdn")
+                                           for mode in modes)}
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "data", "copy-gla", "copy-gdn", "convert-lightning", "convert-gla", "convert-gdn", *evals,
         "report"}
@@ -120,14 +122,21 @@ def test_the_smoke_profile_runs_the_converted_seed_003_plan_on_cpu(tmp_path):
         assert scaling["chosen_a"] in (20, 500) and scaling["per_length_train_length"] == 256
         config = json.loads((run / mixer / "06-export" / "config.json").read_text())
         assert config["layer_types"][1] == "attention" and config["layer_types"].count(mixer) == 3
+    # One set of prompts for every row: a file a task and length, built once.
+    assert len(list((run / "niah-samples").iterdir())) == 6
     summary = json.loads((run / "report" / "summary.json").read_text())
-    assert summary["niah_options"] == {
-        "lightning-per-query": [{"logit_scaling": "per_query"}],
-        "gla-swla+log": [{"logit_scaling": "per_length", "logit_scaling_train_length": 256, "eme_window": 256,
-                          "eme_stride": 64}],
-        "gdn-log": [{"logit_scaling": "per_length", "logit_scaling_train_length": 256}]}
+    assert set(summary["niah"]) == {name.removeprefix("niah-") for name in evals}
+    assert all(set(summary["niah"][label][task]) == {"512", "1024"} for label in summary["niah"]
+               for task in ("SK1", "SK2", "SK3"))
+    assert summary["niah_options"]["lightning-per-query"] == [{"logit_scaling": "per_query"}]
+    assert summary["niah_options"]["gla-swla+log"] == [{"logit_scaling": "per_length",
+                                                        "logit_scaling_train_length": 256, "eme_window": 256,
+                                                        "eme_stride": 64}]
+    assert summary["niah_options"]["gdn-log"] == [{"logit_scaling": "per_length", "logit_scaling_train_length": 256}]
     lines = (run / "report" / "report.md").read_text().splitlines()
     table = lines[lines.index("## NIAH accuracy") + 2:]
     assert table[0] == "| model | inference options | SK1 512 | SK1 1K | SK2 512 | SK2 1K | SK3 512 | SK3 1K |"
-    assert [row.split(" | ")[0] for row in table[2:5]] == ["| lightning-per-query", "| gla-swla+log", "| gdn-log"]
+    # the rows in the plan's order: Lightning's five modes, then GLA's and GDN's four
+    assert [row.split(" | ")[0] for row in table[2:15]] == [
+        "| lightning-per-query", *(f"| {mixer}-{mode}" for mixer in ("lightning", "gla", "gdn") for mode in modes)]
     assert "| GDN-NoPE-LH | 99 | 100 | 90 | 53 |" in lines and "| SWLA + Log | 100 | 59 | 64 |" in lines

@@ -9,9 +9,9 @@ Weights are random unless a teacher is given: speed depends on shapes, not value
 outside attention are Lightning, GLA or GDN (`rnn_mixer`, hyla convert's `model.rnn_mixer`). Reported per case and
 path: tokens/s (median step), model FLOPs per token (counted from the shapes: `training_flops_per_token`), the FLOP
 rate and MFU, peak memory, the first step's time (compilation), and for the fast path the top kernels of one
-profiled step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's chunked
-fused loss, and flash-linear-attention's fused KL / cross-entropy where installed): the measurement behind the fused
-loss's default.
+profiled step. A second table times the LM-head losses alone at the distillation shape (materialised logits, hyla's
+chunked fused loss, and flash-linear-attention's fused KL / cross-entropy where installed): the measurement behind
+the fused loss's default.
 """
 
 from __future__ import annotations
