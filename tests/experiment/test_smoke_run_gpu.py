@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_smoke_run import recipe_smoke_argv
+from experiment_helpers import PLANS
+from offline_models import save_tiny_teacher
+from test_smoke_run import docs_text, recipe_smoke_argv
 
 from hyla.cli import main as hyla_main
 
@@ -38,4 +40,33 @@ def test_the_recipe_plan_runs_on_cuda(tmp_path):
     assert selection["method"] == "halo" and len(selection["layers"]) == selection["num_layers"]
     for span in ("short", "long"):
         results = json.loads((run / "evals" / f"niah-main-SK1-{span}" / "results.json").read_text())
+        assert results["generation_path"] == "engine", results["generation_path"]
+
+
+def test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda(tmp_path):
+    """The seed003-smollm2 plan's smoke profile on CUDA: GLA's and GDN's twins and hybrids through stages 1-2 on the
+    training fast path (compiled blocks around fla's chunk kernels), then EME (SWLA + c(L)) on the inference engine.
+    Beside a sitting's run it reaches the GLA conversion minutes before the run does: `SMOKE=1 SMOKE_TESTS=SEED003
+    bash scripts/gpu-session/experiment.sh stash`, SEED003 being
+    tests/experiment/test_smoke_run_gpu.py::test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda."""
+    teacher = save_tiny_teacher(tmp_path / "teacher")
+    text = docs_text(tmp_path / "text")
+    plan = next(path for path in PLANS if path.stem == "seed003-smollm2")
+    run = tmp_path / "run"
+    evals = ["niah-gla-swla+log", "niah-gdn-swla+log"]
+    variables = [f"text={text}", f"teacher={teacher}", f"text_cache={tmp_path / 'no-cache'}", "device=cuda",
+                 "dtype=bfloat16"]
+    argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke",
+            *[arg for item in variables for arg in ("--set", item)],
+            "--only", ",".join(["convert-gla", "convert-gdn", *evals, "report"]), "--poll", "0.5"]
+    code = hyla_main(argv)
+    logs = "\n".join(path.read_text()[-6000:] for path in sorted((run / "logs").glob("*.log")))
+    assert code == 0, logs
+    status = json.loads((run / "status.json").read_text())
+    assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
+        "teacher-check", "data", "copy-gla", "copy-gdn", "convert-gla", "convert-gdn", *evals, "report"}
+    for mixer in ("gla", "gdn"):
+        log = (run / "logs" / f"convert-{mixer}.log").read_text()
+        assert "[distill] fast path: compiled blocks" in log and "compiled blocks off" not in log
+        results = json.loads((run / "evals" / f"niah-{mixer}-swla+log" / "results.json").read_text())
         assert results["generation_path"] == "engine", results["generation_path"]
