@@ -16,7 +16,7 @@ outside generation (encoding, the padded tensors, detokenizing, the rest) and, o
 
 With `rnn_mixers` or `variants` it compares what each inference mode costs: one model per recurrent mixer (Lightning,
 GLA or GDN in the 23 layers that are not attention, the same 7 attention layers), each run under seed 003's
-inference modes (`VARIANTS`: the options configs/experiments/seed-003-converted.json gives `hyla eval niah`), a row
+inference modes (`VARIANTS`: the options configs/experiments/seed003-smollm2.json gives `hyla eval niah`), a row
 per (mixer, variant, length) with the engine's prefill and decode seconds a prompt, its decode milliseconds a step,
 and their ratios to the "direct" row (no EME, no logit scaling) of the same mixer and length. SWLA (W = 4K, S = 1K)
 runs every recurrent layer over about W / S windows of each token.
