@@ -2,7 +2,7 @@
 with recall documents, conversion through every stage, evaluations, report) and the halo-smollm2 recipe's plan (the
 recipe's conversion on stand-in texts, evaluations, report), each with a subset of its evaluations (~2 minutes each),
 and the seed003-smollm2 plan whole (three mixers at one budget and one data stage, stage 3 skipped, thirteen NIAH
-rows, one table: ~6 minutes on 2 shared cores)."""
+rows, one table: 4-6 minutes on 2 shared cores)."""
 
 from __future__ import annotations
 
