@@ -102,7 +102,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
             cells |= {(name.split("-")[1], run[run.index("--tasks") + 1], length) for length in lengths}
     assert cells == {(model, task, length) for model in ("teacher", "main") for task in ("SK1", "SK2", "SK3")
                      for length in ("4K", "16K", "32K", "64K")} | {
-        ("distill", task, length) for task in ("SK1", "SK2") for length in ("4K", "16K")} | {
+        ("distill", task, length) for task in ("SK1", "SK2", "SK3") for length in ("4K", "16K")} | {
         ("compare", task, length) for task in ("SK1", "SK2", "SK3") for length in ("32K", "64K")}
     # the final model's long cells again under a second a (compare_a), its own option on the same export
     for task in ("SK1", "SK2", "SK3"):
@@ -136,6 +136,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         assert options == wanted[name], name
     # every job that waits for the conversion starts once it ends
     assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 19 <= plan.parallel
+    assert not [name for name in plan.jobs if name.startswith("warm-")]  # the layers are chosen by the run itself
     # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
     assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
     assert "teacher-hf" not in " ".join(command)
@@ -148,7 +149,7 @@ def test_the_recipe_plan_evaluates_the_distilled_student_beside_the_final_model(
     assert snapshot.out == tmp_path.resolve() / "main" and snapshot.to == tmp_path.resolve() / "main-distill"
     assert snapshot.teacher == plan.jobs["convert"].run[plan.jobs["convert"].run.index("--teacher") + 1]
     assert plan.jobs["snapshot-distill"].needs == ("convert",)
-    for task in ("SK1", "SK2"):
+    for task in ("SK1", "SK2", "SK3"):
         distill, main = plan.jobs[f"niah-distill-{task}-short"], plan.jobs[f"niah-main-{task}-short"]
         assert distill.needs == ("snapshot-distill",)
         # The final model's command on the snapshot: the same prompts (samples cache), lengths and settings.
@@ -156,9 +157,66 @@ def test_the_recipe_plan_evaluates_the_distilled_student_beside_the_final_model(
                    for item in main.run)
         assert distill.run == tuple(renamed)
     off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["stage_evals=false"])
-    assert set(plan.jobs) - set(off.jobs) == {"snapshot-distill", "niah-distill-SK1-short", "niah-distill-SK2-short"}
+    assert set(plan.jobs) - set(off.jobs) == {"snapshot-distill", *(f"niah-distill-{task}-short" for task in
+                                                                     ("SK1", "SK2", "SK3"))}
     off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, overrides=["compare_a_evals=false"])
     assert set(plan.jobs) - set(off.jobs) == {f"niah-compare-{task}-long" for task in ("SK1", "SK2", "SK3")}
+
+
+def test_the_h200_profile_compiles_every_evaluation_shape_on_a_stand_in_while_the_conversion_trains(tmp_path):
+    """warm-convert builds the final model's architecture from the conversion's own command (a tiny budget on other
+    text); warm-niah-* run one batch of every shape and inference setting the evaluations after the conversion run,
+    so that those find torch.compile's cache warm."""
+    from hyla.convert.recipes import scale_tokens
+
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, profile="h200")
+    convert, warm = plan.jobs["convert"].run, plan.jobs["warm-convert"].run
+    assert warm[:6] == ("nice", "-n", "15", plan.variables["python"], "-m", "hyla.cli")
+    warm = ("hyla", *warm[6:])
+    assert build_parser().parse_args(list(warm[1:])).handler
+    main, stand_in = scale_tokens(_sets(convert)), scale_tokens(_sets(warm))
+    # everything the exported config is made of is the conversion's
+    assert stand_in.model == main.model and stand_in.selection.method == main.selection.method == "7,8,16,17,18,19,23"
+    assert warm[warm.index("--teacher") + 1] == convert[convert.index("--teacher") + 1]
+    assert stand_in.scaling.candidates == [10000.0] and stand_in.distill.tokens <= 2048
+    assert not any(getattr(stand_in, stage).compile for stage in ("align", "distill", "finetune"))
+    # it starts once the teacher's evaluations have ended (the GPU and the cores are the conversion's then)
+    assert set(plan.jobs["warm-convert"].after) == {name for name in plan.jobs if name.endswith("-teacher")
+                                                    or name.startswith("niah-teacher-")}
+
+    def hyla_command(job):  # `nice -n 15 PYTHON -m hyla.cli ARGS` as `hyla ARGS`
+        return ("hyla", *job.run[job.run.index("hyla.cli") + 1:]) if job.run[0] == "nice" else job.run
+
+    def shape(job):
+        args = build_parser().parse_args(list(hyla_command(job)[1:]))
+        return args.batch_size, tuple(args.lengths), args.dtype, args.max_new_tokens
+
+    warmed = {}
+    for name, job in plan.jobs.items():
+        if name.startswith("warm-niah-"):
+            assert job.run[:3] == ("nice", "-n", "15")
+            run = hyla_command(job)
+            assert run[run.index("--model") + 1] == f"{tmp_path}/warm/main/06-export"
+            options = _options_of(run)
+            warmed.setdefault(shape(job), []).append(options)
+    # each evaluation after the conversion: its shape warmed under its own settings; the final model's own (no
+    # option: the a the scaling stage chooses) under every candidate
+    candidates = [{"logit_scaling": "off"} if a is None else {"logit_scaling_a": a} for a in main.scaling.candidates]
+    candidates.append({"logit_scaling": "per_length", "logit_scaling_train_length": main.trained_seq_len})
+    checked = 0
+    for name, job in plan.jobs.items():
+        if name.startswith("niah-") and not name.startswith("niah-teacher-"):
+            options = _options_of(job.run)
+            assert shape(job) in warmed, name
+            needed = candidates if not options else [{"logit_scaling": "off"} if "distill" in name else options]
+            assert all(option in warmed[shape(job)] for option in needed), name
+            checked += 1
+    assert checked == 3 * 2 + 3 + 3 + 7
+    off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, profile="h200",
+                    overrides=["warm_engine=false"])
+    assert set(plan.jobs) - set(off.jobs) == {"warm-convert"} | {f"warm-niah-{name}-{span}" for span in ("long", "short")
+                                                                 for name in ("off", "a1000", "a5000", "a10000",
+                                                                              "a20000", "a100000", "cL")}
 
 
 def _options_of(args) -> dict:
