@@ -34,7 +34,8 @@ def test_stage_three_and_scaling_read_corpora_of_their_own(tiny_teacher, tmp_pat
              "--set", f"data.scaling_sources={held_out}", "--set", "finetune.align_documents=true",
              "--set", "scaling.per_length=true", "--set", "scaling.niah_lengths=512", "--set",
              "scaling.niah_tasks=SK1", "--set", "scaling.niah_samples=1", "--set", "scaling.niah_max_new_tokens=4",
-             "--until-stage", "scaling"]
+             "--set", f"scaling.recall_source=recall-lead:{held_out}", "--set", "scaling.recall_lengths=512",
+             "--set", "scaling.recall_docs=1", "--set", "scaling.criterion=recall", "--until-stage", "scaling"]
     assert main(convert_args(tiny_teacher, out, *extra, select="1")) == 0
     printed = capsys.readouterr().out
     data = manifest(out, "data")["results"]
@@ -56,9 +57,15 @@ def test_stage_three_and_scaling_read_corpora_of_their_own(tiny_teacher, tmp_pat
     assert all(0 <= cells["SK1@512"]["score"] <= 1 for cells in scaling["niah"].values())
     assert scaling["generation_path"] == "engine"
     assert scaling["chosen_a"] in (None, 20, 500)
+    # chosen by the answer loss on one recall document of ~512 tokens, both criteria reported
+    answer = scaling["recall_loss_by_a"]
+    assert scaling["criterion"] == "recall" and set(answer) == {"None", "20", "500"}
+    assert scaling["chosen_a"] == min((None, 20, 500), key=lambda a: answer[str(a)])
+    assert scaling["recall_per_length"]["loss"] > 0 and 486 <= scaling["recall_documents"]["tokens"][0] <= 512
+    assert "recall answer loss" in printed and "by the lowest answer loss on the recall documents" in printed
     # each pass's seconds, to tell where the stage's time went
     assert set(scaling["seconds_by_candidate"]["loss"]) == set(scaling["seconds_by_candidate"]["niah"]) == set(
-        scaling["loss_by_position"])
+        scaling["seconds_by_candidate"]["recall"]) == set(scaling["loss_by_position"])
     assert "triton_cache_dir" in scaling["compile"]
     assert (out / "05-scaling" / "scaling.png").exists()
     # Moved, stage 3 and the scaling stage find their corpora again.

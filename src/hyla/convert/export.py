@@ -38,11 +38,21 @@ def model_card(report: dict) -> str:
         f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
         f"- the other layers: `{report['plan']['model']['rnn_mixer']}` (`model.rnn_mixer`)",
-        f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')})", "",
+        scaling_line(scaling), "",
         *training_table(stages, ("align", "distill", "finetune")),
         "", "The full report is in `conversion.json`.", "",
     ]
     return "\n".join(lines)
+
+
+def scaling_line(scaling: dict) -> str:
+    """The model card's line on the chosen a: the held-out loss by a and, when measured, the recall documents'
+    answer loss by a and which of the two chose."""
+    line = f"- logit scaling a: {scaling.get('chosen_a')} (held-out loss by a: {scaling.get('loss_by_a')}"
+    if scaling.get("recall_loss_by_a"):
+        chosen_by = "answer" if scaling.get("criterion") == "recall" else "held-out"
+        line += f"; answer loss on recall documents by a: {scaling['recall_loss_by_a']}; chosen by {chosen_by} loss"
+    return line + ")"
 
 
 def training_table(stages: dict, names) -> list[str]:

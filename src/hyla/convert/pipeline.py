@@ -108,10 +108,18 @@ def print_plan(run: Run, num_params: int) -> None:
     console.print(f"select: {s.method}, k={s.k or config.num_hidden_layers // 4}, NIAH {s.niah_tasks} at "
                   f"{s.niah_lengths} x{s.niah_samples}, CSR {s.csr_tasks} limit {s.csr_limit}, gaps below "
                   f"{s.noise_z:g} se count as 0 | scaling a in {plan.scaling.candidates} at {plan.scaling.length} "
-                  f"tokens on {scaling_on} | twin init {model.twin_init}"
+                  f"tokens on {scaling_on}{scaling_recall_text(plan.scaling)} | twin init {model.twin_init}"
                   + (" | attention alignment before distillation" if model.align_attention else ""))
     if plan.data.long_sources:
         console.print(f"stage 3 data: {', '.join(plan.data.long_sources)}")
+
+
+def scaling_recall_text(scaling) -> str:
+    """The scaling stage's recall documents and criterion as `print_plan` names them ("" when there are none)."""
+    if scaling.recall_source is None:
+        return ""
+    return (f", recall documents {scaling.recall_docs} x {scaling.recall_lengths or [scaling.length]} tokens on "
+            f"{scaling.recall_source}, chosen by {'answer' if scaling.criterion == 'recall' else 'held-out'} loss")
 
 
 def student_mixer_text(model) -> str:
@@ -152,6 +160,10 @@ def convert(request: ConvertRequest) -> dict:
     early = scale_tokens(apply_overrides(make_plan(request.preset, 0), request.overrides))
     if early.scaling.data is not None:  # read only at the end: check it now
         scaling_documents(early.scaling)
+    if early.scaling.recall_source is not None and "hf:" not in early.scaling.recall_source:
+        from hyla.data.sources import open_source
+
+        open_source(early.scaling.recall_source)  # the recall documents' text, read only at the end: check it now
     check_data_sources(early, request)
     resolve_spec(request.teacher, role="teacher")  # an unknown name fails here, before anything is written
     env = init_distributed(request.device)

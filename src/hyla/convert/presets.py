@@ -151,15 +151,26 @@ class ScalingPlan:
     niah_tasks: list[str] = field(default_factory=lambda: ["SK1", "SK2", "SK3"])
     niah_samples: int = 5
     niah_max_new_tokens: int = 40
+    # How `a` is chosen: "loss" (the lowest held-out loss) or "recall" (the lowest loss on the answer tokens of
+    # recall documents, which needs recall_source; hyla.convert.scaling_recall). Both are reported when measured.
+    criterion: str = "loss"
+    # Recall documents, scored for every candidate whichever the criterion: a `recall[-repeat][-lead][-long]:SPEC`
+    # source spec (SPEC: the haystack text, e.g. recall-lead:docs@26-30:aa-lcr); None = none.
+    recall_source: str | None = None
+    recall_lengths: list[int] = field(default_factory=list)  # tokens per document; [] = `length`
+    recall_docs: int = 8  # documents of each length
 
     def settings(self) -> dict[str, Any]:
-        """What the stage's output depends on (`data` and the report's extras only when set, so that earlier runs
-        keep their hash)."""
+        """What the stage's output depends on (`data`, the report's extras and the recall documents only when set, so
+        that earlier runs keep their hash)."""
         items = dataclasses.asdict(self)
         if items["data"] is None:
             del items["data"]
         if not self.per_length and not self.niah_lengths:
             for name in ("per_length", "niah_lengths", "niah_tasks", "niah_samples", "niah_max_new_tokens"):
+                del items[name]
+        if self.recall_source is None:  # then the criterion is "loss" (check_plan) and the rest unused
+            for name in ("criterion", "recall_source", "recall_lengths", "recall_docs"):
                 del items[name]
         return items
 
@@ -360,6 +371,20 @@ def _twin_init(value: str) -> str | None:
     return one_of(*TWIN_INITS)(value)
 
 
+def _recall_source(spec: str) -> str | None:
+    # hyla.data.recall, not hyla.convert.scaling_recall: that imports torch
+    from hyla.data.recall import parse_recall_spec
+
+    try:
+        recall = parse_recall_spec(spec)
+    except ValueError as err:
+        return str(err).removeprefix(f"source {spec}: ")
+    if "@" in spec.split(":", 1)[0]:
+        return (f"sets haystack characters ({recall.min_chars}-{recall.max_chars}), but the scaling stage sizes "
+                f"each document in tokens (scaling.recall_lengths): drop the @MIN-MAX")
+    return None
+
+
 def _tie_break(value: str) -> str | None:
     from hyla.convert.noise_select import TIE_BREAKS
 
@@ -381,6 +406,8 @@ RULES: dict[str, Rule] = {
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
+    "scaling.criterion": one_of_or_close("loss", "recall"), "scaling.recall_source": _recall_source,
+    "scaling.recall_lengths": each(at_least(64), allow_empty=True), "scaling.recall_docs": at_least(1),
     "selection.noise_z": at_least(0), "selection.tie_break": _tie_break,
     "model.twin_init": _twin_init, "model.twin_init_batches": at_least(1), "model.rnn_mixer": one_of_or_close(*RNN_MIXERS),
     "model.swa_window": at_least(1),
@@ -405,6 +432,7 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
             raise ValueError(f"{name}.bf16_activations: the alignment trains single mixers, not the hybrid's "
                              f"residual stream; set it for distill or finetune")
     _check_mixer_options(plan.model)
+    _check_recall_options(plan.scaling)
     if plan.finetune_skipped and plan.data.long_sources:
         raise ValueError("finetune.tokens=0 skips stage 3, the only reader of data.long_sources "
                          f"({', '.join(plan.data.long_sources)}); set data.long_sources= (empty) too")
@@ -423,6 +451,20 @@ def _check_mixer_options(model: ArchitecturePlan) -> None:
         if getattr(model, name) != getattr(default, name) and model.rnn_mixer != mixer:
             raise ValueError(f"model.{name} applies to {mixer} layers only, and model.rnn_mixer is "
                              f"{model.rnn_mixer!r}: drop it or set model.rnn_mixer={mixer}")
+
+
+def _check_recall_options(scaling: ScalingPlan) -> None:
+    """The recall criterion and the recall documents' settings need `scaling.recall_source`: refused without it."""
+    if scaling.recall_source is not None:
+        return
+    if scaling.criterion == "recall":
+        raise ValueError("scaling.criterion=recall needs scaling.recall_source, the haystack text of the recall "
+                         "documents (e.g. scaling.recall_source=recall-lead:docs@26-30:aa-lcr)")
+    default = ScalingPlan()
+    for name in ("recall_lengths", "recall_docs"):
+        if getattr(scaling, name) != getattr(default, name):
+            raise ValueError(f"scaling.{name} applies to the recall documents only, and scaling.recall_source is "
+                             f"not set: drop it or set scaling.recall_source")
 
 
 def setting_names(plan: ConvertPlan) -> list[str]:

@@ -1,14 +1,18 @@
 """The scaling stage: choose the logit-scaling constant `a` (docs/method.md, "Attention layer and logit scaling") by
-the lowest held-out loss on long documents, and report for every candidate, and for EME's per-length factor
-c(L) = log L / log L0 (docs/method.md, "EME"), the loss by position and, when asked, NIAH at long lengths.
+the lowest held-out loss on long documents (`scaling.criterion=loss`, the method's choice) or by the lowest loss on
+the answer tokens of long-range recall documents (`scaling.criterion=recall`, `hyla.convert.scaling_recall`), and
+report for every candidate, and for EME's per-length factor c(L) = log L / log L0 (docs/method.md, "EME"), the loss
+by position, the recall documents' answer scores when `scaling.recall_source` is set, and, when asked, NIAH at long
+lengths.
 
-Where the documents come from, first found: `scaling.data` (a prepared corpus folder), the data stage's `scaling` corpus
-(`data.scaling_sources`, e.g. held-out AA-LCR bundles), the main corpus's held-out tail. The choice is by loss among the
-`a` candidates (the method chooses `a` by the lowest loss on long documents); c(L) and NIAH are reported beside it, not
-chosen from. A student whose every loss is non-finite or that of a uniform prediction stops the run (`TrainingDiverged`)
-instead of being exported. Losses are computed under the training loop's autocast, one document at a time, the LM head
-in row chunks (no [T, V] logits); NIAH runs after every loss, on the model cast to bfloat16 (as `hyla eval`). Each
-candidate is an `InferenceOptions` the student runs under; its config is left as loaded (the export writes the
+Where the documents come from, first found: `scaling.data` (a prepared corpus folder), the data stage's `scaling`
+corpus (`data.scaling_sources`, e.g. held-out AA-LCR bundles), the main corpus's held-out tail; the recall documents
+are built in this stage from `scaling.recall_source`. The choice is among the `a` candidates, by either criterion;
+both are reported whichever chose, and c(L) and NIAH are reported beside them, not chosen from. A student whose every
+held-out loss is non-finite or that of a uniform prediction stops the run (`TrainingDiverged`) instead of being
+exported, whichever the criterion. Losses are computed under the training loop's autocast, one document at a time, the
+LM head in row chunks (no [T, V] logits); NIAH runs after every loss, on the model cast to bfloat16 (as `hyla eval`).
+Each candidate is an `InferenceOptions` the student runs under; its config is left as loaded (the export writes the
 chosen a into it).
 """
 
@@ -31,22 +35,32 @@ HEAD_CHUNK_ROWS = 4096
 
 
 @torch.no_grad()
-def position_losses(model, sequences: torch.Tensor, options: InferenceOptions | None = None) -> torch.Tensor:
-    """Per-token next-token loss [N, T-1] (float32, on CPU) of [N, T] sequences, one at a time, the model running
-    under `options` (None: its own)."""
+def position_scores(model, sequences,
+                    options: InferenceOptions | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """For each sequence (the rows of [N, T], or a list of [T_i] of any lengths), its per-token next-token loss [T-1]
+    (float32, on CPU) and whether the greedy prediction is that token [T-1] (bool); one sequence at a time, the model
+    running under `options` (None: its own)."""
     from hyla.train.loop import training_autocast
 
-    rows = []
+    scores = []
     for row in sequences:
         ids = row[None].to(model.device)
+        losses, hits = [], []
         with training_autocast(model.device):
             hidden = model.model(ids, use_cache=False, inference_options=options).last_hidden_state[0, :-1]
             targets = ids[0, 1:]
-            losses = [F.cross_entropy(model.lm_head(hidden[start:start + HEAD_CHUNK_ROWS]).float(),
-                                      targets[start:start + HEAD_CHUNK_ROWS], reduction="none")
-                      for start in range(0, targets.numel(), HEAD_CHUNK_ROWS)]
-        rows.append(torch.cat(losses).cpu())
-    return torch.stack(rows)
+            for start in range(0, targets.numel(), HEAD_CHUNK_ROWS):
+                logits = model.lm_head(hidden[start:start + HEAD_CHUNK_ROWS]).float()
+                chunk = targets[start:start + HEAD_CHUNK_ROWS]
+                losses.append(F.cross_entropy(logits, chunk, reduction="none"))
+                hits.append(logits.argmax(dim=-1) == chunk)
+        scores.append((torch.cat(losses).cpu(), torch.cat(hits).cpu()))
+    return scores
+
+
+def position_losses(model, sequences: torch.Tensor, options: InferenceOptions | None = None) -> torch.Tensor:
+    """Per-token next-token loss [N, T-1] (float32, on CPU) of [N, T] sequences (`position_scores`)."""
+    return torch.stack([losses for losses, _ in position_scores(model, sequences, options)])
 
 
 def candidate_options(plan, train_length: int) -> dict[str, InferenceOptions]:
@@ -100,10 +114,9 @@ def niah_scores(model, tokenizer, plan, samples_cache: dict,
 
 
 def run_scaling(run, stage) -> dict:
-    """Choose `a`; report loss curves (and NIAH) for every candidate and c(L)."""
+    """Choose `a`; report loss curves (recall answer scores, NIAH) for every candidate and c(L)."""
     from hyla.convert.runners import load_student
     from hyla.evals.generation import compile_record
-    from hyla.evals.ppl import bucket_means, default_bucket_edges
     from hyla.inference.generate import generation_path_record
 
     plan = run.plan.scaling
@@ -115,20 +128,12 @@ def run_scaling(run, stage) -> dict:
     if max(spans) < plan.length // 4:
         run.log(f"[scaling] note: no held-out window holds more than {max(spans)} tokens of one document, so the "
                 f"choice sees no dependency longer than that; set data.scaling_sources to long documents")
+    recall_docs = scaling_recall_sequences(run, plan)
     student = load_student(run, "finetune").eval()
     candidates = candidate_options(plan, trained)
-    losses, curves = {}, {}
     # Where the stage's time goes (sitting D's took 129 s, sitting C's 85 s, the same grid): each pass's seconds.
     seconds: dict[str, dict[str, float]] = {"loss": {}, "niah": {}}
-    edges = default_bucket_edges(plan.length)
-    for label, options in candidates.items():
-        started = time.perf_counter()
-        token_losses = position_losses(student, sequences, options)
-        seconds["loss"][label] = round(time.perf_counter() - started, 2)
-        losses[label] = token_losses.mean().item()
-        curves[label] = bucket_means(token_losses, edges)
-        run.log(f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
-                f"over {len(sequences)} x {plan.length} tokens")
+    losses, curves, recall = score_candidates(run, student, candidates, sequences, recall_docs, seconds)
     niah, generation_paths = {}, set()
     if plan.niah_lengths and plan.niah_samples > 0:
         student.to(torch.bfloat16)
@@ -142,19 +147,85 @@ def run_scaling(run, stage) -> dict:
             run.log(f"[scaling] {label}: NIAH " + ", ".join(f"{key} {cell['score']:.2f}"
                                                              for key, cell in niah[label].items()))
         student.inference_options = InferenceOptions()
-    best = best_scaling(plan.candidates, losses, student.config.vocab_size)
+    recall_losses = {label: scores["loss"] for label, scores in recall.items()}
+    best = best_scaling(plan.candidates, losses, student.config.vocab_size,
+                        recall_losses=recall_losses if plan.criterion == "recall" else None)
+    run.log(f"[scaling] chosen a = {best} by the lowest "
+            + ("answer loss on the recall documents" if plan.criterion == "recall" else "held-out loss"))
     if run.env.is_main:
-        plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length)
-    return {"chosen_a": best, "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
+        plot_scaling(losses, curves, niah, stage.path / "scaling.png", plan.length, recall_losses)
+    return {"chosen_a": best, "criterion": plan.criterion,
+            "loss_by_a": {str(a): losses[str(a)] for a in plan.candidates},
             "loss_per_length": losses.get(PER_LENGTH), "per_length_train_length": trained if plan.per_length else None,
-            "loss_by_position": curves, "niah": niah, "generation_path": generation_path_record(*generation_paths),
+            "loss_by_position": curves, **recall_results(plan, recall, recall_docs), "niah": niah,
+            "generation_path": generation_path_record(*generation_paths),
             "length": plan.length, "num_docs": len(sequences), "source": source, "longest_document_tokens": spans,
             "seconds_by_candidate": seconds, "compile": compile_record()}
 
 
-def best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):
-    """The candidate a of lowest held-out loss; TrainingDiverged when no loss is finite or every one is ln(vocabulary),
-    the loss of a uniform prediction (a student that collapsed in training would otherwise be exported)."""
+def scaling_recall_sequences(run, plan) -> list:
+    """The recall documents every candidate's answer loss is measured on (`hyla.convert.scaling_recall`); [] when
+    `scaling.recall_source` is not set."""
+    from hyla.convert.scaling_recall import recall_sequences
+
+    if plan.recall_source is None:
+        return []
+    lengths = plan.recall_lengths or [plan.length]
+    sequences = recall_sequences(run.tokenizer, plan.recall_source, lengths=lengths, num_docs=plan.recall_docs)
+    answers = [seq.answer.stop - seq.answer.start for seq in sequences]
+    run.log(f"[scaling] recall documents: {plan.recall_docs} of each of {lengths} tokens (made: "
+            f"{min(len(seq.ids) for seq in sequences)}-{max(len(seq.ids) for seq in sequences)}), answers of "
+            f"{min(answers)}-{max(answers)} tokens, on {plan.recall_source}")
+    return sequences
+
+
+def score_candidates(run, student, candidates: dict, sequences, recall_docs: list, seconds: dict):
+    """Per candidate label: the held-out loss, its loss by position, and (with recall documents) the answer scores
+    (`hyla.convert.scaling_recall.answer_scores`); `seconds` gets each pass's time."""
+    from hyla.convert.scaling_recall import answer_scores
+    from hyla.evals.ppl import bucket_means, default_bucket_edges
+
+    losses, curves, recall = {}, {}, {}
+    edges = default_bucket_edges(sequences.shape[1])
+    for label, options in candidates.items():
+        started = time.perf_counter()
+        token_losses = position_losses(student, sequences, options)
+        seconds["loss"][label] = round(time.perf_counter() - started, 2)
+        losses[label] = token_losses.mean().item()
+        curves[label] = bucket_means(token_losses, edges)
+        line = (f"[scaling] {'a=' + label if label != PER_LENGTH else label}: held-out loss {losses[label]:.4f} "
+                f"over {len(sequences)} x {sequences.shape[1]} tokens")
+        if recall_docs:
+            started = time.perf_counter()
+            recall[label] = answer_scores(recall_docs, position_scores(student, [d.ids for d in recall_docs], options))
+            seconds.setdefault("recall", {})[label] = round(time.perf_counter() - started, 2)
+            line += (f"; recall answer loss {recall[label]['loss']:.4f}, tokens right "
+                     f"{recall[label]['token_accuracy']:.3f}, exact {recall[label]['exact']:.2f} over "
+                     f"{len(recall_docs)} documents")
+        run.log(line)
+    return losses, curves, recall
+
+
+def recall_results(plan, recall: dict, recall_docs: list) -> dict:
+    """The recall documents' part of the stage's results (none without `scaling.recall_source`)."""
+    if not recall:
+        return {}
+    by_a = {name: {str(a): recall[str(a)][key] for a in plan.candidates}
+            for name, key in (("recall_loss_by_a", "loss"), ("recall_accuracy_by_a", "token_accuracy"),
+                              ("recall_exact_by_a", "exact"))}
+    return {**by_a, "recall_per_length": recall.get(PER_LENGTH),
+            "recall_by_length": {label: scores["by_length"] for label, scores in recall.items()},
+            "recall_documents": {"source": plan.recall_source, "num_docs": len(recall_docs),
+                                 "tokens": [len(doc.ids) for doc in recall_docs],
+                                 "answer_tokens": [doc.answer.stop - doc.answer.start for doc in recall_docs]}}
+
+
+def best_scaling(candidates: list, losses: dict[str, float], vocab_size: int,
+                 recall_losses: dict[str, float] | None = None):
+    """The candidate a of lowest held-out loss, or with `recall_losses` (`scaling.criterion=recall`) of lowest answer
+    loss on the recall documents. Either way TrainingDiverged when no held-out loss is finite or every one is
+    ln(vocabulary), the loss of a uniform prediction (a student that collapsed in training would otherwise be
+    exported), or when no candidate has a finite loss of both kinds."""
     uniform = math.log(vocab_size)
     finite = [a for a in candidates if math.isfinite(losses[str(a)])]
     if not finite or all(abs(losses[str(a)] - uniform) < UNIFORM_LOSS_TOLERANCE for a in finite):
@@ -164,11 +235,19 @@ def best_scaling(candidates: list, losses: dict[str, float], vocab_size: int):
             f"ln({vocab_size}) = {uniform:.4f}: the student collapsed in training (a learning rate too high?); "
             f"lower distill.lr or finetune.lr and rerun with --from-stage distill"
         )
-    return min(finite, key=lambda a: losses[str(a)])
+    if recall_losses is None:
+        return min(finite, key=lambda a: losses[str(a)])
+    eligible = [a for a in finite if math.isfinite(recall_losses[str(a)])]
+    if not eligible:
+        raise TrainingDiverged(f"scaling: the answer loss on the recall documents is not finite for any a in "
+                               f"{candidates}; lower distill.lr or finetune.lr and rerun with --from-stage distill")
+    return min(eligible, key=lambda a: recall_losses[str(a)])
 
 
-def plot_scaling(losses: dict, curves: dict, niah: dict, path: Path, length: int) -> None:
-    """Loss per candidate (bars), loss by position per candidate, and NIAH per candidate when measured."""
+def plot_scaling(losses: dict, curves: dict, niah: dict, path: Path, length: int,
+                 recall_losses: dict | None = None) -> None:
+    """Loss per candidate (bars; with recall documents their answer loss beside it), loss by position per
+    candidate, and NIAH per candidate when measured."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -186,6 +265,11 @@ def plot_scaling(losses: dict, curves: dict, niah: dict, path: Path, length: int
     axes[0].set_ylabel(f"held-out loss at {length} tokens")
     low, high = min(losses.values()), max(losses.values())
     axes[0].set_ylim(low - 0.1 * (high - low + 1e-3), high + 0.1 * (high - low + 1e-3))
+    if recall_losses:
+        # the answer loss on its own scale: a line over the bars
+        answer_axis = axes[0].twinx()
+        answer_axis.plot(range(len(labels)), [recall_losses[label] for label in labels], "o-", color="tab:red")
+        answer_axis.set_ylabel("recall answer loss", color="tab:red")
     for label, name in zip(labels, names):
         buckets = curves[label]
         axes[1].plot([(b["start"] + b["end"]) / 2 for b in buckets], [b["loss"] for b in buckets], marker=".",

@@ -119,7 +119,8 @@ def collect_conversion(folder: Path) -> dict | None:
             continue
         results = manifest["results"]
         keep = {k: results[k] for k in ("tokens", "steps", "seconds", "chosen", "method", "chosen_a", "loss_by_a",
-                                        "num_tokens", "length") if k in results}
+                                        "criterion", "recall_loss_by_a", "recall_exact_by_a", "num_tokens", "length")
+                if k in results}
         for end in ("first", "last"):
             if end in results:
                 keep[f"loss_{end}"] = results[end].get("loss")
