@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from offline_models import teacher_tokenizer
 from test_convert_pipeline import convert_args
+from test_scaling_niah import _tiny_hybrid
 
 import hyla.convert.runners as runners
 import hyla.convert.scaling as scaling
@@ -20,7 +21,7 @@ from hyla.convert.scaling_recall import (SIZE_SLACK, answer_scores, answer_token
                                          tokenized_document)
 from hyla.convert.stages import settings_hash
 from hyla.data.recall import make_document
-from hyla.models import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
+from hyla.models import InferenceOptions
 
 WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau".split()
 
@@ -130,14 +131,6 @@ def test_recall_documents_say_when_their_text_runs_out(text_folder):
         recall_sequences(teacher_tokenizer(), f"recall:{text_folder}", lengths=[4096], num_docs=50)
     with pytest.raises(ValueError, match="no recall document fits in 64 tokens"):
         recall_sequences(teacher_tokenizer(), f"recall-long:{text_folder}", lengths=[64], num_docs=1)
-
-
-def _tiny_hybrid(vocab_size: int) -> HypeNetForCausalLM:
-    torch.manual_seed(0)
-    config = HypeNetConfig(vocab_size=vocab_size, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                           layer_types=["lightning", "attention"], pad_token_id=0, eos_token_id=1, bos_token_id=2)
-    return HypeNetForCausalLM(config).eval()
 
 
 def test_the_recall_score_is_the_cross_entropy_of_the_answer_tokens(text_folder):
