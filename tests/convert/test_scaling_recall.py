@@ -225,7 +225,8 @@ def test_the_recall_criterion_keeps_the_divergence_check():
     (["scaling.criterion=recall"], "scaling.criterion=recall needs scaling.recall_source"),
     (["scaling.criterion=recal"], "did you mean 'recall'"),
     (["scaling.recall_source=recall@100-200:wordnet"], "drop the @MIN-MAX"),
-    (["scaling.recall_source=wordnet"], "expected recall[-repeat][-lead][-long]:SPEC"),
+    (["scaling.recall_source=recall-lead-dense:wordnet"], "drop -dense"),
+    (["scaling.recall_source=wordnet"], "expected recall[-repeat][-lead][-long][-dense]:SPEC"),
     (["scaling.recall_docs=3"], "scaling.recall_docs applies to the recall documents only"),
     (["scaling.recall_source=recall-lead:{missing}"], "source not found"),
 ])

@@ -1,6 +1,6 @@
-"""Synthetic recall documents (`recall:SPEC`, `recall-long:SPEC`, `recall-lead:SPEC`): facts, question and answer
-agree; lengths; seeds; long values and their kinds; lead lines and answers found by the key; the source spec;
-existing specs unchanged."""
+"""Synthetic recall documents (`recall:SPEC`, `recall-long:SPEC`, `recall-lead:SPEC`, `-dense`): facts, question and
+answer agree; lengths; seeds; long values and their kinds; lead lines and answers found by the key; every fact asked
+in dense documents; the source spec; existing specs unchanged."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import re
 
 import pytest
 
-from hyla.data.recall import (LONG_KINDS, LONG_VALUE_CHARS, MAX_FACTS, REPEAT_CHARS, long_value, make_document,
-                               parse_recall_spec, recall_documents)
+from hyla.data.recall import (DENSE_CHARS_PER_FACT, LONG_KINDS, LONG_VALUE_CHARS, MAX_FACTS, REPEAT_CHARS, long_value,
+                               make_document, parse_recall_spec, recall_documents)
 from hyla.data.sources import open_source
 from hyla.evals.niah_samples import NEEDLE_TEMPLATE
 
@@ -318,3 +318,73 @@ def test_lead_spec_forms_are_seeded_and_leave_the_other_variants_unchanged(tmp_p
     source = open_source(f"recall-repeat-lead@1000-2000:{tmp_path / 'a.txt'}")
     assert "one repeated passage, a lead line, answers found by the key)" in source.description
     assert len(list(source.documents())) > 50
+
+
+def test_lead_and_long_specs_give_the_documents_they_gave_before_dense_existed():
+    # sha256 of the first documents, computed with the code of 3b3d600 (before -dense)
+    def digest(source, **options):
+        return _digest(recall_documents(source, seed=2 if not options.get("repeat") else 1, min_chars=1000,
+                                        max_chars=3000, **options), 40)
+
+    assert digest(texts(), lead=True) == "6472b939ba9addbc38e8238699f0bb52b5c7b08e0b27fe37b2ea65aa2bb49d95"
+    assert digest(texts(), lead=True, long_values=True) == (
+        "baa870709f2202d3e8ead3e3d2a9faa35a998de4801dfe3c93dcb07a462e297d")
+    assert digest(texts(), long_values=True) == "72f2cd3966623a053a7670fc613849625121b1e782dddbc1e109fad86c6ea353"
+    assert digest(iter([PROSE]), lead=True, repeat=True) == (
+        "d918ec1fb71f5f5edf2ac4118704968be3a733b32ce2ec0c0646c6a166a5103c")
+
+
+LEAD_QA = re.compile(r"Question: .+\nAnswer: .*\b(\w+)\b.* is (\S+)\.")
+
+
+@pytest.mark.parametrize("repeat,long_values,lead", [(False, False, True), (True, False, True), (False, True, True),
+                                                     (False, False, False)])
+def test_dense_documents_hold_a_fact_per_2000_characters_and_ask_each_once_in_a_random_order(repeat, long_values,
+                                                                                              lead):
+    source = iter([PROSE * 3]) if repeat else texts(count=200)
+    docs = list(recall_documents(source, seed=0, min_chars=4000, max_chars=20000, repeat=repeat,
+                                 long_values=long_values, lead=lead, dense=True))
+    assert len(docs) > 10
+    counts, orders = set(), set()
+    for doc in docs:
+        count = len(doc.keys)
+        counts.add(count)
+        assert len(set(doc.keys)) == count and sorted(doc.order) == list(range(count)) and doc.asked == doc.order[0]
+        if count >= 8:
+            orders.add(doc.order == tuple(range(count)))
+        pairs = doc.text.split("\n\n")
+        body, qas = "\n\n".join(pairs[:-count]), pairs[-count:]
+        lines = body.split("\n")[1 if lead else 0:]
+        facts = [line for line in lines if any(re.search(rf"\b{k}\b", line) for k in doc.keys)]
+        haystack = "\n".join(line for line in lines if line not in facts)
+        # a fact every DENSE_CHARS_PER_FACT characters of haystack, at least MAX_FACTS, each on its own line
+        assert count == max(MAX_FACTS, len(haystack) // DENSE_CHARS_PER_FACT) and len(facts) == count
+        for index, qa in zip(doc.order, qas):
+            key, value = doc.keys[index], doc.values[index]
+            question, answer = qa.split("\n")
+            assert question.startswith("Question: ") and re.search(rf"\b{key}\b", question) and doc.kind in question
+            assert answer.startswith("Answer: ") and answer.endswith(f" is {value}.") and key in answer
+            [fact] = [line for line in facts if re.search(rf"\b{key}\b", line)]
+            assert fact.endswith(f" {value}.")
+            if not lead:
+                assert QUESTION.fullmatch(qa)
+    assert len(counts) > 3 and max(counts) >= 8  # the count follows the haystack's length
+    assert orders == {False}  # the questions are not asked in the facts' order
+
+
+def test_dense_spec_forms_are_seeded_and_say_so(tmp_path):
+    spec = parse_recall_spec("recall-repeat-lead-long-dense@300-900:wordnet")
+    assert (spec.inner, spec.min_chars, spec.repeat, spec.lead, spec.long_values, spec.dense) == (
+        "wordnet", 300, True, True, True, True)
+    assert parse_recall_spec("recall-dense:stdlib").dense and not parse_recall_spec("recall-lead:stdlib").dense
+    for bad in ("recall-dense-lead:stdlib", "recall-dense-long:stdlib", "recall-dense-dense:stdlib"):
+        with pytest.raises(ValueError, match=r"recall\[-repeat\]\[-lead\]\[-long\]\[-dense\]"):
+            parse_recall_spec(bad)
+    first = [d.text for d in recall_documents(texts(), seed=3, min_chars=1000, max_chars=9000, dense=True)]
+    assert first == [d.text for d in recall_documents(texts(), seed=3, min_chars=1000, max_chars=9000, dense=True)]
+    assert first != [d.text for d in recall_documents(texts(), seed=4, min_chars=1000, max_chars=9000, dense=True)]
+    (tmp_path / "a.txt").write_text("\n".join(LINES))
+    source = open_source(f"recall-lead-dense@4000-8000:{tmp_path / 'a.txt'}")
+    assert f"a fact every {DENSE_CHARS_PER_FACT} characters, each asked)" in source.description
+    docs = list(source.documents())
+    assert docs and all(doc.count("Question: ") >= MAX_FACTS for doc in docs)

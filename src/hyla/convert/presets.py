@@ -379,6 +379,8 @@ def _recall_source(spec: str) -> str | None:
         recall = parse_recall_spec(spec)
     except ValueError as err:
         return str(err).removeprefix(f"source {spec}: ")
+    if recall.dense:
+        return "asks every fact (-dense), but the scaling stage scores one answer a document: drop -dense"
     if "@" in spec.split(":", 1)[0]:
         return (f"sets haystack characters ({recall.min_chars}-{recall.max_chars}), but the scaling stage sizes "
                 f"each document in tokens (scaling.recall_lengths): drop the @MIN-MAX")

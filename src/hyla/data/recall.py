@@ -43,6 +43,14 @@ hidden within the following text."), and a converted hybrid answered " hidden wi
 25 4K prompts (docs/log/2026-12-02-smollm2-135m-halo-sitting-e.md). In these documents the teacher's prediction of
 the answer, found by the key, is what a distillation asks for. The facts, haystacks and values are those of the
 variant without -lead.
+
+`-dense` (last of the options: `recall-lead-dense@MIN-MAX:SPEC`, `recall-repeat-lead-long-dense:SPEC`, ...): one
+fact for every 2,000 characters of haystack (at least 4: 16-32 in a haystack of 32K-64K characters), all of one
+kind, and every fact asked once at the end, in a random order, one question-answer pair after another. A plain
+document asks one question, so a stage trained on 8K-16K-token documents sees one answer of a few tokens in each:
+~1,300 long-range answers in 25M tokens. A dense one asks 16-32, whose facts lie anywhere from the question back to
+the document's start, each among facts of the same kind with other keys. Without -dense a spec gives the documents it
+always gave.
 """
 
 from __future__ import annotations
@@ -56,8 +64,9 @@ from dataclasses import dataclass
 
 DEFAULT_CHARS = (2000, 14000)
 MAX_FACTS = 4
+DENSE_CHARS_PER_FACT = 2000  # -dense: one fact for every this many characters of haystack (at least MAX_FACTS)
 REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
-_SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+_SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(-dense)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
               "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
@@ -160,17 +169,19 @@ class RecallSpec:
     repeat: bool = False  # the haystack: one short passage repeated (recall-repeat), else consecutive text
     long_values: bool = False  # the values: long codes (LONG_KINDS, the -long variants), else short ones
     lead: bool = False  # a lead line and an answer found only by the key (the -lead variants)
+    dense: bool = False  # a fact every DENSE_CHARS_PER_FACT characters, every one asked at the end (-dense)
 
 
 def parse_recall_spec(spec: str) -> RecallSpec:
-    """`recall[-repeat][-lead][-long]:SPEC` or `recall[-repeat][-lead][-long]@MIN-MAX:SPEC` -> RecallSpec; ValueError
-    with the expected form otherwise."""
+    """`recall[-repeat][-lead][-long][-dense]:SPEC` or `recall[-repeat][-lead][-long][-dense]@MIN-MAX:SPEC` ->
+    RecallSpec; ValueError with the expected form otherwise."""
     match = _SPEC.fullmatch(spec)
-    if match is None or not match.group(6).strip():
-        raise ValueError(f"source {spec}: expected recall[-repeat][-lead][-long]:SPEC or "
-                         "recall[-repeat][-lead][-long]@MIN-MAX:SPEC (haystack characters; the options in this order)")
-    repeat, lead, long_values, low, high, inner = match.groups()
-    flags = dict(repeat=bool(repeat), long_values=bool(long_values), lead=bool(lead))
+    if match is None or not match.group(7).strip():
+        raise ValueError(f"source {spec}: expected recall[-repeat][-lead][-long][-dense]:SPEC or "
+                         "recall[-repeat][-lead][-long][-dense]@MIN-MAX:SPEC (haystack characters; the options in "
+                         "this order)")
+    repeat, lead, long_values, dense, low, high, inner = match.groups()
+    flags = dict(repeat=bool(repeat), long_values=bool(long_values), lead=bool(lead), dense=bool(dense))
     if low is None:
         return RecallSpec(inner, **flags)
     if not 0 < int(low) <= int(high):
@@ -184,14 +195,23 @@ class RecallDoc:
     kind: str
     keys: list[str]
     values: list[str]
-    asked: int  # index into keys/values of the fact the question asks for
+    asked: int  # index into keys/values of the fact the (first) question asks for
+    order: tuple[int, ...] = ()  # the facts asked, in the questions' order ((asked,) unless dense)
 
 
-def make_document(haystack: str, rng: random.Random, *, long_values: bool = False, lead: bool = False) -> RecallDoc:
+def dense_fact_count(haystack_chars: int) -> int:
+    """-dense: how many facts a haystack of this many characters holds."""
+    return max(MAX_FACTS, haystack_chars // DENSE_CHARS_PER_FACT)
+
+
+def make_document(haystack: str, rng: random.Random, *, long_values: bool = False, lead: bool = False,
+                  dense: bool = False) -> RecallDoc:
     """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer;
-    `long_values`: a kind of LONG_KINDS; `lead`: a lead line first and one of the lead variants' questions."""
+    `long_values`: a kind of LONG_KINDS; `lead`: a lead line first and one of the lead variants' questions; `dense`:
+    `dense_fact_count` facts instead, each asked once at the end, in a random order, one question-answer pair after
+    another."""
     kind, value_of = rng.choice(LONG_KINDS if long_values else _KINDS)
-    count = rng.randint(1, MAX_FACTS)
+    count = dense_fact_count(len(haystack)) if dense else rng.randint(1, MAX_FACTS)
     keys: list[str] = []
     while len(keys) < count:
         key = _name(rng)
@@ -202,13 +222,12 @@ def make_document(haystack: str, rng: random.Random, *, long_values: bool = Fals
     for key, value in zip(keys, values):
         fact = rng.choice(_FACT_TEMPLATES).format(kind=kind, key=key, value=value)
         lines.insert(rng.randint(0, len(lines)), fact)
-    asked = rng.randrange(count)
+    order = tuple(rng.sample(range(count), count)) if dense else (rng.randrange(count),)
     if lead:
         lines.insert(0, rng.choice(_LEADS).format(kind=kind))
-        question = rng.choice(_LEAD_QUESTIONS).format(kind=kind, key=keys[asked], value=values[asked])
-    else:
-        question = _QUESTION.format(kind=kind, key=keys[asked], value=values[asked])
-    return RecallDoc("\n".join(lines).rstrip() + "\n\n" + question, kind, keys, values, asked)
+    questions = [(rng.choice(_LEAD_QUESTIONS) if lead else _QUESTION).format(kind=kind, key=keys[i], value=values[i])
+                 for i in order]
+    return RecallDoc("\n".join(lines).rstrip() + "\n\n" + "\n\n".join(questions), kind, keys, values, order[0], order)
 
 
 def _sentence_end(text: str, start: int, stop: int, *, last: bool) -> int:
@@ -233,12 +252,13 @@ def _passage(text: str, length: int) -> tuple[str, int]:
 
 def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
                      max_chars: int = DEFAULT_CHARS[1], repeat: bool = False,
-                     long_values: bool = False, lead: bool = False) -> Iterator[RecallDoc]:
+                     long_values: bool = False, lead: bool = False, dense: bool = False) -> Iterator[RecallDoc]:
     """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
     [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped.
     `repeat`: each haystack is instead a passage of 60-300 characters of `texts` (consecutive passages for
     consecutive documents) repeated one per line to the drawn length. `long_values`: the facts' values are long codes
-    (LONG_KINDS). `lead`: a lead line and an answer found only by the key (`make_document`)."""
+    (LONG_KINDS). `lead`: a lead line and an answer found only by the key; `dense`: a fact every
+    DENSE_CHARS_PER_FACT characters, each asked at the end (`make_document`)."""
     rng = random.Random(f"hyla-recall-{seed}")
     pending = ""
     target = rng.randint(min_chars, max_chars)
@@ -255,6 +275,6 @@ def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAUL
                 cut = cut if cut > target // 2 else target
                 haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
             if haystack.strip():
-                yield make_document(haystack, rng, long_values=long_values, lead=lead)
+                yield make_document(haystack, rng, long_values=long_values, lead=lead, dense=dense)
             target = rng.randint(min_chars, max_chars)
             need = rng.randint(*REPEAT_CHARS) if repeat else target

@@ -69,7 +69,7 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
     if spec.startswith("hf:"):
         return _open_hf_dataset(spec, text_field)
     if _RECALL_PREFIX.match(spec):
-        from hyla.data.recall import LONG_VALUE_CHARS, parse_recall_spec, recall_documents
+        from hyla.data.recall import DENSE_CHARS_PER_FACT, LONG_VALUE_CHARS, parse_recall_spec, recall_documents
 
         recall = parse_recall_spec(spec)
         inner = open_source(recall.inner, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
@@ -78,6 +78,7 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
         low, high = LONG_VALUE_CHARS
         values = f", values of {low}-{high} characters" if recall.long_values else ""
         values += ", a lead line, answers found by the key" if recall.lead else ""
+        values += f", a fact every {DENSE_CHARS_PER_FACT} characters, each asked" if recall.dense else ""
         return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}{values}) "
                       f"on {inner.description}",
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
@@ -85,7 +86,7 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                                                                     max_chars=recall.max_chars,
                                                                     repeat=recall.repeat,
                                                                     long_values=recall.long_values,
-                                                                    lead=recall.lead)),
+                                                                    lead=recall.lead, dense=recall.dense)),
                       record=inner.record)
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
