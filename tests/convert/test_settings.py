@@ -64,6 +64,8 @@ def test_set_values_are_parsed_as_their_fields_type():
     ("preset=paper", "unknown setting 'preset'"),
     ("distill.lr", "is not of the form section.field=value"),
     ("align.bf16_activations=true", "align.bf16_activations: the alignment trains single mixers"),
+    ("align.logit_scaling_a=2000", "align.logit_scaling_a: the alignment trains single mixers"),
+    ("finetune.logit_scaling_a=1", "finetune.logit_scaling_a must be > 1, got 1"),
 ])
 def test_bad_set_values_are_one_clear_error(setting, message):
     with pytest.raises(ValueError) as error:

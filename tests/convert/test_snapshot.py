@@ -4,6 +4,7 @@ records; bad requests refused in one line before the teacher loads; nothing half
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -136,3 +137,35 @@ def test_a_failed_snapshot_leaves_no_folder(distilled_run, tiny_teacher, tmp_pat
     with pytest.raises(OSError, match="No space left"):
         snapshot.snapshot(snapshot.SnapshotRequest(distilled_run, "distill", to, str(tiny_teacher)), log=lambda _: None)
     assert list(tmp_path.iterdir()) == []  # neither the folder nor its staging copy
+
+
+def test_stage_3_trains_under_logit_scaling_when_set_and_the_finetune_snapshot_says_so(distilled_run, tiny_teacher,
+                                                                                      tmp_path, capsys):
+    """`finetune.logit_scaling_a`: stage 3 trains with the NoPE attention's s_t on (its first loss, on the same
+    distilled weights and batch, differs from the plain run's), the setting enters the stage's hash only when set
+    (the earlier stages are reused), and a snapshot of the stage names the a it trained with."""
+    extra = ["--data", str(distilled_run.parent / "text"), *SHORTER, "--until-stage", "finetune"]
+    runs = {}
+    for name, settings in (("plain", []), ("scaled", ["--set", "finetune.logit_scaling_a=2"])):
+        runs[name] = tmp_path / name
+        shutil.copytree(distilled_run, runs[name])
+        capsys.readouterr()
+        assert main(convert_args(tiny_teacher, runs[name], *extra, *settings)) == 0
+        log = capsys.readouterr().out
+        assert ("[finetune] trains with the NoPE attention's logit scaling on" in log) == bool(settings)
+        assert "[distill]" not in log or "done" in log  # the distill stage is reused, not trained again
+    plain, scaled = ({stage: json.loads((next(runs[name].glob(f"*-{stage}")) / "manifest.json").read_text())
+                      for stage in ("distill", "finetune")} for name in ("plain", "scaled"))
+    assert plain["distill"]["settings_hash"] == scaled["distill"]["settings_hash"]
+    assert "logit_scaling_a" not in plain["finetune"]["settings"]["budget"]
+    assert scaled["finetune"]["settings"]["budget"]["logit_scaling_a"] == 2
+    first, first_scaled = plain["finetune"]["results"]["first"]["loss"], scaled["finetune"]["results"]["first"]["loss"]
+    # The same distilled weights and first batch, float32 CPU ops: without the scaling the two first losses are equal
+    # to the bit. The tiny random teacher's attention is near uniform, so s_t moves the loss by little, but it moves.
+    assert math.isfinite(first_scaled) and first_scaled != first
+    assert main(snapshot_args(runs["scaled"], tmp_path / "snap", tiny_teacher, stage="finetune")) == 0
+    card = (tmp_path / "snap" / "README.md").read_text()
+    assert "logit scaling a: off, set by the snapshot (the stage trained with a = 2" in card
+    assert main(snapshot_args(runs["scaled"], tmp_path / "snap2", tiny_teacher, "--logit-scaling-a", "2",
+                              stage="finetune")) == 0
+    assert "logit scaling a: 2, as the stage trained" in (tmp_path / "snap2" / "README.md").read_text()

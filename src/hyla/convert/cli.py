@@ -57,7 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="the model folder to write (new, or empty; outside OUT), whole or not at all")
     snapshot.add_argument("--logit-scaling-a", type=_scaling_a, default=None, metavar="A|off",
                           help="the attention logit scaling constant saved in the model (default off: stages 2 and "
-                          "3 train without it; the scaling stage chooses a after them)")
+                          "3 train without it unless STAGE.logit_scaling_a was set, which the snapshot's README "
+                          "names; the scaling stage chooses a after them)")
     parser.set_defaults(handler=_run)
 
 

@@ -66,6 +66,10 @@ class StageBudget:
     # no effect on CPU, which trains without autocast. Off until measured on a GPU (`hyla bench train --paths
     # fast,fast-bf16-activations`).
     bf16_activations: bool = False
+    # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
+    # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
+    # trains (None); the scaling stage then chooses the a the model is exported with, as always.
+    logit_scaling_a: float | None = None
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
     # fsdp (hyla.train.parallel). Speed and memory only.
@@ -83,7 +87,7 @@ class StageBudget:
         `data_parallel` change speed and memory, not results (up to float rounding), and are left out (a run can be
         resumed with them switched either way, and earlier runs keep their hash)."""
         settings = {name: value for name, value in self.__dict__.items() if name not in SPEED_ONLY}
-        for name in ("align_documents", "teacher_bf16", "bf16_activations"):
+        for name in ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a"):
             if not settings[name]:  # earlier runs keep their hash (None: the device's default)
                 del settings[name]
         return settings
@@ -404,7 +408,7 @@ RULES: dict[str, Rule] = {
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
     "selection.csr_batch_size": at_least(1), "selection.niah_max_new_tokens": at_least(1),
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
-    "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
+    "scaling.candidates": each(greater_than(1)), "logit_scaling_a": greater_than(1), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
@@ -433,6 +437,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).bf16_activations:
             raise ValueError(f"{name}.bf16_activations: the alignment trains single mixers, not the hybrid's "
                              f"residual stream; set it for distill or finetune")
+        if getattr(plan, name).logit_scaling_a is not None:
+            raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
+                             f"attention; set it for distill or finetune")
     _check_mixer_options(plan.model)
     _check_recall_options(plan.scaling)
     if plan.finetune_skipped and plan.data.long_sources:

@@ -372,7 +372,11 @@ def stage_student(hf_teacher, stages: dict[str, Stage], weights_stage: str | Non
 
 def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, budget, teacher,
                    cross_entropy: bool, prepare=None, corpus: str = "main") -> dict:
-    student = load_student(run, weights_stage)
+    scaling = {} if budget.logit_scaling_a is None else {"attention_logit_scaling_a": budget.logit_scaling_a}
+    student = load_student(run, weights_stage, **scaling)
+    if scaling:
+        run.log(f"[{stage.name}] trains with the NoPE attention's logit scaling on: s_t = log(t + a) / log(a), "
+                f"a = {budget.logit_scaling_a:g}")
     # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
     prepared = prepare(student) if prepare is not None else None
     if budget.bf16_activations:

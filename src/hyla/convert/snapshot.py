@@ -105,9 +105,19 @@ def check_teacher(recorded: dict, current: dict, request: SnapshotRequest) -> No
                          f"--teacher it was converted from")
 
 
+def _scaling_line(scaling: float | None, trained: float | None) -> str:
+    """The card's logit-scaling line: the snapshot's a against the a the stage trained with (None: off)."""
+    if scaling == trained:
+        return "off, as the stage trained" if scaling is None else f"{scaling:g}, as the stage trained"
+    given = "off" if scaling is None else f"{scaling:g}"
+    how = "without" if trained is None else f"with a = {trained:g} (`--logit-scaling-a {trained:g}` gives that)"
+    return f"{given}, set by the snapshot (the stage trained {how})"
+
+
 def snapshot_card(report: dict) -> str:
     stage, stages = report["stage"], report["stages"]
     scaling = report["attention_logit_scaling_a"]
+    trained_a = report["stage_settings"][stage].get("budget", {}).get("logit_scaling_a")
     lines = [
         "---", "library_name: transformers", "tags: [hyla, hypenet, hybrid-linear-attention, intermediate-checkpoint]",
         "---", "",
@@ -120,8 +130,7 @@ def snapshot_card(report: dict) -> str:
         f"- attention layers kept (NoPE, output-gated): {stages['select'].get('chosen')} by "
         f"`{stages['select'].get('method')}`",
         f"- the other layers: `{report['build_options']['rnn_mixer']}`",
-        "- logit scaling a: " + ("off, as the stage trained" if scaling is None else
-                                 f"{scaling:g}, set by the snapshot (the stage trained without)"), "",
+        "- logit scaling a: " + _scaling_line(scaling, trained_a), "",
         *training_table(stages, [name for name in ("align", "distill", "finetune") if name in stages]),
         "", "What the snapshot read and how it was made: `snapshot.json`.", "",
     ]
