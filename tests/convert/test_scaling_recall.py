@@ -243,11 +243,18 @@ def test_a_bad_recall_setting_fails_with_one_line_before_anything_loads(tiny_tea
 def test_the_default_recall_settings_keep_each_presets_stage_hash():
     # the scaling settings' hashes before the recall criterion existed (commit 7f7a027)
     before = {"halo-smollm2": "cd13795e069e3ba8", "smoke": "c7c768addb03ff02", "quick": "5ca5692000ad427b"}
+    # halo-smollm2 has since chosen by recall on a larger grid (sitting H); with the grid and criterion it had then,
+    # it gives the hash it had then
+    then = {"halo-smollm2": ["scaling.candidates=none,1000.0,5000.0,10000.0,20000.0,100000.0", "scaling.criterion=loss",
+                             "scaling.recall_source=none", "scaling.recall_lengths=", "scaling.recall_docs=8"]}
     for preset, expected in before.items():
-        assert settings_hash(make_plan(preset, 0).scaling.settings()) == expected, preset
-    plan = apply_overrides(make_plan("halo-smollm2", 0), ["scaling.recall_source=recall-lead-long:wordnet"])
+        plan = apply_overrides(make_plan(preset, 0), then.get(preset, []))
+        assert settings_hash(plan.scaling.settings()) == expected, preset
+    assert settings_hash(make_plan("halo-smollm2", 0).scaling.settings()) != before["halo-smollm2"]
+    plan = apply_overrides(make_plan("halo-smollm2", 0), then["halo-smollm2"] + [
+        "scaling.recall_source=recall-lead-long:wordnet"])
     assert settings_hash(plan.scaling.settings()) != before["halo-smollm2"]
-    chosen_by_recall = apply_overrides(make_plan("halo-smollm2", 0), [
+    chosen_by_recall = apply_overrides(make_plan("halo-smollm2", 0), then["halo-smollm2"] + [
         "scaling.recall_source=recall-lead-long:wordnet", "scaling.criterion=recall"])
     assert settings_hash(chosen_by_recall.scaling.settings()) != settings_hash(plan.scaling.settings())
 

@@ -135,7 +135,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
         options = _options_of(args)
         assert options == wanted[name], name
     # every job that waits for the conversion starts once it ends
-    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 19 <= plan.parallel
+    assert len([job for job in plan.jobs.values() if "convert" in job.needs]) == 21 <= plan.parallel
     assert not [name for name in plan.jobs if name.startswith("warm-")]  # the layers are chosen by the run itself
     # The conversion reads the teacher itself, not the check's folder: it runs beside the check, which can stop it.
     assert plan.jobs["convert"].needs == () and plan.jobs["convert"].checked_by == ("teacher-check",)
@@ -211,12 +211,13 @@ def test_the_h200_profile_compiles_every_evaluation_shape_on_a_stand_in_while_th
             needed = candidates if not options else [{"logit_scaling": "off"} if "distill" in name else options]
             assert all(option in warmed[shape(job)] for option in needed), name
             checked += 1
-    assert checked == 3 * 2 + 3 + 3 + 7
+    assert checked == 3 * 2 + 3 + 3 + len(candidates)
     off = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, profile="h200",
                     overrides=["warm_engine=false"])
     assert set(plan.jobs) - set(off.jobs) == {"warm-convert"} | {f"warm-niah-{name}-{span}" for span in ("long", "short")
-                                                                 for name in ("off", "a1000", "a5000", "a10000",
-                                                                              "a20000", "a100000", "cL")}
+                                                                 for name in ("off", "a1000", "a2000", "a3000",
+                                                                              "a5000", "a10000", "a20000", "a100000",
+                                                                              "cL")}
 
 
 def _options_of(args) -> dict:

