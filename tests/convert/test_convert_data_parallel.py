@@ -59,14 +59,14 @@ def ddp_run(tiny_teacher, tmp_path_factory) -> tuple[Path, str]:
 
 @pytest.mark.slow
 def test_a_small_model_gets_ddp_and_the_loss_curves_of_one_process(ddp_run, distilled_run):
-    out, printed = ddp_run
+    (out, printed), (one, _) = ddp_run, distilled_run
     for stage in ("align", "distill"):
         assert f"[{stage}] data parallel: ddp (auto: " in printed
         recorded = manifest(out, stage)["results"]["data_parallel"]
         assert recorded["mode"] == "ddp" and recorded["world_size"] == 2 and recorded["replica_bytes"] > 0
         assert manifest(out, stage)["results"]["fast_path"]["micro_batch_rows_used"] == 1
-    assert manifest(distilled_run, "distill")["results"]["data_parallel"]["mode"] == "none"
-    assert_same_curves(distilled_run, out)
+    assert manifest(one, "distill")["results"]["data_parallel"]["mode"] == "none"
+    assert_same_curves(one, out)
 
 
 @pytest.mark.slow
@@ -80,7 +80,7 @@ def test_fsdp_modes_give_the_loss_curves_of_one_process(tiny_teacher, distilled_
     printed = torchrun(convert_args(tiny_teacher, out, *STOP, *chosen, *extra)).stdout
     assert f"[distill] data parallel: {mode} (data_parallel={mode})" in printed
     assert manifest(out, "distill")["results"]["data_parallel"]["mode"] == mode
-    assert_same_curves(distilled_run, out)
+    assert_same_curves(distilled_run[0], out)
 
 
 @pytest.mark.slow

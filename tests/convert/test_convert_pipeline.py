@@ -136,7 +136,7 @@ def test_sigkill_during_distillation_then_rerun_gives_the_same_weights(tiny_teac
 
 
 def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher, distilled_run, tmp_path, capsys):
-    plain, kept = distilled_run, tmp_path / "kept"
+    (plain, _), kept = distilled_run, tmp_path / "kept"
     assert main(convert_args(tiny_teacher, kept, "--until-stage", "distill",
                              "--set", "distill.checkpoint_activations=true")) == 0
     assert "[distill] activation checkpointing:" in capsys.readouterr().out
@@ -155,7 +155,7 @@ def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tin
     `distill.bf16_activations` (the hybrid's activations in bf16 under autocast, which CPU trains without: no effect
     here; its numerics under autocast: tests/train/test_bf16_activations.py): the stage says so, hashes it, and
     saves float32 weights."""
-    plain, half = distilled_run, tmp_path / "half"
+    (plain, _), half = distilled_run, tmp_path / "half"
     assert main(convert_args(tiny_teacher, half, "--until-stage", "distill", "--set", "align.teacher_bf16=true",
                              "--set", "distill.teacher_bf16=true", "--set", "distill.bf16_activations=true")) == 0
     assert "[distill] activations: bf16 under autocast" in capsys.readouterr().out
