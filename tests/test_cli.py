@@ -37,12 +37,22 @@ def test_every_command_reads_one_triton_cache_whatever_it_compiles_first(tmp_pat
              "print(os.environ['TRITON_CACHE_DIR'])\n")
     env = {key: value for key, value in os.environ.items() if key != "TRITON_CACHE_DIR"}
     env.update(HOME=str(tmp_path), TRITON_HOME=str(tmp_path / "triton-home"))
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1] == str(tmp_path / "triton-home" / ".triton" / "cache")
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "own")  # a folder the caller chose stays
-    done = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=120, env=env)
-    assert done.stdout.splitlines()[-1] == str(tmp_path / "own")
+    # A folder the caller chose stays. The two children run at once: each spends its seconds importing on one core.
+    own = dict(env, TRITON_CACHE_DIR=str(tmp_path / "own"))
+    children = [subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, env=child_env) for child_env in (env, own)]
+    try:
+        outputs = [process.communicate(timeout=120) for process in children]
+    finally:
+        for process in children:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    (default_out, default_err), (own_out, own_err) = outputs
+    assert children[0].returncode == 0, default_err
+    assert default_out.splitlines()[-1] == str(tmp_path / "triton-home" / ".triton" / "cache")
+    assert children[1].returncode == 0, own_err
+    assert own_out.splitlines()[-1] == str(tmp_path / "own")
 
 
 def test_the_default_triton_cache_is_tritons_own(monkeypatch, tmp_path):

@@ -215,27 +215,27 @@ def _assert_same_twins(expected: dict, actual: dict, rtol: float) -> None:
         assert ((actual[name] - value).norm() / value.norm()).item() <= rtol, name
 
 
-def test_stage_1_with_the_batched_loss_trains_the_loops_twins(tiny_teacher, tmp_path, capsys):
-    stop = ["--until-stage", "align"]
-    assert main(convert_args(tiny_teacher, tmp_path / "loop", *stop)) == 0
-    assert "[align] alignment loss: per-twin loop (the reference path)" in capsys.readouterr().out
+def test_stage_1_with_the_batched_loss_trains_the_loops_twins(tiny_teacher, distilled_run, tmp_path, capsys):
+    # The loop: stage 1 of the plain run (stage 1 is the same whichever stage a run stops after).
+    loop, printed = distilled_run
+    assert "[align] alignment loss: per-twin loop (the reference path)" in printed
     # The batched loss, eager (the CPU default does not compile).
-    assert main(convert_args(tiny_teacher, tmp_path / "batched", *stop, "--set", "align.batched_twins=true")) == 0
+    assert main(convert_args(tiny_teacher, tmp_path / "batched", "--until-stage", "align",
+                             "--set", "align.batched_twins=true")) == 0
     assert "[align] alignment loss: batched, every twin in one problem, eager (4 Lightning twins of one shape)" \
         in capsys.readouterr().out
     # float32 on CPU, 8 AdamW steps: the two losses' rounding differs by float32 ulps, which AdamW's normalised
     # update can turn into up to lr-sized moves of entries with gradients near zero.
-    _assert_same_twins(_trained_twins(tmp_path / "loop"), _trained_twins(tmp_path / "batched"), rtol=1e-4)
+    _assert_same_twins(_trained_twins(loop), _trained_twins(tmp_path / "batched"), rtol=1e-4)
 
 
 @pytest.mark.slow
-def test_stage_1_on_the_fast_path_compiles_the_batched_loss_and_trains_the_loops_twins(tiny_teacher, tmp_path,
-                                                                                        capsys):
+def test_stage_1_on_the_fast_path_compiles_the_batched_loss_and_trains_the_loops_twins(tiny_teacher, distilled_run,
+                                                                                        tmp_path, capsys):
     import json
 
-    stop = ["--until-stage", "align"]
-    assert main(convert_args(tiny_teacher, tmp_path / "loop", *stop)) == 0
-    assert main(convert_args(tiny_teacher, tmp_path / "fast", *stop, "--set", "align.compile=true",
+    loop, _ = distilled_run
+    assert main(convert_args(tiny_teacher, tmp_path / "fast", "--until-stage", "align", "--set", "align.compile=true",
                              "--set", "align.batched_twins=true")) == 0
     printed = capsys.readouterr().out
     assert "[align] alignment loss: batched, every twin in one problem, one compiled function" in printed
@@ -243,7 +243,7 @@ def test_stage_1_on_the_fast_path_compiles_the_batched_loss_and_trains_the_loops
     results = json.loads((tmp_path / "fast" / "01-align" / "manifest.json").read_text())["results"]
     assert results["alignment_loss"]["batched"] and results["fast_path"]["compile"]
     # As above, with inductor's fused float32 kernels on the batched side.
-    _assert_same_twins(_trained_twins(tmp_path / "loop"), _trained_twins(tmp_path / "fast"), rtol=1e-3)
+    _assert_same_twins(_trained_twins(loop), _trained_twins(tmp_path / "fast"), rtol=1e-3)
 
 
 @pytest.mark.slow

@@ -51,13 +51,6 @@ def assert_same_curves(one: Path, two: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def one_process(tiny_teacher, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("one") / "run"
-    assert main(convert_args(tiny_teacher, out, *STOP)) == 0
-    return out
-
-
-@pytest.fixture(scope="module")
 def ddp_run(tiny_teacher, tmp_path_factory) -> tuple[Path, str]:
     """Two processes, the mode left to the rule (auto), micro-batches of one row."""
     out = tmp_path_factory.mktemp("ddp") / "run"
@@ -65,15 +58,15 @@ def ddp_run(tiny_teacher, tmp_path_factory) -> tuple[Path, str]:
 
 
 @pytest.mark.slow
-def test_a_small_model_gets_ddp_and_the_loss_curves_of_one_process(ddp_run, one_process):
-    out, printed = ddp_run
+def test_a_small_model_gets_ddp_and_the_loss_curves_of_one_process(ddp_run, distilled_run):
+    (out, printed), (one, _) = ddp_run, distilled_run
     for stage in ("align", "distill"):
         assert f"[{stage}] data parallel: ddp (auto: " in printed
         recorded = manifest(out, stage)["results"]["data_parallel"]
         assert recorded["mode"] == "ddp" and recorded["world_size"] == 2 and recorded["replica_bytes"] > 0
         assert manifest(out, stage)["results"]["fast_path"]["micro_batch_rows_used"] == 1
-    assert manifest(one_process, "distill")["results"]["data_parallel"]["mode"] == "none"
-    assert_same_curves(one_process, out)
+    assert manifest(one, "distill")["results"]["data_parallel"]["mode"] == "none"
+    assert_same_curves(one, out)
 
 
 @pytest.mark.slow
@@ -81,13 +74,13 @@ def test_a_small_model_gets_ddp_and_the_loss_curves_of_one_process(ddp_run, one_
     ("fsdp", ["--set", "distill.checkpoint_activations=true"]),  # recomputation inside FSDP2's hooks
     ("fsdp-no-reshard", MICRO_BATCHES),
 ])
-def test_fsdp_modes_give_the_loss_curves_of_one_process(tiny_teacher, one_process, tmp_path, mode, extra):
+def test_fsdp_modes_give_the_loss_curves_of_one_process(tiny_teacher, distilled_run, tmp_path, mode, extra):
     out = tmp_path / "run"
     chosen = ["--set", f"align.data_parallel={mode}", "--set", f"distill.data_parallel={mode}"]
     printed = torchrun(convert_args(tiny_teacher, out, *STOP, *chosen, *extra)).stdout
     assert f"[distill] data parallel: {mode} (data_parallel={mode})" in printed
     assert manifest(out, "distill")["results"]["data_parallel"]["mode"] == mode
-    assert_same_curves(one_process, out)
+    assert_same_curves(distilled_run[0], out)
 
 
 @pytest.mark.slow

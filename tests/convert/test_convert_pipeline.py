@@ -135,11 +135,10 @@ def test_sigkill_during_distillation_then_rerun_gives_the_same_weights(tiny_teac
         assert torch.equal(expected[name], actual[name]), name
 
 
-def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher, tmp_path, capsys):
-    stop = ["--until-stage", "distill"]
-    plain, kept = tmp_path / "plain", tmp_path / "kept"
-    assert main(convert_args(tiny_teacher, plain, *stop)) == 0
-    assert main(convert_args(tiny_teacher, kept, *stop, "--set", "distill.checkpoint_activations=true")) == 0
+def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher, distilled_run, tmp_path, capsys):
+    (plain, _), kept = distilled_run, tmp_path / "kept"
+    assert main(convert_args(tiny_teacher, kept, "--until-stage", "distill",
+                             "--set", "distill.checkpoint_activations=true")) == 0
     assert "[distill] activation checkpointing:" in capsys.readouterr().out
     expected = load_file(plain / "03-distill" / "student.safetensors")
     actual = load_file(kept / "03-distill" / "student.safetensors")
@@ -147,7 +146,8 @@ def test_activation_checkpointing_gives_the_same_distilled_weights(tiny_teacher,
         assert torch.equal(expected[name], actual[name]), name
 
 
-def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tiny_teacher, tmp_path, capsys):
+def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tiny_teacher, distilled_run, tmp_path,
+                                                                            capsys):
     """`teacher_bf16` holds the frozen teacher of stages 1-2 in bf16: the first step's losses move by bf16 rounding
     only (stage 1: the same twins and batch; stage 2: the same batch, from twins that differ by as much), 2^-8
     relative per activation through two blocks, where 5% is far above that and far below the losses' own changes
@@ -155,10 +155,8 @@ def test_bf16_teacher_trains_stages_one_and_two_close_to_the_float32_teacher(tin
     `distill.bf16_activations` (the hybrid's activations in bf16 under autocast, which CPU trains without: no effect
     here; its numerics under autocast: tests/train/test_bf16_activations.py): the stage says so, hashes it, and
     saves float32 weights."""
-    stop = ["--until-stage", "distill"]
-    plain, half = tmp_path / "plain", tmp_path / "half"
-    assert main(convert_args(tiny_teacher, plain, *stop)) == 0
-    assert main(convert_args(tiny_teacher, half, *stop, "--set", "align.teacher_bf16=true",
+    (plain, _), half = distilled_run, tmp_path / "half"
+    assert main(convert_args(tiny_teacher, half, "--until-stage", "distill", "--set", "align.teacher_bf16=true",
                              "--set", "distill.teacher_bf16=true", "--set", "distill.bf16_activations=true")) == 0
     assert "[distill] activations: bf16 under autocast" in capsys.readouterr().out
     weights = load_file(next(half.glob("*-distill")) / "student.safetensors")

@@ -306,41 +306,63 @@ def wait_random(low, high):
 '''
 
 
-def _run_ruler_generator(tmp_path, tokenizer_dir, task, num_samples: int):
-    """Run RULER's own niah.py as prepare.py would; returns the data file it writes."""
+def _start_ruler_generator(folder, tokenizer_dir, shim_dir, task) -> subprocess.Popen:
+    """Start RULER's own niah.py as prepare.py would, writing 3 samples of `task` under folder/ruler, with shim_dir's
+    modules importable."""
     import os
     import subprocess
     import sys
 
     from long_context_eval.data.synthetic.constants import TASKS as RULER_TASKS
 
-    pytest.importorskip("nltk", reason="RULER's niah.py imports nltk")
-    # RULER's tokenizer module imports tenacity for API retries that an HF tokenizer never uses.
-    shim_dir = tmp_path / "shims"
-    shim_dir.mkdir(exist_ok=True)
-    (shim_dir / "tenacity.py").write_text(_TENACITY_SHIM)
     template = RULER_TASKS["niah"]["template"] + RULER_TASKS["niah"]["answer_prefix"]
     args = {"type_haystack": task.type_haystack, "type_needle_k": task.type_needle_k,
             "type_needle_v": task.type_needle_v, "num_needle_k": task.num_needle_k,
             "num_needle_v": task.num_needle_v, "num_needle_q": task.num_needle_q}
     command = [sys.executable, str(ruler_package_dir() / "data" / "synthetic" / "niah.py"),
-               "--save_dir", str(tmp_path / "ruler"), "--save_name", task.ruler_name, "--tokenizer_path",
+               "--save_dir", str(folder / "ruler"), "--save_name", task.ruler_name, "--tokenizer_path",
                str(tokenizer_dir), "--tokenizer_type", "hf", "--max_seq_length", "1024", "--tokens_to_generate", "128",
-               "--num_samples", str(num_samples), "--template", template]
+               "--num_samples", "3", "--template", template]
     command += [item for name, value in args.items() for item in (f"--{name}", str(value))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shim_dir), os.environ.get("PYTHONPATH", "")])}
-    subprocess.run(command, env=env, check=True, capture_output=True, cwd=tmp_path)
-    return tmp_path / "ruler" / task.ruler_name / "validation.jsonl"
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=folder)
 
 
-@pytest.mark.parametrize("task_name", ["SK1", "MK3"])
-def test_samples_made_by_ruler_scripts_score_like_ours(tmp_path, smollm2_tokenizer, needle_oracle, silent_model,
+RULER_GENERATED = ["SK1", "MK3"]
+
+
+@pytest.fixture(scope="module")
+def ruler_generated(tmp_path_factory, smollm2_tokenizer) -> dict:
+    """The data file RULER's niah.py writes for each task of RULER_GENERATED. The generators run at once: each spends
+    most of its time on one core building RULER's list of millions of key words."""
+    pytest.importorskip("nltk", reason="RULER's niah.py imports nltk")
+    folder = tmp_path_factory.mktemp("ruler-generated")
+    tokenizer_dir = folder / "tokenizer"
+    smollm2_tokenizer.save_pretrained(tokenizer_dir)
+    # RULER's tokenizer module imports tenacity for API retries that an HF tokenizer never uses. Written once, before
+    # any generator starts: a rewrite while another one imports it could hand that one an empty module.
+    shim_dir = folder / "shims"
+    shim_dir.mkdir()
+    (shim_dir / "tenacity.py").write_text(_TENACITY_SHIM)
+    processes = {name: _start_ruler_generator(folder, tokenizer_dir, shim_dir, TASKS[name]) for name in RULER_GENERATED}
+    try:
+        for name, process in processes.items():
+            output, _ = process.communicate(timeout=600)
+            assert process.returncode == 0, f"RULER's niah.py for {name}:\n{output[-3000:]}"
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return {name: folder / "ruler" / TASKS[name].ruler_name / "validation.jsonl" for name in RULER_GENERATED}
+
+
+@pytest.mark.parametrize("task_name", RULER_GENERATED)
+def test_samples_made_by_ruler_scripts_score_like_ours(ruler_generated, smollm2_tokenizer, needle_oracle, silent_model,
                                                         task_name):
     """RULER's own generator: its prompts fit our template, and --from-jsonl scores them (oracle 1, silent 0)."""
-    tokenizer_dir = tmp_path / "tokenizer"
-    smollm2_tokenizer.save_pretrained(tokenizer_dir)
     task = TASKS[task_name]
-    path = _run_ruler_generator(tmp_path, tokenizer_dir, task, num_samples=3)
+    path = ruler_generated[task_name]
     rows = niah.read_ruler_jsonl(path)
     assert len(rows) == 3
     for row in rows:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 from pathlib import Path
@@ -42,28 +44,48 @@ def train_args(root: Path, out: Path, *extra: str) -> list[str]:
             "--checkpoint-every", "1", "--device", "cpu", *extra]
 
 
-def test_training_lowers_the_loss_and_exports_a_model(corpus, tmp_path):
+# Four steps, one checkpoint at the end: the runs that compare two ways of training.
+FOUR_STEPS = ["--steps", "4", "--checkpoint-every", "4"]
+
+
+@pytest.fixture(scope="module")
+def twelve_steps(corpus, tmp_path_factory) -> Path:
+    """The run folder of `train_args` as they are, run once for the tests that read it (none writes to it)."""
+    out = tmp_path_factory.mktemp("twelve-steps") / "run"
+    assert main(train_args(corpus, out)) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_steps(corpus, tmp_path_factory) -> tuple[Path, str]:
+    """The run folder of `train_args` with FOUR_STEPS, run once for the tests that read it, and what it printed."""
+    out = tmp_path_factory.mktemp("four-steps") / "run"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert main(train_args(corpus, out, *FOUR_STEPS)) == 0
+    return out, printed.getvalue()
+
+
+def test_training_lowers_the_loss_and_exports_a_model(twelve_steps):
     from transformers import AutoModelForCausalLM
 
-    assert main(train_args(corpus, tmp_path / "run")) == 0
-    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    losses = [json.loads(line)["loss"] for line in (twelve_steps / "metrics.jsonl").read_text().splitlines()]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "model")
+    model = AutoModelForCausalLM.from_pretrained(twelve_steps / "model")
     assert model.config.layer_types == CONFIG["layer_types"]
     # The corpus's tokenizer travels with the model, so `hyla eval` can load the folder as it is.
     from hyla.models.loading import load_model
     from offline_models import teacher_tokenizer
 
-    _, tokenizer = load_model(str(tmp_path / "run" / "model"))
+    _, tokenizer = load_model(str(twelve_steps / "model"))
     assert tokenizer("hello world").input_ids == teacher_tokenizer()("hello world").input_ids
 
 
-def test_checkpointed_activations_train_to_the_same_weights(corpus, tmp_path, capsys):
-    plain, kept = tmp_path / "plain", tmp_path / "kept"
-    short = ["--steps", "4", "--checkpoint-every", "4"]
-    assert main(train_args(corpus, plain, *short)) == 0
-    assert "activation checkpointing" not in capsys.readouterr().out
-    assert main(train_args(corpus, kept, *short, "--checkpoint-activations")) == 0
+def test_checkpointed_activations_train_to_the_same_weights(four_steps, corpus, tmp_path, capsys):
+    (plain, printed), kept = four_steps, tmp_path / "kept"
+    # What the plain run printed was kept: its header line is there, the words are not.
+    assert "hyla train: " in printed and "activation checkpointing" not in printed
+    assert main(train_args(corpus, kept, *FOUR_STEPS, "--checkpoint-activations")) == 0
     assert "activation checkpointing" in capsys.readouterr().out
     expected = load_file(plain / "model" / "model.safetensors")
     actual = load_file(kept / "model" / "model.safetensors")
@@ -72,9 +94,8 @@ def test_checkpointed_activations_train_to_the_same_weights(corpus, tmp_path, ca
 
 
 @pytest.mark.slow
-def test_training_killed_mid_run_resumes_to_the_same_weights(corpus, tmp_path):
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    assert main(train_args(corpus, reference)) == 0
+def test_training_killed_mid_run_resumes_to_the_same_weights(twelve_steps, corpus, tmp_path):
+    reference, killed = twelve_steps, tmp_path / "killed"
     process = start_blocking(train_args(corpus, killed), block_after_step=5)
     kill_when(process, killed / "checkpoints" / "step-5")
     assert main(train_args(corpus, killed)) == 0
@@ -150,23 +171,21 @@ def test_train_help_documents_every_option(capsys):
 
 
 @pytest.mark.slow
-def test_two_processes_train_the_loss_curve_of_one(corpus, tmp_path):
+def test_two_processes_train_the_loss_curve_of_one(four_steps, corpus, tmp_path):
     """DDP under torchrun (2 gloo processes), each with half of the global batch. Tolerance 1e-4 relative: the runs
     differ only in how the gradients are summed, ~1e-7 a step in float32 over 4 steps of AdamW."""
     import os
     import subprocess
     import sys
 
-    shorter = ["--steps", "4", "--checkpoint-every", "4"]
-    assert main(train_args(corpus, tmp_path / "one", *shorter)) == 0
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-               "hyla.cli", *train_args(corpus, tmp_path / "two", *shorter, "--data-parallel", "ddp")]
+               "hyla.cli", *train_args(corpus, tmp_path / "two", *FOUR_STEPS, "--data-parallel", "ddp")]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300,
                                env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "data parallel: ddp (data_parallel=ddp)" in completed.stdout
     read = lambda out: [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
-    one, two = read(tmp_path / "one"), read(tmp_path / "two")
+    one, two = read(four_steps[0]), read(tmp_path / "two")
     assert len(one) == len(two) == 4
     for a, b in zip(one, two):
         assert abs(a - b) <= 1e-4 * abs(a), (one, two)
