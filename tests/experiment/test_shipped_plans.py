@@ -179,6 +179,7 @@ def test_the_h200_profile_compiles_every_evaluation_shape_on_a_stand_in_while_th
     assert stand_in.model == main.model and stand_in.selection.method == main.selection.method == "7,8,16,17,18,19,23"
     assert warm[warm.index("--teacher") + 1] == convert[convert.index("--teacher") + 1]
     assert stand_in.scaling.candidates == [10000.0] and stand_in.distill.tokens <= 2048
+    assert stand_in.scaling.recall_lengths == [512] and stand_in.scaling.recall_docs == 1  # a few short documents
     assert not any(getattr(stand_in, stage).compile for stage in ("align", "distill", "finetune"))
     # it starts once the teacher's evaluations have ended (the GPU and the cores are the conversion's then)
     assert set(plan.jobs["warm-convert"].after) == {name for name in plan.jobs if name.endswith("-teacher")
