@@ -408,7 +408,8 @@ RULES: dict[str, Rule] = {
     "selection.csr_tasks": each(_csr_task), "selection.csr_limit": at_least(1), "selection.kl_ls_steps": at_least(1),
     "selection.csr_batch_size": at_least(1), "selection.niah_max_new_tokens": at_least(1),
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
-    "scaling.candidates": each(greater_than(1)), "logit_scaling_a": greater_than(1), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
+    "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
+    "logit_scaling_a": greater_than(1),  # a stage's (distill, finetune): as the candidates
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
