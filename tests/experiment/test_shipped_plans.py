@@ -180,7 +180,13 @@ def test_the_h200_profile_compiles_every_evaluation_shape_on_a_stand_in_while_th
     assert warm[warm.index("--teacher") + 1] == convert[convert.index("--teacher") + 1]
     assert stand_in.scaling.candidates == [10000.0] and stand_in.distill.tokens <= 2048
     assert stand_in.scaling.recall_lengths == [512] and stand_in.scaling.recall_docs == 1  # a few short documents
-    assert not any(getattr(stand_in, stage).compile for stage in ("align", "distill", "finetune"))
+    assert not any(getattr(stand_in, stage).compile for stage in ("align", "distill", "finetune", "attn_align"))
+    # with the attention alignment on (convert_args), the stand-in aligns a few thousand tokens, not the recipe's 5M
+    aligned = load_plan(PLANS[[p.stem for p in PLANS].index("halo-smollm2")], tmp_path, profile="h200",
+                        overrides=['convert_args=["--set","model.align_attention=true"]'])
+    stand_in_aligned = scale_tokens(_sets(("hyla", *aligned.jobs["warm-convert"].run[6:])))
+    assert stand_in_aligned.model.align_attention and stand_in_aligned.attn_align.tokens <= 2048
+    assert scale_tokens(_sets(aligned.jobs["convert"].run)).attn_align.tokens == 5_000_000
     # it starts once the teacher's evaluations have ended (the GPU and the cores are the conversion's then)
     assert set(plan.jobs["warm-convert"].after) == {name for name in plan.jobs if name.endswith("-teacher")
                                                     or name.startswith("niah-teacher-")}
