@@ -23,7 +23,8 @@ check part1 .gpu-teacher/p0 .whl || exit 1
 check part1+a .gpu-teacher/p0 .gpu-inputs/a .whl || echo "part1 is over with .gpu-inputs/a: send it in a stash call of its own"
 # the recipe plans' offline English
 if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
-check stash-b .gpu-inputs/b .gpu-teacher/p2 || exit 1
+check stash-p2 .gpu-teacher/p2 || exit 1
+check stash-b .gpu-inputs/b || exit 1
 # an earlier sitting's compiled kernels (bench/gpu_cache.sh place): a `stash` call per group
 for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group##*/}" "$group" || exit 1; }; done
 check start .gpu-teacher/p1 || exit 1
