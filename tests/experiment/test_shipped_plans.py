@@ -372,3 +372,35 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
     assert plan.report["niah_table"] == "wide" and plan.train_slots == 1
     # every mixer's evaluations at once beside the next conversion
     assert plan.parallel >= 1 + sum(name.startswith("niah-lightning-") for name in plan.jobs)
+
+
+def test_the_recipe_plans_branch_redoes_its_stages_from_the_main_conversions_earlier_ones(tmp_path):
+    path = PLANS[[p.stem for p in PLANS].index("halo-smollm2")]
+    plain = load_plan(path, tmp_path)
+    assert not any("branch" in name for name in plain.jobs)
+    extra = '["--set","finetune.lr=1e-4"]'
+    plan = load_plan(path, tmp_path, overrides=["branch=true", f"branch_args={extra}", "branch_from=distill"])
+    run = tmp_path.resolve()
+    copy = plan.jobs["branch-copy"]
+    assert copy.needs == ("convert",) and Path(copy.copy["into"]) == run / "main-branch"
+    assert [Path(p).name for p in copy.copy["from"]] == ["00-data", "01-align", "02-select", "03-distill"]
+    assert {Path(p).parent for p in copy.copy["from"]} == {run / "main"}
+    branch, main = plan.jobs["convert-branch"], plan.jobs["convert"]
+    assert branch.needs == ("branch-copy",) and branch.kind == "train"
+    parsed = build_parser().parse_args(list(branch.run[1:]))
+    assert Path(parsed.out) == run / "main-branch" and parsed.from_stage == "distill" and parsed.until_stage is None
+    # The main conversion's settings, then the branch's own (the later --set wins).
+    main_sets = [v for f, v in zip(main.run, main.run[1:]) if f == "--set"]
+    branch_sets = [v for f, v in zip(branch.run, branch.run[1:]) if f == "--set"]
+    assert branch_sets == main_sets + ["finetune.lr=1e-4"]
+    assert _sets(branch.run).finetune.lr == 1e-4 and _sets(main.run).finetune.lr == 1e-5
+    for task in ("SK1", "SK2", "SK3"):
+        for span in ("long", "short"):
+            ours, theirs = plan.jobs[f"niah-branch-{task}-{span}"], plan.jobs[f"niah-main-{task}-{span}"]
+            assert ours.needs == ("convert-branch",)
+            renamed = (item.replace("/main/06-export", "/main-branch/06-export").replace("niah-main-", "niah-branch-")
+                       for item in theirs.run)
+            assert ours.run == tuple(renamed)
+    renamed = (item.replace("/main/06-export", "/main-branch/06-export").replace("csr-main", "csr-branch")
+               for item in plan.jobs["csr-main"].run)
+    assert plan.jobs["csr-branch"].run == tuple(renamed)

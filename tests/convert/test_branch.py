@@ -1,0 +1,37 @@
+"""A conversion's variant from its own earlier stages: the stage folders copied into a new run folder, then `hyla
+convert --from-stage` there with other settings (what the recipe plan's branch jobs do)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from test_convert_pipeline import convert_args
+
+from hyla.cli import main
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_a_second_stage_three_from_a_copied_distilled_student(distilled_run, tiny_teacher, tmp_path):
+    source, _ = distilled_run
+    branch = tmp_path / "branch"
+    for stage in ("00-data", "01-align", "02-select", "03-distill"):
+        shutil.copytree(source / stage, branch / stage, ignore=shutil.ignore_patterns("checkpoints"))
+    student = digest(branch / "03-distill" / "student.safetensors")
+    distill_manifest = (branch / "03-distill" / "manifest.json").read_text()
+    assert main(convert_args(tiny_teacher, branch, "--from-stage", "finetune", "--set", "finetune.lr=3e-3",
+                             "--set", "finetune.schedule=cosine", "--set", "finetune.warmup_steps=1")) == 0
+    # Stages 0-3 are read, not redone; stage 3 trained with the branch's settings; the branch exports a model.
+    assert digest(branch / "03-distill" / "student.safetensors") == student
+    assert (branch / "03-distill" / "manifest.json").read_text() == distill_manifest
+    finetune = json.loads((branch / "04-finetune" / "manifest.json").read_text())
+    assert finetune["status"] == "complete"
+    lrs = [json.loads(line)["lr"] for line in (branch / "04-finetune" / "metrics.jsonl").read_text().splitlines()
+           if line.strip()]
+    assert max(lrs) > 1e-3  # the branch's peak (the preset's stage 3 is 1e-5 constant)
+    assert (branch / "06-export" / "config.json").is_file()
