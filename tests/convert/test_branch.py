@@ -35,3 +35,19 @@ def test_a_second_stage_three_from_a_copied_distilled_student(distilled_run, tin
            if line.strip()]
     assert max(lrs) > 1e-3  # the branch's peak (the preset's stage 3 is 1e-5 constant)
     assert (branch / "06-export" / "config.json").is_file()
+
+
+def test_a_second_distillation_from_copied_aligned_twins(distilled_run, tiny_teacher, tmp_path):
+    source, _ = distilled_run
+    branch = tmp_path / "branch"
+    for stage in ("00-data", "01-align", "02-select", "03-distill"):
+        shutil.copytree(source / stage, branch / stage, ignore=shutil.ignore_patterns("checkpoints"))
+    twins = digest(branch / "01-align" / "twins.safetensors")
+    student = digest(branch / "03-distill" / "student.safetensors")
+    assert main(convert_args(tiny_teacher, branch, "--from-stage", "distill", "--set", "distill.lr=3e-3",
+                             "--until-stage", "distill")) == 0
+    assert digest(branch / "01-align" / "twins.safetensors") == twins
+    lrs = [json.loads(line)["lr"] for line in (branch / "03-distill" / "metrics.jsonl").read_text().splitlines()
+           if line.strip()]
+    assert max(lrs) > 1e-3  # the branch's peak; the run it came from distilled at the smoke preset's 1e-4
+    assert digest(branch / "03-distill" / "student.safetensors") != student

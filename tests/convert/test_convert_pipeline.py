@@ -240,7 +240,7 @@ def test_student_design_options_reach_twins_and_export(tiny_teacher, tmp_path, c
     assert "[align] complete" in printed and "[distill] start" in printed
     config = json.loads((out / "06-export" / "config.json").read_text())
     assert (config["lightning_rope"], config["lightning_qk_norm"]) == (False, False) and "attention_rope" not in config
-    assert "attention_rope" in config["layer_types"] and "attention" not in config["layer_types"]
+    assert "attention_rope" in config["hypenet_layer_types"] and "attention" not in config["hypenet_layer_types"]
     with pytest.raises(ValueError, match="sections: .*model"):
         from hyla.convert.presets import apply_overrides, make_plan
 

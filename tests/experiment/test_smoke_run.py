@@ -123,7 +123,8 @@ def test_the_smoke_profile_runs_the_seed003_plan_on_cpu(tmp_path):
         scaling = json.loads((run / mixer / "05-scaling" / "manifest.json").read_text())["results"]
         assert scaling["chosen_a"] in (20, 500) and scaling["per_length_train_length"] == 256
         config = json.loads((run / mixer / "06-export" / "config.json").read_text())
-        assert config["layer_types"][1] == "attention" and config["layer_types"].count(mixer) == 3
+        layer_types = config["hypenet_layer_types"]
+        assert layer_types[1] == "attention" and layer_types.count(mixer) == 3
     # One set of prompts for every row: a file a task and length, built once.
     assert len(list((run / "niah-samples").iterdir())) == 6
     summary = json.loads((run / "report" / "summary.json").read_text())

@@ -79,6 +79,31 @@ def test_a_folder_saved_after_a_remote_code_load_still_loads_by_itself(tmp_path)
     assert (tmp_path / "model-again" / "hypenet_hyla.py").read_text() == module
 
 
+def test_the_tokenizer_of_a_saved_folder_loads_without_hyla_or_the_flag(tmp_path):
+    """AutoTokenizer reads config.json first, through a plain PreTrainedConfig when the model's class cannot be
+    loaded, and that checks `layer_types` against transformers' own layer names: hyla's are saved under their own
+    key. The layer types still load as they were."""
+    from offline_models import teacher_tokenizer
+
+    from hyla.models.configuration import SAVED_LAYER_TYPES_KEY
+
+    _save(tmp_path / "model", ["lightning", "attention", "gla", "attention_rope"])
+    teacher_tokenizer().save_pretrained(tmp_path / "model")
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    assert "layer_types" not in config and config[SAVED_LAYER_TYPES_KEY][0] == "lightning"
+    code = ("import os, sys\nfrom transformers import AutoTokenizer\n"
+            "tokenizer = AutoTokenizer.from_pretrained(os.environ['FOLDER'])\n"
+            "assert 'hyla' not in sys.modules\n"
+            "print('ids', tokenizer('a b').input_ids)")
+    completed = _load_elsewhere(tmp_path / "model", tmp_path, code)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    # (transformers prints its question about the folder's code to stdout, with no newline, before declining)
+    expected = teacher_tokenizer()("a b").input_ids
+    assert completed.stdout.strip().splitlines()[-1].endswith(f"ids {expected}"), completed.stdout[-500:]
+    loaded = HypeNetConfig.from_pretrained(tmp_path / "model")
+    assert loaded.layer_types == ["lightning", "attention", "gla", "attention_rope"]
+
+
 def test_after_import_hyla_no_flag_is_needed(tmp_path):
     _save(tmp_path / "model", ["lightning", "attention"])
     code = ("import os, hyla\nfrom transformers import AutoModelForCausalLM\n"
@@ -94,7 +119,7 @@ def _written_the_old_way(config: dict) -> dict:
     old = {{"attention_logit_scaling_a": "attn_logits_scaling_a", "qkv_bias": "attention_bias",
             "o_bias": "attention_out_bias", "swa_window": "sliding_window"}.get(key, key): value
            for key, value in config.items()}
-    old["layer_types"] = ["attention" if kind == "attention_rope" else kind for kind in config["layer_types"]]
+    old["layer_types"] = ["attention" if kind == "attention_rope" else kind for kind in old.pop("hypenet_layer_types")]
     old.update(attention_rope=True, logit_scaling="per_query", logit_scaling_train_length=None, eme_window=None,
                eme_stride=None)
     return old

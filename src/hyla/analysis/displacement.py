@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from hyla.models.configuration import SAVED_LAYER_TYPES_KEY
 from hyla.models.loading import load_model, resolve_spec
 
 PROJECTIONS = ("q", "k", "v", "o")
@@ -37,7 +38,7 @@ class Checkpoint:
         return self.config.get("head_dim") or self.config["hidden_size"] // self.config["num_attention_heads"]
 
     def layer_type(self, layer: int) -> str:
-        layer_types = self.config.get("layer_types")
+        layer_types = self.config.get(SAVED_LAYER_TYPES_KEY) or self.config.get("layer_types")
         return layer_types[layer] if layer_types else "attention"
 
 

@@ -1,4 +1,4 @@
-"""The export stage: an HF folder (config with layer_types and a, safetensors, tokenizer, model card, report) that
+"""The export stage: an HF folder (config with the layer types and a, safetensors, tokenizer, model card, report) that
 loads with `import hyla`, or with `trust_remote_code=True` (`hyla.models.hf`); the stage's own bookkeeping sits beside
 it (`Stage.state_path`), so the folder holds only what a published model needs."""
 

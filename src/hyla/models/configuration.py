@@ -23,6 +23,10 @@ RENAMED_FIELDS = {
     "attention_out_bias": "o_bias",
     "sliding_window": "swa_window",
 }
+# The key `layer_types` is saved under in config.json (hyla.models.hf.complete_folder): transformers checks a config's
+# `layer_types` against its own layer names wherever it reads config.json without hyla's class (AutoTokenizer always
+# does: without `import hyla` it falls back to a plain PreTrainedConfig), so a saved folder keeps hyla's names apart.
+SAVED_LAYER_TYPES_KEY = "hypenet_layer_types"
 # Inference options that earlier versions kept in the config (now hyla.layers.context.InferenceOptions), with the
 # value that ran the model as saved.
 MOVED_TO_INFERENCE_OPTIONS = {"logit_scaling": "per_query", "logit_scaling_train_length": None, "eme_window": None,
@@ -132,7 +136,10 @@ class HypeNetConfig(PreTrainedConfig):
         self.layer_types = layer_types
 
     def _read_earlier_fields(self, kwargs: dict) -> None:
-        """Map (and remove from `kwargs`) what configs saved by earlier versions spell differently."""
+        """Map (and remove from `kwargs`) what configs saved by earlier versions spell differently, and the layer
+        types as a saved folder's config.json holds them."""
+        if SAVED_LAYER_TYPES_KEY in kwargs:
+            self.layer_types = kwargs.pop(SAVED_LAYER_TYPES_KEY)
         for old, new in RENAMED_FIELDS.items():
             if old in kwargs:
                 setattr(self, new, kwargs.pop(old))

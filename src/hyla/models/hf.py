@@ -59,15 +59,19 @@ def register() -> None:
 
 def complete_folder(folder: Path) -> None:
     """What `HypeNetPreTrainedModel.save_pretrained` adds to transformers' folder: `auto_map` and `hypenet_hyla.py`,
-    so that the folder loads without `import hyla`; and no `swa_window` for a model without sliding-window
-    layers (the field would describe a window the model does not have)."""
+    so that the folder loads without `import hyla`; the layer types under their own key (SAVED_LAYER_TYPES_KEY), so
+    that transformers' readers of config.json that do not know hyla (AutoTokenizer) accept it; and no `swa_window`
+    for a model without sliding-window layers (the field would describe a window the model does not have)."""
+    from hyla.models.configuration import SAVED_LAYER_TYPES_KEY
     from hyla.outputs import write_atomic
 
     folder = Path(folder)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     config["auto_map"] = AUTO_MAP
-    if not set(config.get("layer_types") or ()) & set(SLIDING_WINDOW_LAYER_TYPES):
+    if "layer_types" in config:
+        config[SAVED_LAYER_TYPES_KEY] = config.pop("layer_types")
+    if not set(config.get(SAVED_LAYER_TYPES_KEY) or ()) & set(SLIDING_WINDOW_LAYER_TYPES):
         config.pop("swa_window", None)
     write_atomic(config_path, (json.dumps(config, indent=2, sort_keys=True) + "\n").encode())
     write_atomic(folder / f"{REMOTE_CODE_MODULE}.py", REMOTE_CODE.encode())
