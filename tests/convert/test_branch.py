@@ -17,11 +17,15 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_second_stage_three_from_a_copied_distilled_student(distilled_run, tiny_teacher, tmp_path):
-    source, _ = distilled_run
-    branch = tmp_path / "branch"
+def copied_stages(source: Path, branch: Path) -> Path:
+    """Stages 0-3 of `source` in a new run folder, as the plan's branch-copy job copies them."""
     for stage in ("00-data", "01-align", "02-select", "03-distill"):
         shutil.copytree(source / stage, branch / stage, ignore=shutil.ignore_patterns("checkpoints"))
+    return branch
+
+
+def test_a_second_stage_three_from_a_copied_distilled_student(distilled_run, tiny_teacher, tmp_path):
+    branch = copied_stages(distilled_run[0], tmp_path / "branch")
     student = digest(branch / "03-distill" / "student.safetensors")
     distill_manifest = (branch / "03-distill" / "manifest.json").read_text()
     assert main(convert_args(tiny_teacher, branch, "--from-stage", "finetune", "--set", "finetune.lr=3e-3",
@@ -38,10 +42,7 @@ def test_a_second_stage_three_from_a_copied_distilled_student(distilled_run, tin
 
 
 def test_a_second_distillation_from_copied_aligned_twins(distilled_run, tiny_teacher, tmp_path):
-    source, _ = distilled_run
-    branch = tmp_path / "branch"
-    for stage in ("00-data", "01-align", "02-select", "03-distill"):
-        shutil.copytree(source / stage, branch / stage, ignore=shutil.ignore_patterns("checkpoints"))
+    branch = copied_stages(distilled_run[0], tmp_path / "branch")
     twins = digest(branch / "01-align" / "twins.safetensors")
     student = digest(branch / "03-distill" / "student.safetensors")
     assert main(convert_args(tiny_teacher, branch, "--from-stage", "distill", "--set", "distill.lr=3e-3",
