@@ -38,6 +38,29 @@ def test_a_matrix_makes_one_job_per_combination(tmp_path, write_plan):
     assert plan.jobs["niah-main-SK2"].run[4:] == ("/r/m", "--tasks", "SK2", "--x", "/r")
 
 
+def test_a_matrix_axis_can_take_a_list_variable_of_objects(tmp_path, write_plan):
+    path = write_plan([
+        job("convert"),
+        {"name": "convert-${b}", "needs": ["convert"], "matrix": {"b": "${branches}"},
+         "run": ["hyla", "convert", "--out", "${root}/${b}", "--from-stage", "${b.from}", "${common}", "${b.args}"]},
+        {"name": "niah-${b}-${task}", "needs": ["convert-${b}"], "matrix": {"b": "${branches}", "task": ["SK1", "SK2"]},
+         "run": ["python", "-c", "${b}"]}],
+        variables={"root": "/r", "common": ["--set", "x=1"], "branches": []})
+    assert list(load_plan(path, tmp_path).jobs) == ["convert"]  # an empty list: no job
+    branches = '[{"name": "d", "from": "distill", "args": ["--set", "y=${root}"]}, {"name": "f", "from": "x", "args": []}]'
+    plan = load_plan(path, tmp_path, overrides=[f"branches={branches}"])
+    assert list(plan.jobs) == ["convert", "convert-d", "convert-f", "niah-d-SK1", "niah-d-SK2", "niah-f-SK1",
+                               "niah-f-SK2"]
+    assert plan.jobs["convert-d"].run == ("hyla", "convert", "--out", "/r/d", "--from-stage", "distill", "--set", "x=1",
+                                          "--set", "y=/r")
+    assert plan.jobs["convert-f"].run[-3:] == ("x", "--set", "x=1") and plan.jobs["niah-f-SK2"].needs == ("convert-f",)
+    with pytest.raises(PlanError, match=r"matrix axis b: \$\{root\} is not a list"):
+        load_plan(write_plan([{"name": "a-${b}", "matrix": {"b": "${root}"}, "run": ["python", "-c", "1"]}],
+                             variables={"root": "/r"}), tmp_path)
+    with pytest.raises(PlanError, match="a list may hold objects"):
+        load_plan(write_plan([job("a")], variables={"x": [{"name": {"nested": 1}}]}), tmp_path)
+
+
 def test_when_leaves_a_job_or_a_combination_out_of_the_plan(tmp_path, write_plan):
     path = write_plan([
         job("convert"),

@@ -374,33 +374,36 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
     assert plan.parallel >= 1 + sum(name.startswith("niah-lightning-") for name in plan.jobs)
 
 
-def test_the_recipe_plans_branch_redoes_its_stages_from_the_main_conversions_earlier_ones(tmp_path):
+def test_the_recipe_plans_branches_redo_their_stages_from_the_main_conversions_earlier_ones(tmp_path):
     path = PLANS[[p.stem for p in PLANS].index("halo-smollm2")]
-    plain = load_plan(path, tmp_path)
-    assert not any("branch" in name for name in plain.jobs)
-    extra = '["--set","finetune.lr=1e-4"]'
-    plan = load_plan(path, tmp_path, overrides=["branch=true", f"branch_args={extra}", "branch_from=distill"])
+    assert not any(name.startswith(("copy-", "convert-")) for name in load_plan(path, tmp_path).jobs)
+    branches = ('[{"name": "d125", "from": "distill", "args": ["--set", "distill.tokens=250e6"]}, '
+                '{"name": "lr", "from": "finetune", "args": ["--set", "finetune.lr=1e-4"]}]')
+    plan = load_plan(path, tmp_path, overrides=[f"branches={branches}"])
     run = tmp_path.resolve()
-    copy = plan.jobs["branch-copy"]
-    assert copy.needs == ("convert",) and Path(copy.copy["into"]) == run / "main-branch"
-    assert [Path(p).name for p in copy.copy["from"]] == ["00-data", "01-align", "02-select", "03-distill"]
-    assert {Path(p).parent for p in copy.copy["from"]} == {run / "main"}
-    branch, main = plan.jobs["convert-branch"], plan.jobs["convert"]
-    assert branch.needs == ("branch-copy",) and branch.kind == "train"
-    parsed = build_parser().parse_args(list(branch.run[1:]))
-    assert Path(parsed.out) == run / "main-branch" and parsed.from_stage == "distill" and parsed.until_stage is None
-    # The main conversion's settings, then the branch's own (the later --set wins).
+    main = plan.jobs["convert"]
     main_sets = [v for f, v in zip(main.run, main.run[1:]) if f == "--set"]
-    branch_sets = [v for f, v in zip(branch.run, branch.run[1:]) if f == "--set"]
-    assert branch_sets == main_sets + ["finetune.lr=1e-4"]
-    assert _sets(branch.run).finetune.lr == 1e-4 and _sets(main.run).finetune.lr == 1e-5
-    for task in ("SK1", "SK2", "SK3"):
-        for span in ("long", "short"):
-            ours, theirs = plan.jobs[f"niah-branch-{task}-{span}"], plan.jobs[f"niah-main-{task}-{span}"]
-            assert ours.needs == ("convert-branch",)
-            renamed = (item.replace("/main/06-export", "/main-branch/06-export").replace("niah-main-", "niah-branch-")
-                       for item in theirs.run)
-            assert ours.run == tuple(renamed)
-    renamed = (item.replace("/main/06-export", "/main-branch/06-export").replace("csr-main", "csr-branch")
-               for item in plan.jobs["csr-main"].run)
-    assert plan.jobs["csr-branch"].run == tuple(renamed)
+    for name, stage, extra in (("d125", "distill", "distill.tokens=250e6"), ("lr", "finetune", "finetune.lr=1e-4")):
+        copy = plan.jobs[f"copy-{name}"]
+        assert copy.needs == ("convert",) and Path(copy.copy["into"]) == run / f"branch-{name}"
+        assert [Path(p).name for p in copy.copy["from"]] == ["00-data", "01-align", "02-select", "03-distill"]
+        assert {Path(p).parent for p in copy.copy["from"]} == {run / "main"}
+        branch = plan.jobs[f"convert-{name}"]
+        assert branch.needs == (f"copy-{name}",) and branch.kind == "train"
+        parsed = build_parser().parse_args(list(branch.run[1:]))
+        assert Path(parsed.out) == run / f"branch-{name}" and parsed.from_stage == stage
+        assert parsed.until_stage is None
+        # The main conversion's settings, then the branch's own (the later --set wins).
+        assert [v for f, v in zip(branch.run, branch.run[1:]) if f == "--set"] == main_sets + [extra]
+        for task in ("SK1", "SK2", "SK3"):
+            for span in ("long", "short"):
+                ours, theirs = plan.jobs[f"niah-{name}-{task}-{span}"], plan.jobs[f"niah-main-{task}-{span}"]
+                assert ours.needs == (f"convert-{name}",)
+                renamed = (item.replace("/main/06-export", f"/branch-{name}/06-export")
+                           .replace("niah-main-", f"niah-{name}-") for item in theirs.run)
+                assert ours.run == tuple(renamed)
+        renamed = (item.replace("/main/06-export", f"/branch-{name}/06-export").replace("csr-main", f"csr-{name}")
+                   for item in plan.jobs["csr-main"].run)
+        assert plan.jobs[f"csr-{name}"].run == tuple(renamed)
+    assert _sets(plan.jobs["convert-d125"].run).distill.tokens == 250e6
+    assert _sets(plan.jobs["convert-lr"].run).finetune.lr == 1e-4 and _sets(main.run).finetune.lr == 1e-5

@@ -25,7 +25,8 @@ A plan file holds:
   before, e.g. a report); `kind` ("train" takes a train slot and, after running out
   of GPU memory, runs once more alone; "data", "eval", "check": labels); `env`; `matrix` (one job per combination of
   its axes' values, e.g. `{"task": ["SK1", "SK2"]}` and a name `niah-${task}`; an axis of objects gives their
-  fields as `${axis.field}`); `when` (true or false once substituted, e.g. `"${stage_evals}"`: false leaves the job,
+  fields as `${axis.field}`; an axis `"${name}"` takes the values of a list variable, and gives no job when it is
+  empty); `when` (true or false once substituted, e.g. `"${stage_evals}"`: false leaves the job,
   or that combination of its matrix, out of the plan).
 
 In a job's arguments, `${name}` is replaced by its value; an argument that is exactly `${name}` of a list becomes
@@ -47,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 # PlanError and finish are part of this module's interface too.
-from hyla.experiment.substitution import PlanError, arguments, bind, finish, substitute  # noqa: F401
+from hyla.experiment.substitution import PlanError, arguments, bind, finish, list_reference, substitute  # noqa: F401
 
 KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
@@ -219,6 +220,16 @@ def _parse_overrides(items: list[str] | tuple[str, ...], declared: dict, where: 
     return values
 
 
+def _plain(value: Any) -> bool:
+    return isinstance(value, (str, int, float, bool))
+
+
+def _axis_object(value: Any) -> bool:
+    """An object of a list variable (a matrix axis's value): strings, numbers, booleans or lists of those."""
+    return isinstance(value, dict) and all(
+        _plain(item) or isinstance(item, list) and all(_plain(i) for i in item) for item in value.values())
+
+
 def _resolve_variables(declared: dict, overrides: dict, built_in: dict, where: str) -> dict[str, Any]:
     """Every variable's value, references to other variables substituted; required ones must be set."""
     clash = sorted(set(declared) & set(built_in))
@@ -232,8 +243,9 @@ def _resolve_variables(declared: dict, overrides: dict, built_in: dict, where: s
         raise PlanError(f"{where}: set {', '.join(helps)} with --set NAME=VALUE")
     for name, value in raw.items():
         items = value if isinstance(value, list) else [value]
-        if not all(isinstance(item, (str, int, float, bool)) for item in items):
-            raise PlanError(f"{where}: variable {name} must be a string, number, boolean or list of those")
+        if not all(_plain(item) or isinstance(value, list) and _axis_object(item) for item in items):
+            raise PlanError(f"{where}: variable {name} must be a string, number, boolean or list of those (a list "
+                            "may hold objects of those and of lists of those: the values of a matrix axis)")
     resolved: dict[str, Any] = dict(built_in)
 
     def resolve(name: str, chain: tuple[str, ...]) -> Any:
@@ -246,7 +258,9 @@ def _resolve_variables(declared: dict, overrides: dict, built_in: dict, where: s
         value = raw[name]
         lookup = lambda ref: resolve(ref, chain + (name,))  # noqa: E731
         if isinstance(value, list):
-            value = [substitute(str(item), lookup, f"variable {name}") for item in value]
+            # Objects are a matrix axis's values: their strings are substituted where the axis is expanded.
+            value = [item if isinstance(item, dict) else substitute(str(item), lookup, f"variable {name}")
+                     for item in value]
         elif isinstance(value, str):
             value = substitute(value, lookup, f"variable {name}")
         resolved[name] = value
@@ -257,13 +271,29 @@ def _resolve_variables(declared: dict, overrides: dict, built_in: dict, where: s
     return resolved
 
 
-def _matrix(spec: Any, where: str) -> list[dict[str, Any]]:
-    """The combinations of a job's matrix axes, in order (the last axis varies fastest)."""
+def _matrix(spec: Any, where: str, lookup) -> list[dict[str, Any]]:
+    """The combinations of a job's matrix axes, in order (the last axis varies fastest). An axis given as
+    `"${name}"` takes the values of the list variable `name`; an empty one gives no jobs."""
     if spec is None:
         return [{}]
-    if not isinstance(spec, dict) or not spec or not all(isinstance(v, list) and v for v in spec.values()):
+    if not isinstance(spec, dict) or not spec:
         raise PlanError(f"{where}: matrix must map each axis to a non-empty list of values")
-    return [dict(zip(spec, values)) for values in itertools.product(*spec.values())]
+    axes = {}
+    for axis, values in spec.items():
+        name = list_reference(values)
+        if name is not None:
+            try:
+                values = lookup(name)
+            except KeyError:
+                raise PlanError(f"{where}: matrix axis {axis}: unknown variable ${{{name}}}") from None
+            if not isinstance(values, list):
+                raise PlanError(f"{where}: matrix axis {axis}: ${{{name}}} is not a list")
+            if not values:
+                return []
+        if not isinstance(values, list) or not values:
+            raise PlanError(f"{where}: matrix must map each axis to a non-empty list of values")
+        axes[axis] = values
+    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
 
 
 def _lookup_in(variables: dict, binding: dict):
@@ -303,7 +333,7 @@ def _expand_jobs(entries: list, variables: dict, where: str) -> dict[str, Job]:
         if kind not in KINDS:
             raise PlanError(f"{label}: unknown kind {kind!r} (kinds: {', '.join(KINDS)})")
         plain = _lookup_in(variables, {})
-        for binding in _matrix(entry.get("matrix"), label):
+        for binding in _matrix(entry.get("matrix"), label, plain):
             binding = {axis: bind(value, plain, f"{label}: matrix") for axis, value in binding.items()}
             if not _wanted(entry, _lookup_in(variables, binding), label):
                 continue

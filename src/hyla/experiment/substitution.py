@@ -90,6 +90,12 @@ def arguments(items: list, lookup, where: str) -> list[str]:
     return out
 
 
+def list_reference(value: Any) -> str | None:
+    """The variable's name when `value` is exactly `${name}` (a matrix axis taken from a list variable)."""
+    whole = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
+    return whole.group(2) if whole and whole.group(2) and not whole.group(2).startswith("json:") else None
+
+
 def bind(value: Any, lookup, where: str) -> Any:
     """A matrix value with the plan's variables substituted in its strings (objects and lists included)."""
     if isinstance(value, dict):
