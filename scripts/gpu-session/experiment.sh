@@ -209,12 +209,16 @@ copy_repository() {
 case $mode in
 part1)
   # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c instead.
+  # Each step's seconds are printed (sitting K's second part1 took 185 s where the first took 11, on fresh machines).
   mkdir -p $keep && keep_teacher_parts || exit 1
   [ -f $keep/smol.part00 ] || { echo "error: part1 carries the teacher's first part (.gpu-teacher/p0)"; exit 2; }
   if [ -f .gpu-inputs/a/text-a.tar.xz ]; then cp .gpu-inputs/a/text-a.tar.xz $keep/ || exit 1; fi
-  ls -l $keep
-  nvidia-smi -L; python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  ls -l $keep; echo "[part1 +${SECONDS} s] inputs kept"
+  nvidia-smi -L; echo "[part1 +${SECONDS} s] nvidia-smi"
+  python3 -c 'import torch, transformers; print(torch.__version__, transformers.__version__)'
+  echo "[part1 +${SECONDS} s] torch and transformers imported"
   install_wheels || exit 1
+  echo "[part1 +${SECONDS} s] wheels installed"
   # train.json is rewritten after each case, so a cut run keeps what it measured.
   [ "${WARM:-0}" = 1 ] && start_warm
   # shellcheck disable=SC2086 # PROBE_ARGS holds several arguments
