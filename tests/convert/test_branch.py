@@ -52,3 +52,25 @@ def test_a_second_distillation_from_copied_aligned_twins(distilled_run, tiny_tea
            if line.strip()]
     assert max(lrs) > 1e-3  # the branch's peak; the run it came from distilled at the smoke preset's 1e-4
     assert digest(branch / "03-distill" / "student.safetensors") != student
+
+
+def test_a_branch_with_more_distillation_tokens_reuses_a_data_stage_prepared_for_it(tiny_teacher, tmp_path, capsys):
+    """The data stage's settings hold its token count (the largest draw): a variant that distils longer finds it
+    incompatible unless the run it is copied from prepared as many (`data.min_tokens`), and then reads it as is."""
+    small, large = ["--set", "distill.tokens=1024"], ["--set", "distill.tokens=4096"]
+    main_run = tmp_path / "main"
+    assert main(convert_args(tiny_teacher, main_run, *small, "--until-stage", "distill")) == 0
+    refused = copied_stages(main_run, tmp_path / "refused")
+    assert main(convert_args(tiny_teacher, refused, *large, "--from-stage", "distill")) == 2
+    assert "00-data was made with other settings" in capsys.readouterr().err
+    prepared = tmp_path / "prepared"
+    at_least = ["--set", "data.min_tokens=4096"]
+    assert main(convert_args(tiny_teacher, prepared, *small, *at_least, "--until-stage", "distill")) == 0
+    corpus = digest(prepared / "00-data" / "manifest.json")
+    branch = copied_stages(prepared, tmp_path / "branch")
+    assert main(convert_args(tiny_teacher, branch, *large, *at_least, "--from-stage", "distill",
+                             "--until-stage", "distill")) == 0
+    assert digest(branch / "00-data" / "manifest.json") == corpus
+    distilled = json.loads((branch / "03-distill" / "manifest.json").read_text())["results"]["tokens"]
+    assert distilled == 4096 and json.loads((prepared / "03-distill" / "manifest.json").read_text())[
+        "results"]["tokens"] == 1024

@@ -133,6 +133,10 @@ class DataPlan:
     long_weights: list[float] = field(default_factory=list)
     long_tokens: int | None = None
     scaling_sources: list[str] = field(default_factory=list)
+    # The main corpus's tokens to prepare at least (None: the largest stage's draw), e.g. the largest draw of the
+    # variants that will reuse this data stage from a copy of the run (a branch with more distillation tokens finds
+    # the corpus it would have made itself; the data stage's settings include its token count).
+    min_tokens: int | None = None
 
     def settings(self) -> dict[str, Any]:
         """The parts beyond the main corpus, when set (earlier runs keep their hash)."""
@@ -225,7 +229,7 @@ class ConvertPlan:
         stages = [self.align, self.distill] + ([self.attn_align] if self.model.align_attention else [])
         # Stage 3 draws from the main corpus unless it has one of its own.
         stages += [] if self.data.long_sources else [self.finetune]
-        train = max(b.steps * b.seq_len * b.batch_size for b in stages)
+        train = max([b.steps * b.seq_len * b.batch_size for b in stages] + [self.data.min_tokens or 0])
         return train + 1 + self.heldout_tokens
 
     @property
@@ -421,6 +425,7 @@ RULES: dict[str, Rule] = {
     # Data sources are checked to exist before the data stage runs (`hyla.convert.pipeline.check_data_sources`).
     "data.weights": each(greater_than(0), allow_empty=True),
     "data.long_weights": each(greater_than(0), allow_empty=True), "data.long_tokens": at_least(1),
+    "data.min_tokens": at_least(1),
     "seed": at_least(0), "token_scale": greater_than(0),
 }
 SECTIONS = ("align", "distill", "finetune", "attn_align", "selection", "scaling", "model", "data")

@@ -91,8 +91,9 @@ def scale_tokens(plan: ConvertPlan) -> ConvertPlan:
         # A skipped stage (0 tokens) stays skipped.
         tokens = 0 if budget.tokens == 0 else max(minimum, int(budget.tokens * plan.token_scale))
         setattr(plan, name, dataclasses.replace(budget, tokens=tokens))
-    if plan.data.long_tokens is not None:
-        plan.data.long_tokens = int(plan.data.long_tokens * plan.token_scale)
+    for name in ("long_tokens", "min_tokens"):
+        if getattr(plan.data, name) is not None:
+            setattr(plan.data, name, int(getattr(plan.data, name) * plan.token_scale))
     plan.token_scale = 1.0
     return plan
 
