@@ -65,12 +65,20 @@ def recipe_smoke_argv(tmp_path: Path, only: str, *sets: str) -> list[str]:
 @pytest.mark.slow
 def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     run = tmp_path / "run"
-    argv = recipe_smoke_argv(tmp_path, "niah-*-SK1-short,csr-main,report")
+    # One branch: a second stage 3 (another lr) from the main conversion's distilled student.
+    branches = '[{"name": "lr", "from": "finetune", "args": ["--set", "finetune.lr=1e-4"]}]'
+    argv = recipe_smoke_argv(tmp_path, "niah-*-SK1-short,csr-main,report", f"branches={branches}")
     assert hyla_main(argv) == 0, (run / "runner.log").read_text()
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report",
-        "snapshot-distill", "niah-distill-SK1-short"}
+        "snapshot-distill", "niah-distill-SK1-short", "copy-lr", "convert-lr", "niah-lr-SK1-short"}
+    branch = run / "branch-lr"
+    assert "[distill] complete" in (run / "logs" / "convert-lr.log").read_text()
+    assert ((branch / "03-distill" / "student.safetensors").read_bytes()
+            == (run / "main" / "03-distill" / "student.safetensors").read_bytes())
+    lrs = [json.loads(line)["lr"] for line in (branch / "04-finetune" / "metrics.jsonl").read_text().splitlines()]
+    assert max(lrs) > 5e-5  # the branch's stage 3 (the recipe's: 1e-5)
     stages = run / "main"
     data = json.loads((stages / "00-data" / "manifest.json").read_text())["results"]
     assert sorted(data["corpora"]) == ["long", "main", "scaling"]
@@ -85,7 +93,8 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     # The distilled student, snapshot before stage 3, as an evaluated model of its own beside the final one.
     assert json.loads((run / "main-distill" / "snapshot.json").read_text())["stage"] == "distill"
     summary = json.loads((run / "report" / "summary.json").read_text())
-    assert set(summary["niah"]) == {"teacher", "main", "distill"} and "main" in summary["csr"]
+    assert set(summary["niah"]) == {"teacher", "main", "distill", "lr"} and "main" in summary["csr"]
+    assert summary["conversions"]["branch-lr"]["stages"]["06-export"]
     assert set(summary["niah"]["distill"]["SK1"]) == set(summary["niah"]["main"]["SK1"]) == {"512"}
     assert "| distill | SK1 |" in (run / "report" / "report.md").read_text()
     with tarfile.open(run / "report" / "results.tar.xz") as archive:
