@@ -5,6 +5,9 @@
 # The export's own a is skipped (the plan's evaluations have it). Each a writes /root/keep/extra/TASKS-aA, and the
 # whole folder is packed into $OUT/extra.tar.xz after each one, so a call that ends early still brings back the
 # finished ones (one file: the device call brings back at most 8, and `collect` writes 7).
+# Each a costs its NIAH plus, unless the h200 profile's warm-niah-* compiled the engine for that a, ~100 s of
+# compilation: give it a call of its own (`wait` with AFTER once the run has ended early in a call). Sitting J ran
+# it as the AFTER of a call in which the run ended 8 minutes in: the call's limit cut it before its first a.
 set -uo pipefail
 keep=/root/keep
 model=${MODEL:-$keep/run/main/06-export}
