@@ -77,10 +77,10 @@ def arguments(items: list, lookup, where: str) -> list[str]:
         if not isinstance(item, (str, int, float)) or isinstance(item, bool):
             raise PlanError(f"{where}: arguments must be strings or numbers, got {item!r}")
         item = str(item)
-        whole = _REFERENCE.fullmatch(item)
-        if whole and whole.group(2) and not whole.group(2).startswith("json:"):
+        name = list_reference(item)
+        if name is not None:
             try:
-                value = lookup(whole.group(2))
+                value = lookup(name)
             except KeyError:
                 raise PlanError(f"{where}: unknown variable {item}") from None
             if isinstance(value, list):
@@ -91,7 +91,7 @@ def arguments(items: list, lookup, where: str) -> list[str]:
 
 
 def list_reference(value: Any) -> str | None:
-    """The variable's name when `value` is exactly `${name}` (a matrix axis taken from a list variable)."""
+    """The variable's name when `value` is exactly `${name}` (a list argument spliced, a matrix axis from a list variable)."""
     whole = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
     return whole.group(2) if whole and whole.group(2) and not whole.group(2).startswith("json:") else None
 
