@@ -272,3 +272,11 @@ def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, write_plan, capsys
     assert hyla_main(["experiment", "run", str(plan), "--out", str(tmp_path / "run")]) == 2
     assert capsys.readouterr().err.strip() == f"hyla experiment: error: {plan}: job b: needs: no job matches 'typo'"
     assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
+    # A hyla command that would only fail when its job starts (after the others): refused now, in one line.
+    plan = write_plan([job("a", "open('ran', 'w')"),
+                       {"name": "late", "needs": ["a"], "run": ["hyla", "convert", "--out", "x", "--from-stage", "bogus"]}])
+    assert hyla_main(["experiment", "run", str(plan), "--out", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("hyla experiment: error: job late: hyla convert: error: argument --from-stage: invalid "
+                            "choice: 'bogus'") and "\n" not in error
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()

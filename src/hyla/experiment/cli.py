@@ -108,6 +108,28 @@ def describe(plan) -> str:
     return "\n".join(lines)
 
 
+def check_commands(plan) -> None:
+    """Every `hyla` job's arguments parse with this hyla's command line, before anything runs: a mistake in a job
+    that starts late (after a conversion, say) is one line now. Jobs with `${json:...}` arguments (read when they
+    start) are left to then."""
+    import contextlib
+    import io
+
+    from hyla.cli import build_parser
+
+    parser = build_parser()
+    for job in plan.jobs.values():
+        if job.run is None or job.run[0] != "hyla" or any("${json:" in argument for argument in job.run):
+            continue
+        errors = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(errors):
+                parser.parse_args(list(job.run[1:]))
+        except SystemExit:
+            lines = errors.getvalue().strip().splitlines()
+            raise ValueError(f"job {job.name}: {lines[-1] if lines else 'its hyla command does not parse'}") from None
+
+
 def run_run(args: argparse.Namespace) -> int:
     import sys
 
@@ -120,6 +142,7 @@ def run_run(args: argparse.Namespace) -> int:
     plan = _load(args, args.out)
     if args.only:
         plan = keep_only(plan, args.only.split(","))
+    check_commands(plan)
     print(describe(plan), flush=True)
     if args.dry_run:
         return 0
