@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+
+import torch
 from pathlib import Path
 
 from test_convert_pipeline import convert_args
@@ -74,3 +76,62 @@ def test_a_branch_with_more_distillation_tokens_reuses_a_data_stage_prepared_for
     distilled = json.loads((branch / "03-distill" / "manifest.json").read_text())["results"]["tokens"]
     assert distilled == 4096 and json.loads((prepared / "03-distill" / "manifest.json").read_text())[
         "results"]["tokens"] == 1024
+
+
+def _tensors(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _teacher_tensors(teacher: Path) -> dict:
+    tensors = {}
+    for file in sorted(teacher.glob("*.safetensors")):
+        tensors.update(_tensors(file))
+    return tensors
+
+
+def test_a_distillation_that_freezes_the_attention_layers(distilled_run, tiny_teacher, tmp_path):
+    """`distill.freeze`: the kept attention layers' teacher weights leave stage 2 as the teacher has them (the
+    student's attention mixer is the teacher's attention: to_hypenet copies q, k, v, o), everything else trains."""
+    selection = json.loads((distilled_run[0] / "02-select" / "selection.json").read_text())
+    chosen = selection["chosen"]
+    assert chosen, "the uniform selection keeps one attention layer of four"
+    teacher = _teacher_tensors(tiny_teacher)
+    trained = _tensors(distilled_run[0] / "03-distill" / "student.safetensors")
+    results = {}
+    for part in ("attention", "attention-layers"):
+        branch = copied_stages(distilled_run[0], tmp_path / part)
+        assert main(convert_args(tiny_teacher, branch, "--from-stage", "distill", "--set", f"distill.freeze={part}",
+                                 "--set", "distill.lr=3e-3", "--until-stage", "distill")) == 0
+        results[part] = _tensors(branch / "03-distill" / "student.safetensors")
+        settings = json.loads((branch / "03-distill" / "manifest.json").read_text())["settings"]
+        assert json.dumps(settings).count(f'"freeze": "{part}"') == 1
+    for layer in chosen:
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            student_key, teacher_key = f"model.layers.{layer}.mixer.{name}.weight", \
+                f"model.layers.{layer}.self_attn.{name}.weight"
+            expected = teacher[teacher_key].float()
+            for part in results:
+                assert torch.equal(results[part][student_key], expected), (part, student_key)
+            assert not torch.equal(trained[student_key], expected)  # the run without freeze moved them
+        gate, mlp = f"model.layers.{layer}.mixer.g_proj.weight", f"model.layers.{layer}.mlp.down_proj.weight"
+        norm = f"model.layers.{layer}.input_layernorm.weight"
+        # "attention": the new output gate and the layer's MLP still train; "attention-layers": neither moves.
+        assert not torch.equal(results["attention"][mlp], teacher[f"model.layers.{layer}.mlp.down_proj.weight"].float())
+        assert torch.equal(results["attention-layers"][mlp], teacher[f"model.layers.{layer}.mlp.down_proj.weight"].float())
+        assert torch.equal(results["attention-layers"][norm], teacher[norm].float())
+        assert not torch.equal(results["attention-layers"][gate], results["attention"][gate])
+    # Every layer that is not attention trains either way.
+    layers = {int(key.split(".")[2]) for key in trained if key.startswith("model.layers.")}
+    other = next(i for i in sorted(layers) if i not in chosen)
+    key = f"model.layers.{other}.mlp.down_proj.weight"
+    assert not torch.equal(results["attention"][key], teacher[key].float())
+
+
+def test_freeze_is_refused_for_the_alignment(tiny_teacher, tmp_path, capsys):
+    assert main(convert_args(tiny_teacher, tmp_path / "run", "--set", "align.freeze=attention")) == 2
+    err = capsys.readouterr().err
+    assert "align.freeze" in err and not (tmp_path / "run").exists()
+    assert main(convert_args(tiny_teacher, tmp_path / "run", "--set", "distill.freeze=attn")) == 2
+    assert "distill.freeze" in capsys.readouterr().err and not (tmp_path / "run").exists()

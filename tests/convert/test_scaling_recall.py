@@ -226,7 +226,7 @@ def test_the_recall_criterion_keeps_the_divergence_check():
     (["scaling.criterion=recal"], "did you mean 'recall'"),
     (["scaling.recall_source=recall@100-200:wordnet"], "drop the @MIN-MAX"),
     (["scaling.recall_source=recall-lead-dense:wordnet"], "drop -dense"),
-    (["scaling.recall_source=wordnet"], "expected recall[-repeat][-lead][-long][-dense]:SPEC"),
+    (["scaling.recall_source=wordnet"], "expected recall[-repeat][-lead][-long][-dense][-words]:SPEC"),
     (["scaling.recall_docs=3"], "scaling.recall_docs applies to the recall documents only"),
     (["scaling.recall_source=recall-lead:{missing}"], "source not found"),
 ])

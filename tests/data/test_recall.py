@@ -388,3 +388,56 @@ def test_dense_spec_forms_are_seeded_and_say_so(tmp_path):
     assert f"a fact every {DENSE_CHARS_PER_FACT} characters, each asked)" in source.description
     docs = list(source.documents())
     assert docs and all(doc.count("Question: ") >= MAX_FACTS for doc in docs)
+
+
+VOCABULARY = ("harbour river lantern window garden process kernel module letter market engine signal meadow "
+              "copper silver forest valley bridge castle planet thunder pencil marble ladder mirror basket "
+              "blanket candle carpet cotton desert island jungle lemon").split()
+WORDY = " ".join(f"The {VOCABULARY[i % 34]} near the {VOCABULARY[(i * 7) % 34]} was {i}." for i in range(6000))
+
+
+@pytest.mark.parametrize("lead,dense", [(False, False), (True, False), (True, True)])
+def test_word_keys_are_two_or_three_of_the_haystacks_own_words(lead, dense):
+    from hyla.data.recall import haystack_words
+
+    docs = list(recall_documents(iter([WORDY]), seed=0, min_chars=3000, max_chars=9000, lead=lead, dense=dense,
+                                 word_keys=True))
+    assert len(docs) > 3
+    for doc in docs:
+        pairs = doc.text.split("\n\n")
+        count = len(doc.order)
+        body, qas = "\n\n".join(pairs[:-count]), pairs[-count:]
+        lines = body.split("\n")[1 if lead else 0:]
+        facts = [line for line in lines if any(key in line for key in doc.keys)]
+        haystack = "\n".join(line for line in lines if line not in facts)
+        vocabulary = set(haystack_words(haystack))
+        assert len(set(doc.keys)) == len(doc.keys) == len(facts)
+        for key in doc.keys:
+            parts = key.split("-")
+            assert 2 <= len(parts) <= 3 and len(set(parts)) == len(parts)
+            assert all(part in vocabulary and part == part.lower() and 4 <= len(part) <= 12 for part in parts), key
+        for index, qa in zip(doc.order, qas):
+            assert doc.keys[index] in qa and qa.endswith(f" is {doc.values[index]}.")
+        if not lead:
+            for qa in qas:  # the plain question's wording, a hyphenated key in place of a name
+                assert re.fullmatch(r"Question: What is the (.+) for ([\w-]+)\?\nAnswer: The (.+) for ([\w-]+) is (\S+)\.",
+                                    qa)
+
+
+def test_word_keys_fall_back_to_made_up_names_on_a_small_vocabulary_and_leave_other_specs_alone(tmp_path):
+    # LINES hold 7 distinct words of 4-12 letters: fewer than WORD_KEY_MIN_VOCABULARY.
+    with_words = list(recall_documents(texts(), seed=2, min_chars=1000, max_chars=3000, lead=True, word_keys=True))
+    without = list(recall_documents(texts(), seed=2, min_chars=1000, max_chars=3000, lead=True))
+    assert [d.text for d in with_words] == [d.text for d in without]
+    assert all(re.fullmatch(r"[A-Z][a-z]+", key) for doc in without for key in doc.keys)
+    spec = parse_recall_spec("recall-repeat-lead-long-dense-words@300-900:wordnet")
+    assert (spec.repeat, spec.lead, spec.long_values, spec.dense, spec.word_keys, spec.min_chars) == (
+        True, True, True, True, True, 300)
+    assert not parse_recall_spec("recall-lead-dense:wordnet").word_keys
+    with pytest.raises(ValueError, match=r"\[-dense\]\[-words\]"):
+        parse_recall_spec("recall-words-lead:wordnet")
+    (tmp_path / "a.txt").write_text(WORDY)
+    source = open_source(f"recall-lead-words@2000-4000:{tmp_path / 'a.txt'}")
+    assert "keys of the haystack's words" in source.description
+    docs = list(source.documents())
+    assert docs and docs == list(open_source(f"recall-lead-words@2000-4000:{tmp_path / 'a.txt'}").documents())

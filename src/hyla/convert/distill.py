@@ -1,5 +1,6 @@
 """Stage 2 (end-to-end distillation, KL(teacher || student) at T = 1) and stage 3 (long-context fine-tuning with
-next-token cross-entropy). The whole student trains; the teacher is frozen."""
+next-token cross-entropy). The whole student trains (or all but its attention layers: `freeze`); the teacher is
+frozen."""
 
 from __future__ import annotations
 
@@ -40,6 +41,29 @@ def build_student(
                     if rnn_mixer == "swa" else {})
         block.mixer.load_state_dict({**own_gate, **state})
     return student
+
+
+def freeze(student: HypeNetForCausalLM, part: str) -> list[str]:
+    """Keep `part` of `student` at the weights it has (requires_grad off, so no optimizer holds them): "attention",
+    the teacher's weights in the mixers of the layers kept as NoPE attention (q, k, v, o and any q/k norms; the new
+    output gate `g_proj` still trains); "attention-layers", those layers whole (mixer, gate included, MLP, both
+    norms); "none", nothing. Returns the names of the parameters frozen."""
+    if part == "none":
+        return []
+    if part not in ("attention", "attention-layers"):
+        raise ValueError(f"freeze: unknown part {part!r}; choose none, attention or attention-layers")
+    frozen = []
+    for i, block in enumerate(student.model.layers):
+        if block.layer_type != "attention":
+            continue
+        module, prefix = (block, f"model.layers.{i}.") if part == "attention-layers" else \
+            (block.mixer, f"model.layers.{i}.mixer.")
+        for name, param in module.named_parameters():
+            if part == "attention" and name.startswith("g_proj."):
+                continue
+            param.requires_grad_(False)
+            frozen.append(prefix + name)
+    return frozen
 
 
 def bf16_teacher(teacher: nn.Module) -> nn.Module:

@@ -70,6 +70,10 @@ class StageBudget:
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
     logit_scaling_a: float | None = None
+    # Stages 2-3: weights kept as they come into the stage: "attention" (the mixers of the layers kept as NoPE
+    # attention: the teacher's own q, k, v, o and q/k norms), "attention-layers" (those layers whole: mixer, MLP and
+    # both norms) or "none" (everything trains). The optimizer holds only the rest (`hyla.convert.distill.freeze`).
+    freeze: str = "none"
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else
     # fsdp (hyla.train.parallel). Speed and memory only.
@@ -90,9 +94,13 @@ class StageBudget:
         for name in ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a"):
             if not settings[name]:  # earlier runs keep their hash (None: the device's default)
                 del settings[name]
+        if settings["freeze"] == "none":
+            del settings["freeze"]
         return settings
 
 
+# What a stage's `freeze` may keep fixed (hyla.convert.distill.freeze).
+FREEZE_PARTS = ("none", "attention", "attention-layers")
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
               "data_parallel", "batched_twins", "whole_blocks")
 
@@ -414,6 +422,7 @@ RULES: dict[str, Rule] = {
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
     "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
     "logit_scaling_a": greater_than(1),  # a stage's (distill, finetune): as the candidates
+    "freeze": one_of_or_close(*FREEZE_PARTS),
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
@@ -443,6 +452,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).bf16_activations:
             raise ValueError(f"{name}.bf16_activations: the alignment trains single mixers, not the hybrid's "
                              f"residual stream; set it for distill or finetune")
+        if getattr(plan, name).freeze != "none":
+            raise ValueError(f"{name}.freeze: the alignment trains the twins (or the attention layers) alone; set it "
+                             f"for distill or finetune")
         if getattr(plan, name).logit_scaling_a is not None:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")

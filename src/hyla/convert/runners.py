@@ -19,7 +19,8 @@ from hyla.compile import compile_blocks
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.align_batched import choose_alignment_path
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
-from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
+from hyla.convert.distill import (StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss,
+                                  freeze)
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
 from hyla.models.modeling import use_autocast_activations
@@ -379,6 +380,11 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
                 f"a = {budget.logit_scaling_a:g}")
     # `prepare(student)`: the attention alignment on the fresh student, before distillation; its result is reported.
     prepared = prepare(student) if prepare is not None else None
+    frozen = freeze(student, budget.freeze)
+    if frozen:
+        count = sum(p.numel() for name, p in student.named_parameters() if not p.requires_grad)
+        run.log(f"[{stage.name}] freeze={budget.freeze}: {len(frozen)} tensors ({count / 1e6:.2f}M weights) of the "
+                f"attention layers stay as they come into the stage")
     if budget.bf16_activations:
         use_autocast_activations(student)
         run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")

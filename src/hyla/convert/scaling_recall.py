@@ -134,7 +134,7 @@ def _sized_document(tokenizer, text: _Text, length: int, index: int, recall) -> 
         if not haystack.strip():
             return None
         doc = make_document(haystack, random.Random(f"hyla-scaling-recall-{RECALL_SEED}-{index}"),
-                            long_values=recall.long_values, lead=recall.lead)
+                            long_values=recall.long_values, lead=recall.lead, word_keys=recall.word_keys)
         sequence = tokenized_document(tokenizer, doc.text, doc.values[doc.asked], length)
         count = len(sequence.ids)
         shortest = count if shortest is None else min(shortest, count)

@@ -51,6 +51,13 @@ document asks one question, so a stage trained on 8K-16K-token documents sees on
 ~1,300 long-range answers in 25M tokens. A dense one asks 16-32, whose facts lie anywhere from the question back to
 the document's start, each among facts of the same kind with other keys. Without -dense a spec gives the documents it
 always gave.
+
+`-words` (last of all: `recall-lead-dense-words@MIN-MAX:SPEC`): each key is two or three words of the document's own
+haystack, lower case and hyphen-joined ("harbour-process"), instead of a made-up name ("Koravin"). A made-up name is
+a run of rare subword tokens that no haystack word shares, so a layer finds the fact by token identity alone; a key
+of the haystack's own words shares its tokens with the text around it, as a key of ordinary words in ordinary text
+does (RULER's keys are adjective-noun pairs of its own word lists, never drawn here). Words are 4-12 letters; a
+haystack with fewer than WORD_KEY_MIN_VOCABULARY distinct ones (a short repeated passage) gets made-up names.
 """
 
 from __future__ import annotations
@@ -66,7 +73,9 @@ DEFAULT_CHARS = (2000, 14000)
 MAX_FACTS = 4
 DENSE_CHARS_PER_FACT = 2000  # -dense: one fact for every this many characters of haystack (at least MAX_FACTS)
 REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
-_SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(-dense)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+_SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(-dense)?(-words)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
+WORD_KEY_MIN_VOCABULARY = 12  # -words: distinct haystack words needed, else made-up names
+_WORD = re.compile(r"\b[A-Za-z]{4,12}\b")
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
               "fen", "ga", "zir", "po", "mar", "eth", "si", "wen", "ol", "dra", "ku", "ny", "bel", "cor")
@@ -110,6 +119,15 @@ _KINDS = (("access code", lambda rng: _digits(rng, 4, 8)), ("room number", lambd
 
 def _name(rng: random.Random) -> str:
     return "".join(rng.choices(_SYLLABLES, k=rng.randint(2, 3))).capitalize()
+
+
+def haystack_words(haystack: str) -> list[str]:
+    """The distinct words (4-12 letters, lower case) of `haystack`, in order of first appearance."""
+    return list(dict.fromkeys(word.lower() for word in _WORD.findall(haystack)))
+
+
+def _word_key(rng: random.Random, words: list[str]) -> str:
+    return "-".join(rng.sample(words, rng.randint(2, 3)))
 
 
 LONG_VALUE_CHARS = (16, 48)
@@ -170,18 +188,20 @@ class RecallSpec:
     long_values: bool = False  # the values: long codes (LONG_KINDS, the -long variants), else short ones
     lead: bool = False  # a lead line and an answer found only by the key (the -lead variants)
     dense: bool = False  # a fact every DENSE_CHARS_PER_FACT characters, every one asked at the end (-dense)
+    word_keys: bool = False  # keys of the haystack's own words (-words), else made-up names
 
 
 def parse_recall_spec(spec: str) -> RecallSpec:
-    """`recall[-repeat][-lead][-long][-dense]:SPEC` or `recall[-repeat][-lead][-long][-dense]@MIN-MAX:SPEC` ->
+    """`recall[-repeat][-lead][-long][-dense][-words]:SPEC` or the same with `@MIN-MAX` before the colon ->
     RecallSpec; ValueError with the expected form otherwise."""
     match = _SPEC.fullmatch(spec)
-    if match is None or not match.group(7).strip():
-        raise ValueError(f"source {spec}: expected recall[-repeat][-lead][-long][-dense]:SPEC or "
-                         "recall[-repeat][-lead][-long][-dense]@MIN-MAX:SPEC (haystack characters; the options in "
-                         "this order)")
-    repeat, lead, long_values, dense, low, high, inner = match.groups()
-    flags = dict(repeat=bool(repeat), long_values=bool(long_values), lead=bool(lead), dense=bool(dense))
+    if match is None or not match.group(8).strip():
+        raise ValueError(f"source {spec}: expected recall[-repeat][-lead][-long][-dense][-words]:SPEC or "
+                         "recall[-repeat][-lead][-long][-dense][-words]@MIN-MAX:SPEC (haystack characters; the "
+                         "options in this order)")
+    repeat, lead, long_values, dense, words, low, high, inner = match.groups()
+    flags = dict(repeat=bool(repeat), long_values=bool(long_values), lead=bool(lead), dense=bool(dense),
+                 word_keys=bool(words))
     if low is None:
         return RecallSpec(inner, **flags)
     if not 0 < int(low) <= int(high):
@@ -205,16 +225,19 @@ def dense_fact_count(haystack_chars: int) -> int:
 
 
 def make_document(haystack: str, rng: random.Random, *, long_values: bool = False, lead: bool = False,
-                  dense: bool = False) -> RecallDoc:
+                  dense: bool = False, word_keys: bool = False) -> RecallDoc:
     """Insert 1-4 facts of one kind into `haystack` (at line boundaries) and append the question and its answer;
     `long_values`: a kind of LONG_KINDS; `lead`: a lead line first and one of the lead variants' questions; `dense`:
     `dense_fact_count` facts instead, each asked once at the end, in a random order, one question-answer pair after
-    another."""
+    another. `word_keys`: keys of two or three of the haystack's own words (`haystack_words`) where it has at least
+    WORD_KEY_MIN_VOCABULARY of them, else made-up names."""
     kind, value_of = rng.choice(LONG_KINDS if long_values else _KINDS)
     count = dense_fact_count(len(haystack)) if dense else rng.randint(1, MAX_FACTS)
+    words = haystack_words(haystack) if word_keys else []
+    new_key = functools.partial(_word_key, words=words) if len(words) >= WORD_KEY_MIN_VOCABULARY else _name
     keys: list[str] = []
     while len(keys) < count:
-        key = _name(rng)
+        key = new_key(rng)
         if key not in keys:
             keys.append(key)
     values = [value_of(rng) for _ in keys]
@@ -252,13 +275,15 @@ def _passage(text: str, length: int) -> tuple[str, int]:
 
 def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAULT_CHARS[0],
                      max_chars: int = DEFAULT_CHARS[1], repeat: bool = False,
-                     long_values: bool = False, lead: bool = False, dense: bool = False) -> Iterator[RecallDoc]:
+                     long_values: bool = False, lead: bool = False, dense: bool = False,
+                     word_keys: bool = False) -> Iterator[RecallDoc]:
     """Recall documents whose haystacks are consecutive pieces of `texts`, each of a length drawn uniformly from
     [min_chars, max_chars] (cut back to the last line break when there is one); the rest of the text is dropped.
     `repeat`: each haystack is instead a passage of 60-300 characters of `texts` (consecutive passages for
     consecutive documents) repeated one per line to the drawn length. `long_values`: the facts' values are long codes
     (LONG_KINDS). `lead`: a lead line and an answer found only by the key; `dense`: a fact every
-    DENSE_CHARS_PER_FACT characters, each asked at the end (`make_document`)."""
+    DENSE_CHARS_PER_FACT characters, each asked at the end; `word_keys`: keys of the haystack's words
+    (`make_document`)."""
     rng = random.Random(f"hyla-recall-{seed}")
     pending = ""
     target = rng.randint(min_chars, max_chars)
@@ -275,6 +300,7 @@ def recall_documents(texts: Iterator[str], *, seed: int, min_chars: int = DEFAUL
                 cut = cut if cut > target // 2 else target
                 haystack, pending = pending[:cut].strip("\n"), pending[cut:].lstrip("\n")
             if haystack.strip():
-                yield make_document(haystack, rng, long_values=long_values, lead=lead, dense=dense)
+                yield make_document(haystack, rng, long_values=long_values, lead=lead, dense=dense,
+                                    word_keys=word_keys)
             target = rng.randint(min_chars, max_chars)
             need = rng.randint(*REPEAT_CHARS) if repeat else target

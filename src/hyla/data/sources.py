@@ -40,7 +40,7 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
                 "'recall-repeat:SPEC', 'recall[-repeat][-lead]-long:SPEC', 'recall[-repeat]-lead:SPEC', "
-                "'recall[-repeat][-lead][-long]-dense:SPEC', 'docs@A-B:SPEC' or an offline text name "
+                "'recall[-repeat][-lead][-long]-dense:SPEC', 'recall[...]-words:SPEC', 'docs@A-B:SPEC' or an offline text name "
                 "(hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
 _DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
 # recall, recall-repeat, recall-lead, recall-long, ... (hyla.data.recall); a misspelt variant (recall-again:) gets
@@ -79,6 +79,7 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
         values = f", values of {low}-{high} characters" if recall.long_values else ""
         values += ", a lead line, answers found by the key" if recall.lead else ""
         values += f", a fact every {DENSE_CHARS_PER_FACT} characters, each asked" if recall.dense else ""
+        values += ", keys of the haystack's words" if recall.word_keys else ""
         return Source(spec, f"recall documents ({recall.min_chars}-{recall.max_chars} characters {haystack}{values}) "
                       f"on {inner.description}",
                       lambda: (doc.text for doc in recall_documents(inner.documents(), seed=seed,
@@ -86,7 +87,8 @@ def open_source(spec: str, *, text_field: str = "text", seed: int = 0, shuffle_f
                                                                     max_chars=recall.max_chars,
                                                                     repeat=recall.repeat,
                                                                     long_values=recall.long_values,
-                                                                    lead=recall.lead, dense=recall.dense)),
+                                                                    lead=recall.lead, dense=recall.dense,
+                                                                    word_keys=recall.word_keys)),
                       record=inner.record)
     if spec.startswith("docs@"):
         return _open_document_range(spec, text_field=text_field, seed=seed, shuffle_files=shuffle_files,
