@@ -9,7 +9,8 @@
 #   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)
 #   .gpu-inputs/b/evaldata.tar.xz      CSR request files (first 1000 documents of each task) and RULER's essays
 #   .gpu-inputs/c/english.tar.xz       the text cache of `hyla data fetch` for recipe presets (halo-smollm2)
-#   .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (beside the fla wheels)
+#   .whl/fla_core-*.whl, .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (fla-core: the
+#                                      `gpu` extra's pin in pyproject.toml)
 # Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
 # 3.11 documentation (python3.11-doc), and the GCIDE dictionary (dict-gcide, Webster 1913 + WordNet), cut into
 # documents of ~200 entries. The Python standard library on the GPU machine is added there (`--source stdlib`).
@@ -91,5 +92,5 @@ PY
 python3 -m hyla.cli data fetch --dir "$work/textcache" hotpotqa squad linux-doc python-doc perl-doc wordnet aa-lcr
 mkdir -p .gpu-inputs/c && ( cd "$work/textcache" && tar -cJf "$root/.gpu-inputs/c/english.tar.xz" . )
 mkdir -p .whl
-python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1
+python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1 fla-core==0.6.0
 du -b .gpu-teacher/p0 .gpu-teacher/p1 .gpu-teacher/p2 .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c .whl
