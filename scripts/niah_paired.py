@@ -9,17 +9,18 @@ the short jobs' files of each model); --lengths keeps some lengths. Sitting K's 
         $K:evals/niah-main-SK2-short/results.json $K:evals/niah-branch-SK2-short/results.json
     (and with $F:evals/niah-main-SK2-{long,short}/results.json as B: K's main against F)
 
-A path is a `hyla eval niah` results.json, or ARCHIVE.tar.xz:MEMBER inside a run's results archive. The two files
-of a pair must hold the same prompts (the same task, length, depth and expected answer, record by record).
+A path is a `hyla eval niah` results.json, or ARCHIVE.tar.xz:MEMBER inside a run's results archive. A's and B's
+files must hold the same prompts (task, length, depth, sample index, expected answer: hyla.experiment.niah_pairs,
+which `hyla experiment report` also uses for its table against the main model).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import tarfile
-from collections import defaultdict
+
+from hyla.experiment.niah_pairs import pair_records
 
 
 def read_records(spec: str) -> list[dict]:
@@ -34,14 +35,6 @@ def read_records(spec: str) -> list[dict]:
         return json.load(handle)["records"]
 
 
-def sign_test(only_a: int, only_b: int) -> float:
-    """Two-sided exact binomial test of only_a against only_b at p = 1/2."""
-    n, k = only_a + only_b, min(only_a, only_b)
-    if n == 0:
-        return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="+", help="A B [A B ...]")
@@ -50,32 +43,24 @@ def main() -> None:
     if len(args.files) % 2:
         raise SystemExit("error: the files come in pairs, A then B")
     keep = {int(n) for n in args.lengths.split(",")} if args.lengths else None
-    pairs = []
+    a, b = [], []
     for spec_a, spec_b in zip(args.files[::2], args.files[1::2]):
-        a, b = read_records(spec_a), read_records(spec_b)
-        if len(a) != len(b):
-            raise SystemExit(f"error: {len(a)} records against {len(b)}: not the same prompts")
-        pairs += zip(a, b)
-    counts: dict[int, list[int]] = defaultdict(lambda: [0, 0, 0, 0, 0])
-    for x, y in pairs:
-        if keep is not None and x["length"] not in keep:
-            continue
-        if (x["task"], x["length"], x["depth_percent"], x["outputs"]) != (y["task"], y["length"], y["depth_percent"],
-                                                                          y["outputs"]):
-            raise SystemExit(f"error: the files' prompts differ ({x['task']} at {x['length']}, record {x['index']})")
-        right_a, right_b = x["score"] >= 1, y["score"] >= 1
-        row = counts[x["length"]]
-        row[0] += 1
-        row[1] += right_a
-        row[2] += right_b
-        row[3] += right_a and not right_b
-        row[4] += right_b and not right_a
+        a += read_records(spec_a)
+        b += read_records(spec_b)
+    try:
+        pairing = pair_records(a, b)
+    except ValueError as err:
+        raise SystemExit(f"error: {err}") from None
+    if pairing.unmatched:
+        raise SystemExit(f"error: {pairing.unmatched} prompts are in one side only: not the same prompts")
+    lengths = sorted({length for _, length in pairing.by_cell if keep is None or length in keep})
     print("length  prompts  right A  right B  only A  only B")
-    for length, (n, ra, rb, oa, ob) in sorted(counts.items()):
-        print(f"{length:>6}  {n:>7}  {ra:>7}  {rb:>7}  {oa:>6}  {ob:>6}")
-    only_a = sum(row[3] for row in counts.values())
-    only_b = sum(row[4] for row in counts.values())
-    print(f"all     only A {only_a}, only B {only_b}: two-sided sign test p = {sign_test(only_a, only_b):.4f}")
+    for length in lengths:
+        c = pairing.total(lengths={length})
+        print(f"{length:>6}  {c.prompts:>7}  {c.right_a:>7}  {c.right_b:>7}  {c.only_a:>6}  {c.only_b:>6}")
+    total = pairing.total(lengths=set(lengths))
+    p = f"= {total.p:.4f}" if total.p >= 1e-4 else "< 0.0001"
+    print(f"all     only A {total.only_a}, only B {total.only_b}: two-sided sign test p {p}")
 
 
 if __name__ == "__main__":

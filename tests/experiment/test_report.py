@@ -229,3 +229,48 @@ def test_the_layer_selection_reaches_the_report_also_when_the_run_was_cut(tmp_pa
     assert summary["selection"]["full"]["chosen"] == [1] and not summary["selection"]["cut"]["complete"]
     assert (tmp_path / "report" / "selection-full.png").stat().st_size > 0
     assert not (tmp_path / "report" / "selection-cut.png").exists()
+
+
+def prompt(task, length, index, right, needle=None):
+    needle = needle or f"{index:07d}"
+    return {"task": task, "length": length, "depth_percent": 10 * (index % 11), "index": index, "outputs": [needle],
+            "pred": needle if right else "no", "score": 1.0 if right else 0.0}
+
+
+def test_sign_test_by_hand():
+    from hyla.experiment.niah_pairs import sign_test
+
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(5, 0) == pytest.approx(2 / 2**5)  # all five one way: 2 x (1/2)^5
+    assert sign_test(9, 2) == pytest.approx(2 * (1 + 11 + 55) / 2**11)  # sitting K's 9 against 2: 0.0654
+    assert sign_test(3, 3) == 1.0
+
+
+def test_every_model_is_compared_with_main_prompt_by_prompt(tmp_path):
+    """Two models on the same 8 SK2 prompts (main right on 0-5, other on 4-7) and 2 SK1 prompts, in another batch
+    order; a third model shares no prompt with main and gets no row; a prompt main alone has is counted apart."""
+    main_records = [prompt("SK2", 4096, i, right=i < 6) for i in range(8)] + [prompt("SK1", 4096, 0, True),
+                                                                              prompt("SK1", 4096, 1, True)]
+    other = [prompt("SK2", 4096, i, right=i >= 4) for i in reversed(range(8))] + [prompt("SK1", 4096, 0, True)]
+    stranger = [prompt("SK2", 4096, i, right=True, needle="9999999") for i in range(8)]
+    for label, records in (("main", main_records), ("other", other), ("stranger", stranger)):
+        write_result(tmp_path, f"niah-{label}-SK2-short", {"kind": "niah", "records": records,
+                                                           "tasks": {"SK2": {"by_length": {"4096": 0.5}}}})
+    pairs = report.collect_evals(tmp_path)["niah_pairs"]
+    assert set(pairs) == {"other"}
+    sk2 = pairs["other"]["SK2"]
+    # main right only on 0-3, other only on 6-7; both on 4-5
+    assert (sk2["prompts"], sk2["right_a"], sk2["right_b"], sk2["only_a"], sk2["only_b"]) == (8, 6, 4, 4, 2)
+    assert sk2["p"] == pytest.approx(2 * (1 + 6 + 15) / 2**6)
+    assert pairs["other"]["SK1"]["prompts"] == 1 and pairs["other"]["unmatched"] == 1
+    text = report.markdown({**report.collect_evals(tmp_path), "plan": {}, "status": None, "conversions": {},
+                            "alignment": {}, "selection": {}, "trainings": {}})
+    assert "| other | SK2 | 8 | 6 / 4 | 4 / 2 | 0.6875 |" in text and "left out: other 1" in text
+
+
+def test_a_prompt_twice_in_one_model_is_refused():
+    from hyla.experiment.niah_pairs import pair_records
+
+    twice = [prompt("SK1", 4096, 0, True), prompt("SK1", 4096, 0, False)]
+    with pytest.raises(ValueError, match="the same prompt twice"):
+        pair_records(twice, twice[:1])

@@ -22,6 +22,7 @@ from typing import Any
 from hyla.experiment.alignment import alignment_lines, collect_alignment, plot_alignment
 from hyla.experiment.selection import SELECT_STAGE, collect_selection, selection_lines
 from hyla.experiment.niah_grading import grade
+from hyla.experiment.niah_pairs import pair_records
 from hyla.outputs import write_atomic, write_json
 
 CSR_METRIC = {"hellaswag": "acc_norm", "arc_easy": "acc_norm", "arc_challenge": "acc_norm", "piqa": "acc_norm",
@@ -79,8 +80,30 @@ def _niah_cells(result: dict, niah: dict, label: str) -> None:
             niah[label][task][length] = cell
 
 
+# The model every other one is compared with prompt by prompt (`niah_pairs`), when the run has it.
+PAIRS_BASELINE = "main"
+
+
+def niah_pairs(records: dict[str, list[dict]], baseline: str = PAIRS_BASELINE) -> dict:
+    """Each label's NIAH answers against `baseline`'s on the prompts both answered (hyla.experiment.niah_pairs), by
+    task: {label: {task: {prompts, right_a, right_b, only_a, only_b, p}, "unmatched": n}}; a: the baseline. Labels
+    that share no prompt with it are left out."""
+    if baseline not in records:
+        return {}
+    pairs = {}
+    for label in sorted(set(records) - {baseline}):
+        pairing = pair_records(records[baseline], records[label])
+        if not pairing.by_cell:
+            continue
+        tasks = sorted({task for task, _ in pairing.by_cell})
+        pairs[label] = {task: {**vars(c), "p": c.p} for task in tasks if (c := pairing.total(task))}
+        pairs[label]["unmatched"] = pairing.unmatched
+    return pairs
+
+
 def collect_evals(run: Path) -> dict:
     niah: dict = defaultdict(lambda: defaultdict(dict))
+    records: dict = defaultdict(list)
     options: dict = defaultdict(list)
     csr, ppl = {}, {}
     for path in sorted((run / "evals").glob("*/results.json")):
@@ -90,6 +113,7 @@ def collect_evals(run: Path) -> dict:
         label = label_of(path.parent.name)
         if result.get("kind") == "niah":
             _niah_cells(result, niah, label)
+            records[label] += result.get("records", [])
             if niah_options(result) not in options[label]:
                 options[label].append(niah_options(result))
         elif result.get("kind") == "csr":
@@ -103,7 +127,8 @@ def collect_evals(run: Path) -> dict:
                           "limit": result.get("settings", {}).get("limit")}
         elif result.get("kind") == "ppl":
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
-    return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl}
+    return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
+            "niah_pairs": niah_pairs(records)}
 
 
 def collect_conversion(folder: Path) -> dict | None:
@@ -234,6 +259,7 @@ def markdown(summary: dict) -> str:
         if graded:
             lines += ["NIAH graded (SK1, SK2): answers holding a 7-digit number / with >= 4 leading digits of the "
                       "needle", "", *_table(["model", "task", *map(_length, lengths)], graded), ""]
+        lines += _pairs_lines(summary.get("niah_pairs") or {})
     if summary["csr"]:
         tasks = sorted({t for result in summary["csr"].values() for t in result["tasks"]})
         rows = [[label, _cell(result["average"], 4), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
@@ -251,6 +277,24 @@ def markdown(summary: dict) -> str:
     if summary.get("reference"):
         lines += _reference_lines(summary["reference"])
     return "\n".join(lines)
+
+
+def _p_text(p: float) -> str:
+    return f"{p:.4f}" if p >= 1e-4 else "< 0.0001"
+
+
+def _pairs_lines(pairs: dict) -> list[str]:
+    if not pairs:
+        return []
+    base = PAIRS_BASELINE
+    rows = [[label, task, str(c["prompts"]), f"{c['right_a']} / {c['right_b']}", f"{c['only_a']} / {c['only_b']}",
+             _p_text(c["p"])] for label, by_task in pairs.items() for task, c in by_task.items() if task != "unmatched"]
+    unmatched = {label: by_task["unmatched"] for label, by_task in pairs.items() if by_task.get("unmatched")}
+    note = (" Prompts only one side answered, left out: " + ", ".join(f"{k} {v}" for k, v in unmatched.items()) + "."
+            if unmatched else "")
+    return [f"NIAH prompt by prompt against {base} (every length; p: two-sided sign test over the prompts only one "
+            f"model got right).{note}", "",
+            *_table(["model", "task", "prompts", f"right: {base} / model", f"only {base} / only model", "p"], rows), ""]
 
 
 def _options_text(options: list[dict]) -> str:
