@@ -74,7 +74,7 @@ MAX_FACTS = 4
 DENSE_CHARS_PER_FACT = 2000  # -dense: one fact for every this many characters of haystack (at least MAX_FACTS)
 REPEAT_CHARS = (60, 300)  # the repeated passage of a recall-repeat haystack
 _SPEC = re.compile(r"recall(-repeat)?(-lead)?(-long)?(-dense)?(-words)?(?:@(\d+)-(\d+))?:(.+)", re.DOTALL)
-WORD_KEY_MIN_VOCABULARY = 12  # -words: distinct haystack words needed, else made-up names
+WORD_KEY_MIN_VOCABULARY = 8  # -words: distinct haystack words needed (8 give 392 keys of 2-3 words), else made-up names
 _WORD = re.compile(r"\b[A-Za-z]{4,12}\b")
 
 _SYLLABLES = ("ka", "ro", "vin", "ta", "mi", "sel", "do", "ra", "lu", "ne", "bor", "ish", "an", "te", "quo", "ul",
