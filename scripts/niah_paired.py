@@ -45,15 +45,15 @@ def main() -> None:
     keep = {int(n) for n in args.lengths.split(",")} if args.lengths else None
     a, b = [], []
     for spec_a, spec_b in zip(args.files[::2], args.files[1::2]):
-        a += read_records(spec_a)
-        b += read_records(spec_b)
+        a += [r for r in read_records(spec_a) if keep is None or r["length"] in keep]
+        b += [r for r in read_records(spec_b) if keep is None or r["length"] in keep]
     try:
         pairing = pair_records(a, b)
     except ValueError as err:
         raise SystemExit(f"error: {err}") from None
     if pairing.unmatched:
         raise SystemExit(f"error: {pairing.unmatched} prompts are in one side only: not the same prompts")
-    lengths = sorted({length for _, length in pairing.by_cell if keep is None or length in keep})
+    lengths = sorted({length for _, length in pairing.by_cell})
     print("length  prompts  right A  right B  only A  only B")
     for length in lengths:
         c = pairing.total(lengths={length})

@@ -6,9 +6,10 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-
-import torch
 from pathlib import Path
+
+import pytest
+import torch
 
 from test_convert_pipeline import convert_args
 
@@ -100,11 +101,12 @@ def test_a_distillation_that_freezes_the_attention_layers(distilled_run, tiny_te
     teacher = _teacher_tensors(tiny_teacher)
     trained = _tensors(distilled_run[0] / "03-distill" / "student.safetensors")
     results = {}
-    for part in ("attention", "attention-layers"):
-        branch = copied_stages(distilled_run[0], tmp_path / part)
+    for name, part, lr in (("attention", "attention", "3e-3"), ("attention-layers", "attention-layers", "3e-3"),
+                           ("attention-layers-lr", "attention-layers", "1e-3")):
+        branch = copied_stages(distilled_run[0], tmp_path / name)
         assert main(convert_args(tiny_teacher, branch, "--from-stage", "distill", "--set", f"distill.freeze={part}",
-                                 "--set", "distill.lr=3e-3", "--until-stage", "distill")) == 0
-        results[part] = _tensors(branch / "03-distill" / "student.safetensors")
+                                 "--set", f"distill.lr={lr}", "--until-stage", "distill")) == 0
+        results[name] = _tensors(branch / "03-distill" / "student.safetensors")
         settings = json.loads((branch / "03-distill" / "manifest.json").read_text())["settings"]
         assert json.dumps(settings).count(f'"freeze": "{part}"') == 1
     for layer in chosen:
@@ -115,18 +117,45 @@ def test_a_distillation_that_freezes_the_attention_layers(distilled_run, tiny_te
             for part in results:
                 assert torch.equal(results[part][student_key], expected), (part, student_key)
             assert not torch.equal(trained[student_key], expected)  # the run without freeze moved them
-        gate, mlp = f"model.layers.{layer}.mixer.g_proj.weight", f"model.layers.{layer}.mlp.down_proj.weight"
-        norm = f"model.layers.{layer}.input_layernorm.weight"
-        # "attention": the new output gate and the layer's MLP still train; "attention-layers": neither moves.
-        assert not torch.equal(results["attention"][mlp], teacher[f"model.layers.{layer}.mlp.down_proj.weight"].float())
-        assert torch.equal(results["attention-layers"][mlp], teacher[f"model.layers.{layer}.mlp.down_proj.weight"].float())
+        prefix = f"model.layers.{layer}."
+        gate, mlp = prefix + "mixer.g_proj.weight", prefix + "mlp.down_proj.weight"
+        norm = prefix + "input_layernorm.weight"
+        # "attention": the new output gate and the layer's MLP still train; "attention-layers": neither moves, so
+        # two such runs at different learning rates end with the gate they both started from.
+        assert not torch.equal(results["attention"][mlp], teacher[mlp].float())
+        assert not torch.equal(results["attention"][gate], results["attention-layers"][gate])
+        assert torch.equal(results["attention-layers"][mlp], teacher[mlp].float())
         assert torch.equal(results["attention-layers"][norm], teacher[norm].float())
-        assert not torch.equal(results["attention-layers"][gate], results["attention"][gate])
+        assert torch.equal(results["attention-layers"][gate], results["attention-layers-lr"][gate])
     # Every layer that is not attention trains either way.
     layers = {int(key.split(".")[2]) for key in trained if key.startswith("model.layers.")}
     other = next(i for i in sorted(layers) if i not in chosen)
     key = f"model.layers.{other}.mlp.down_proj.weight"
     assert not torch.equal(results["attention"][key], teacher[key].float())
+    assert not torch.equal(results["attention-layers"][key], results["attention-layers-lr"][key])
+
+
+def test_freeze_keeps_nope_and_rope_attention_layers_and_refuses_a_student_without_them():
+    from hyla.convert.distill import freeze
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    def tiny(layer_types):
+        return HypeNetForCausalLM(HypeNetConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
+            num_attention_heads=4, num_key_value_heads=2, layer_types=layer_types, attention_output_gate=True))
+
+    model = tiny(["lightning", "attention", "attention_rope"])
+    mixer = ["q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight"]
+    assert sorted(freeze(model, "attention")) == sorted(f"model.layers.{i}.mixer.{name}" for i in (1, 2)
+                                                        for name in mixer)
+    assert {name for name, p in model.named_parameters() if not p.requires_grad} == set(freeze(model, "attention"))
+    whole = tiny(["lightning", "attention", "attention_rope"])
+    names = set(freeze(whole, "attention-layers"))
+    assert {name for name, _ in whole.named_parameters() if name.startswith(("model.layers.1.", "model.layers.2."))} \
+        == names
+    assert freeze(tiny(["lightning", "attention"]), "none") == []
+    with pytest.raises(ValueError, match="no attention layer"):
+        freeze(tiny(["lightning", "lightning"]), "attention")
 
 
 def test_freeze_is_refused_for_the_alignment(tiny_teacher, tmp_path, capsys):

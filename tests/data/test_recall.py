@@ -398,8 +398,6 @@ WORDY = " ".join(f"The {VOCABULARY[i % 34]} near the {VOCABULARY[(i * 7) % 34]} 
 
 @pytest.mark.parametrize("lead,dense", [(False, False), (True, False), (True, True)])
 def test_word_keys_are_two_or_three_of_the_haystacks_own_words(lead, dense):
-    from hyla.data.recall import haystack_words
-
     docs = list(recall_documents(iter([WORDY]), seed=0, min_chars=3000, max_chars=9000, lead=lead, dense=dense,
                                  word_keys=True))
     assert len(docs) > 3
@@ -410,18 +408,22 @@ def test_word_keys_are_two_or_three_of_the_haystacks_own_words(lead, dense):
         lines = body.split("\n")[1 if lead else 0:]
         facts = [line for line in lines if any(key in line for key in doc.keys)]
         haystack = "\n".join(line for line in lines if line not in facts)
-        vocabulary = set(haystack_words(haystack))
         assert len(set(doc.keys)) == len(doc.keys) == len(facts)
         for key in doc.keys:
             parts = key.split("-")
             assert 2 <= len(parts) <= 3 and len(set(parts)) == len(parts)
-            assert all(part in vocabulary and part == part.lower() and 4 <= len(part) <= 12 for part in parts), key
+            # each part a whole word of the haystack, lower case: one of WORDY's, or what the haystack's cuts left of
+            # one at its start or end ("irror", "engi")
+            text = haystack.lower()
+            assert all(re.fullmatch(r"[a-z]{4,12}", part) and re.search(rf"\b{part}\b", text) for part in parts), key
+            assert all(part in VOCABULARY or part == "near" or text.startswith(part) or text.endswith(part)
+                       for part in parts), key
         for index, qa in zip(doc.order, qas):
             assert doc.keys[index] in qa and qa.endswith(f" is {doc.values[index]}.")
         if not lead:
             for qa in qas:  # the plain question's wording, a hyphenated key in place of a name
-                assert re.fullmatch(r"Question: What is the (.+) for ([\w-]+)\?\nAnswer: The (.+) for ([\w-]+) is (\S+)\.",
-                                    qa)
+                plain = r"Question: What is the (.+) for ([\w-]+)\?\nAnswer: The (.+) for ([\w-]+) is (\S+)\."
+                assert re.fullmatch(plain, qa)
 
 
 def test_word_keys_fall_back_to_made_up_names_on_a_small_vocabulary_and_leave_other_specs_alone(tmp_path):
@@ -441,3 +443,14 @@ def test_word_keys_fall_back_to_made_up_names_on_a_small_vocabulary_and_leave_ot
     assert "keys of the haystack's words" in source.description
     docs = list(source.documents())
     assert docs and docs == list(open_source(f"recall-lead-words@2000-4000:{tmp_path / 'a.txt'}").documents())
+
+
+def test_word_keys_give_way_to_made_up_names_when_a_document_asks_for_more_keys_than_its_words_make():
+    # 8 words make 8 x 7 x 7 = 392 keys of 2-3 words; a dense haystack of ~1M characters asks for ~500 facts.
+    haystack = "\n".join(" ".join(VOCABULARY[:8]) for _ in range(20000))
+    doc = make_document(haystack, random.Random(0), dense=True, word_keys=True)
+    assert len(doc.keys) == len(haystack) // DENSE_CHARS_PER_FACT > 392
+    assert all(re.fullmatch(r"[A-Z][a-z]+", key) for key in doc.keys)
+    small = make_document("\n".join(" ".join(VOCABULARY[:8]) for _ in range(100)), random.Random(0), dense=True,
+                          word_keys=True)
+    assert all("-" in key for key in small.keys)  # 4 facts: word keys

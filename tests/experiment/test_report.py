@@ -272,5 +272,16 @@ def test_a_prompt_twice_in_one_model_is_refused():
     from hyla.experiment.niah_pairs import pair_records
 
     twice = [prompt("SK1", 4096, 0, True), prompt("SK1", 4096, 0, False)]
-    with pytest.raises(ValueError, match="the same prompt twice"):
-        pair_records(twice, twice[:1])
+    with pytest.raises(ValueError, match="main holds the same prompt twice"):
+        pair_records(twice, twice[:1], names=("main", "other"))
+
+
+def test_a_label_with_a_prompt_twice_is_left_out_of_the_pairs_and_the_report_goes_on(tmp_path, capsys):
+    records = [prompt("SK1", 4096, 0, True)]
+    write_result(tmp_path, "niah-main-SK1-short", {"kind": "niah", "records": records,
+                                                   "tasks": {"SK1": {"by_length": {"4096": 1.0}}}})
+    for folder in ("niah-other-SK1-short", "niah-other-SK1"):  # two folders of one label, the same prompt
+        write_result(tmp_path, folder, {"kind": "niah", "records": records,
+                                        "tasks": {"SK1": {"by_length": {"4096": 1.0}}}})
+    assert report.collect_evals(tmp_path)["niah_pairs"] == {}
+    assert "other left out: other holds the same prompt twice" in capsys.readouterr().out

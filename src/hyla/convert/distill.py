@@ -43,18 +43,22 @@ def build_student(
     return student
 
 
+FROZEN_LAYER_TYPES = ("attention", "attention_rope")  # the layers kept as softmax attention (NoPE or RoPE)
+
+
 def freeze(student: HypeNetForCausalLM, part: str) -> list[str]:
-    """Keep `part` of `student` at the weights it has (requires_grad off, so no optimizer holds them): "attention",
-    the teacher's weights in the mixers of the layers kept as NoPE attention (q, k, v, o and any q/k norms; the new
-    output gate `g_proj` still trains); "attention-layers", those layers whole (mixer, gate included, MLP, both
-    norms); "none", nothing. Returns the names of the parameters frozen."""
+    """Keep `part` of `student` at the weights it comes into the stage with (requires_grad off, so no optimizer
+    holds them): "attention", the mixers of the layers kept as softmax attention, NoPE or RoPE (q, k, v, o and any
+    q/k norms: the teacher's, or the aligned ones after `model.align_attention`; the new output gate `g_proj` still
+    trains); "attention-layers", those layers whole (mixer, gate included, MLP, both norms); "none", nothing.
+    Returns the names of the parameters frozen; ValueError if a part other than none finds no such layer."""
     if part == "none":
         return []
     if part not in ("attention", "attention-layers"):
         raise ValueError(f"freeze: unknown part {part!r}; choose none, attention or attention-layers")
     frozen = []
     for i, block in enumerate(student.model.layers):
-        if block.layer_type != "attention":
+        if block.layer_type not in FROZEN_LAYER_TYPES:
             continue
         module, prefix = (block, f"model.layers.{i}.") if part == "attention-layers" else \
             (block.mixer, f"model.layers.{i}.mixer.")
@@ -63,6 +67,8 @@ def freeze(student: HypeNetForCausalLM, part: str) -> list[str]:
                 continue
             param.requires_grad_(False)
             frozen.append(prefix + name)
+    if not frozen:
+        raise ValueError(f"freeze={part}: the student has no attention layer to freeze")
     return frozen
 
 

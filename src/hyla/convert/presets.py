@@ -70,9 +70,10 @@ class StageBudget:
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
     logit_scaling_a: float | None = None
-    # Stages 2-3: weights kept as they come into the stage: "attention" (the mixers of the layers kept as NoPE
-    # attention: the teacher's own q, k, v, o and q/k norms), "attention-layers" (those layers whole: mixer, MLP and
-    # both norms) or "none" (everything trains). The optimizer holds only the rest (`hyla.convert.distill.freeze`).
+    # Stages 2-3: weights kept as they come into the stage: "attention" (the mixers of the layers kept as softmax
+    # attention: their q, k, v, o and q/k norms, the teacher's unless aligned; the new output gate trains),
+    # "attention-layers" (those layers whole: mixer, MLP and both norms) or "none" (everything trains). The
+    # optimizer holds only the rest (`hyla.convert.distill.freeze`).
     freeze: str = "none"
     # Under torchrun: a replica per process (ddp), FSDP2 sharding (fsdp), or FSDP2 keeping the gathered weights from
     # forward to backward (fsdp-no-reshard); auto: ddp when the replica takes at most half the device's memory, else

@@ -119,7 +119,8 @@ def _cut(text: str, chars: int) -> int:
 def _sized_document(tokenizer, text: _Text, length: int, index: int, recall) -> RecallSequence | None:
     """A document of (1 - SIZE_SLACK) x `length` to `length` tokens on the next text, or None when the text ran out
     first (ValueError when even a short haystack does not fit). Every try draws the same facts (the generator is
-    seeded by `index`); only the haystack's size changes."""
+    seeded by `index`); only the haystack's size changes. With `-words` keys the facts change with the size too
+    (the keys are drawn from the haystack's words); the tries stay bounded."""
     passage = None
     if recall.repeat:
         need = random.Random(f"hyla-scaling-recall-passage-{index}").randint(*REPEAT_CHARS)

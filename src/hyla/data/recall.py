@@ -57,7 +57,9 @@ haystack, lower case and hyphen-joined ("harbour-process"), instead of a made-up
 a run of rare subword tokens that no haystack word shares, so a layer finds the fact by token identity alone; a key
 of the haystack's own words shares its tokens with the text around it, as a key of ordinary words in ordinary text
 does (RULER's keys are adjective-noun pairs of its own word lists, never drawn here). Words are 4-12 letters; a
-haystack with fewer than WORD_KEY_MIN_VOCABULARY distinct ones (a short repeated passage) gets made-up names.
+haystack with fewer than WORD_KEY_MIN_VOCABULARY distinct ones (a short repeated passage), or too few for half its
+keys to be drawn without repeats (a -dense haystack of hundreds of thousands of characters on a short passage), gets
+made-up names.
 """
 
 from __future__ import annotations
@@ -234,7 +236,9 @@ def make_document(haystack: str, rng: random.Random, *, long_values: bool = Fals
     kind, value_of = rng.choice(LONG_KINDS if long_values else _KINDS)
     count = dense_fact_count(len(haystack)) if dense else rng.randint(1, MAX_FACTS)
     words = haystack_words(haystack) if word_keys else []
-    new_key = functools.partial(_word_key, words=words) if len(words) >= WORD_KEY_MIN_VOCABULARY else _name
+    # Word keys only where far more of them exist than the document asks for (n words give n(n-1) + n(n-1)(n-2)).
+    enough = len(words) >= WORD_KEY_MIN_VOCABULARY and 2 * count <= len(words) * (len(words) - 1) ** 2
+    new_key = functools.partial(_word_key, words=words) if enough else _name
     keys: list[str] = []
     while len(keys) < count:
         key = new_key(rng)

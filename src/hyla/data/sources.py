@@ -40,8 +40,8 @@ TEXT_SUFFIXES = (".txt", ".md", ".rst", ".py")
 RECORD_SUFFIXES = (".jsonl", ".jsonl.gz", ".parquet")
 SOURCE_FORMS = ("a file, folder or glob, 'stdlib', 'hf:NAME[:CONFIG][:SPLIT]', 'teacher:SPEC', 'recall:SPEC', "
                 "'recall-repeat:SPEC', 'recall[-repeat][-lead]-long:SPEC', 'recall[-repeat]-lead:SPEC', "
-                "'recall[-repeat][-lead][-long]-dense:SPEC', 'recall[...]-words:SPEC', 'docs@A-B:SPEC' or an offline text name "
-                "(hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
+                "'recall[-repeat][-lead][-long]-dense:SPEC', 'recall[...]-words:SPEC', 'docs@A-B:SPEC' or an "
+                "offline text name (hotpotqa, aa-lcr, perl-doc, wordnet, ...)")
 _DOCS_SPEC = re.compile(r"docs@(\d+)-(\d+):(.+)", re.DOTALL)
 # recall, recall-repeat, recall-lead, recall-long, ... (hyla.data.recall); a misspelt variant (recall-again:) gets
 # the recall parser's error naming the forms rather than "source not found"

@@ -60,16 +60,17 @@ class Pairing:
         return total
 
 
-def pair_records(records_a: list[dict], records_b: list[dict]) -> Pairing:
-    """`hyla eval niah` records of model A and model B matched by `prompt_key` (ValueError if one side holds a
-    prompt twice); a record is right when its score is 1."""
+def pair_records(records_a: list[dict], records_b: list[dict], names: tuple[str, str] = ("A", "B")) -> Pairing:
+    """`hyla eval niah` records of model A and model B matched by `prompt_key` (ValueError naming the side if one
+    holds a prompt twice); a record is right when its score is 1."""
     sides = []
-    for records in (records_a, records_b):
+    for name, records in zip(names, (records_a, records_b)):
         keyed = {}
         for record in records:
             key = prompt_key(record)
             if key in keyed:
-                raise ValueError(f"the same prompt twice in one side ({key[0]} at {key[1]}, depth {key[2]})")
+                raise ValueError(f"{name} holds the same prompt twice ({key[0]} at {key[1]}, depth {key[2]}, "
+                                 f"sample {key[3]})")
             keyed[key] = record["score"] >= 1
         sides.append(keyed)
     a, b = sides

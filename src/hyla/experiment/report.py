@@ -92,11 +92,15 @@ def niah_pairs(records: dict[str, list[dict]], baseline: str = PAIRS_BASELINE) -
         return {}
     pairs = {}
     for label in sorted(set(records) - {baseline}):
-        pairing = pair_records(records[baseline], records[label])
+        try:
+            pairing = pair_records(records[baseline], records[label], names=(baseline, label))
+        except ValueError as err:  # two result folders of one label holding the same prompts: no pairing
+            print(f"NIAH pairs: {label} left out: {err}")
+            continue
         if not pairing.by_cell:
             continue
         tasks = sorted({task for task, _ in pairing.by_cell})
-        pairs[label] = {task: {**vars(c), "p": c.p} for task in tasks if (c := pairing.total(task))}
+        pairs[label] = {task: {**vars(c), "p": c.p} for task in tasks for c in [pairing.total(task)]}
         pairs[label]["unmatched"] = pairing.unmatched
     return pairs
 
@@ -288,13 +292,15 @@ def _pairs_lines(pairs: dict) -> list[str]:
         return []
     base = PAIRS_BASELINE
     rows = [[label, task, str(c["prompts"]), f"{c['right_a']} / {c['right_b']}", f"{c['only_a']} / {c['only_b']}",
-             _p_text(c["p"])] for label, by_task in pairs.items() for task, c in by_task.items() if task != "unmatched"]
+             _p_text(c["p"])]
+            for label, by_task in pairs.items() for task, c in by_task.items() if task != "unmatched"]
     unmatched = {label: by_task["unmatched"] for label, by_task in pairs.items() if by_task.get("unmatched")}
     note = (" Prompts only one side answered, left out: " + ", ".join(f"{k} {v}" for k, v in unmatched.items()) + "."
             if unmatched else "")
     return [f"NIAH prompt by prompt against {base} (every length; p: two-sided sign test over the prompts only one "
             f"model got right).{note}", "",
-            *_table(["model", "task", "prompts", f"right: {base} / model", f"only {base} / only model", "p"], rows), ""]
+            *_table(["model", "task", "prompts", f"right: {base} / model", f"only {base} / only model", "p"], rows),
+            ""]
 
 
 def _options_text(options: list[dict]) -> str:
