@@ -285,3 +285,14 @@ def test_a_label_with_a_prompt_twice_is_left_out_of_the_pairs_and_the_report_goe
                                         "tasks": {"SK1": {"by_length": {"4096": 1.0}}}})
     assert report.collect_evals(tmp_path)["niah_pairs"] == {}
     assert "other left out: other holds the same prompt twice" in capsys.readouterr().out
+
+
+def test_the_scaling_stage_table_has_a_row_per_candidate_with_the_chosen_one_marked():
+    scaling = {"chosen_a": 5000, "loss_by_a": {"None": 3.5, "5000": 3.25}, "recall_loss_by_a": {"None": 0.9,
+                                                                                               "5000": 0.5},
+               "recall_exact_by_a": {"None": 0.0, "5000": 1 / 3}}
+    lines = report._scaling_lines({"main": {"stages": {"05-scaling": scaling}}, "other": {"stages": {}}})
+    assert "| main | off | 3.500 | 0.900 | 0.00 |  |" in lines
+    assert "| main | 5000 | 3.250 | 0.500 | 0.33 | chosen |" in lines
+    assert len([line for line in lines if line.startswith("| main")]) == 2
+    assert report._scaling_lines({"other": {"stages": {}}}) == []

@@ -363,6 +363,23 @@ def _ablation_lines(summary: dict) -> list[str]:
             "", *_table(["variant", *map(_length, lengths), "CSR", "loss"], rows), ""]
 
 
+def _scaling_lines(conversions: dict) -> list[str]:
+    """The scaling stage's score of each candidate a: held-out loss, and on its recall documents (when it made
+    them) the answer tokens' loss and the share answered exactly."""
+    rows = []
+    for name, conversion in conversions.items():
+        scaling = conversion["stages"].get("05-scaling") or {}
+        losses, recall = scaling.get("loss_by_a") or {}, scaling.get("recall_loss_by_a") or {}
+        exact = scaling.get("recall_exact_by_a") or {}
+        for a in losses:
+            rows.append([name, "off" if a == "None" else a, _cell(losses[a], 3), _cell(recall.get(a), 3), _cell(exact.get(a)),
+                         "chosen" if str(scaling.get("chosen_a")) == a else ""])
+    if not rows:
+        return []
+    return ["## Scaling stage: each candidate a", "",
+            *_table(["folder", "a", "held-out loss", "recall answer loss", "recall exact", ""], rows), ""]
+
+
 def _training_lines(summary: dict) -> list[str]:
     lines = []
     conversions = {name: c for name, c in summary["conversions"].items() if c}
@@ -372,6 +389,7 @@ def _training_lines(summary: dict) -> list[str]:
                            if info.get("seconds"))] for name, c in conversions.items()]
         lines += ["## Conversions", "", *_table(["folder", "training tokens", "attention layers", "a", "stages"], rows),
                   ""]
+        lines += _scaling_lines(conversions)
     trainings = {name: t for name, t in summary["trainings"].items() if t}
     if trainings:
         rows = [[name, str(t["steps"]), _cell(t["first_loss"], 3), _cell(t["final_loss_mean_last_20"], 3),
