@@ -171,14 +171,17 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
     # The budget's other fields are all in its settings: leaving out the speed-only ones kept earlier hashes, as
-    # does leaving out `align_documents`, `teacher_bf16`, `bf16_activations` and `logit_scaling_a` while they are off
-    # or unset (fields added later; on, they change the training windows, the teacher's targets, the student's
-    # rounding or its attention logits; `hyla convert` resolves an unset teacher_bf16 for its device before hashing).
+    # does leaving out `align_documents`, `teacher_bf16`, `bf16_activations`, `logit_scaling_a` and `freeze` while they
+    # are off, unset or "none" (fields added later; on, they change the training windows, the teacher's targets, the
+    # student's rounding, its attention logits or what trains; `hyla convert` resolves an unset teacher_bf16 for its
+    # device before hashing).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
                   "data_parallel", "batched_twins", "whole_blocks")
-    off_by_default = ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a")
+    off_by_default = ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a", "freeze")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}
+    frozen = apply_overrides(make_plan("smoke", 1_000_000), ["distill.freeze=attention"])
+    assert frozen.distill.settings()["freeze"] == "attention"
     aligned = apply_overrides(make_plan("smoke", 1_000_000), ["distill.align_documents=true"])
     assert aligned.distill.settings()["align_documents"] is True
     half = apply_overrides(make_plan("smoke", 1_000_000), ["align.teacher_bf16=true"])
