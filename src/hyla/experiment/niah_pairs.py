@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 
 def prompt_key(record: dict) -> tuple:
@@ -52,12 +52,9 @@ class Pairing:
     unmatched: int = 0  # prompts of either side that the other does not have
 
     def total(self, task: str | None = None, lengths: set[int] | None = None) -> Counts:
-        total = Counts()
-        for (cell_task, length), counts in self.by_cell.items():
-            if (task is None or cell_task == task) and (lengths is None or length in lengths):
-                for name in ("prompts", "right_a", "right_b", "only_a", "only_b"):
-                    setattr(total, name, getattr(total, name) + getattr(counts, name))
-        return total
+        cells = [counts for (cell_task, length), counts in self.by_cell.items()
+                 if (task is None or cell_task == task) and (lengths is None or length in lengths)]
+        return Counts(*(sum(getattr(c, f.name) for c in cells) for f in fields(Counts)))
 
 
 def pair_records(records_a: list[dict], records_b: list[dict], names: tuple[str, str] = ("A", "B")) -> Pairing:

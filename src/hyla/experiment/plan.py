@@ -48,7 +48,8 @@ from pathlib import Path
 from typing import Any
 
 # PlanError and finish are part of this module's interface too.
-from hyla.experiment.substitution import PlanError, arguments, bind, finish, list_reference, substitute  # noqa: F401
+from hyla.experiment.substitution import (  # noqa: F401
+    PlanError, arguments, bind, finish, list_reference, substitute, variable)
 
 KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
@@ -282,10 +283,7 @@ def _matrix(spec: Any, where: str, lookup) -> list[dict[str, Any]]:
     for axis, values in spec.items():
         name = list_reference(values)
         if name is not None:
-            try:
-                values = lookup(name)
-            except KeyError:
-                raise PlanError(f"{where}: matrix axis {axis}: unknown variable ${{{name}}}") from None
+            values = variable(name, lookup, f"{where}: matrix axis {axis}: unknown variable ${{{name}}}")
             if not isinstance(values, list):
                 raise PlanError(f"{where}: matrix axis {axis}: ${{{name}}} is not a list")
             if not values:

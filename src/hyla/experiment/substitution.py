@@ -79,10 +79,7 @@ def arguments(items: list, lookup, where: str) -> list[str]:
         item = str(item)
         name = list_reference(item)
         if name is not None:
-            try:
-                value = lookup(name)
-            except KeyError:
-                raise PlanError(f"{where}: unknown variable {item}") from None
+            value = variable(name, lookup, f"{where}: unknown variable {item}")
             if isinstance(value, list):
                 out.extend(text_of(v) for v in value)
                 continue
@@ -94,6 +91,14 @@ def list_reference(value: Any) -> str | None:
     """The variable's name when `value` is exactly `${name}` (a list argument spliced, a matrix axis from a list variable)."""
     whole = _REFERENCE.fullmatch(value) if isinstance(value, str) else None
     return whole.group(2) if whole and whole.group(2) and not whole.group(2).startswith("json:") else None
+
+
+def variable(name: str, lookup, unknown: str) -> Any:
+    """The value of variable `name`; PlanError(`unknown`) if the plan has none."""
+    try:
+        return lookup(name)
+    except KeyError:
+        raise PlanError(unknown) from None
 
 
 def bind(value: Any, lookup, where: str) -> Any:
