@@ -5,7 +5,9 @@ told apart from them. Sitting M's plan (docs/log/2026-12-04-smollm2-135m-halo-si
 
     HYLA_TEXT_DIR=~/.cache/hyla/text python scripts/key_token_overlap.py --tokenizer MODEL_DIR
 
-MODEL_DIR: any folder with the SmolLM2 tokenizer.json. Needs RULER's data package and wonderwords (the NIAH extras).
+MODEL_DIR: any folder with the SmolLM2 tokenizer.json. The last column, the share of documents whose key is made of
+words, gives docs/data.md's share of repeated-passage documents with word keys (`--samples 600 --specs
+recall-repeat-lead-words@2000-14000:hotpotqa recall-repeat-lead-dense-words@16000-32000:wordnet`). Needs RULER's data package and wonderwords (the NIAH extras).
 """
 
 from __future__ import annotations
@@ -23,16 +25,17 @@ from hyla.data.sources import open_source
 from hyla.evals.haystack import adjective_noun_lists, essay_word_prefix, load_essay_words
 
 
-def overlap(tokenizer, key: str, haystack: str) -> tuple[float, float]:
-    """The share of the key's tokens that occur in the haystack, and their mean count there per 1K haystack tokens."""
+def overlap(tokenizer, key: str, haystack: str) -> tuple[float, float, bool]:
+    """The share of the key's tokens that occur in the haystack, their mean count there per 1K haystack tokens, and
+    whether the key is made of words (hyphen-joined: RULER's and `-words` keys; made-up names have no hyphen)."""
     key_ids = tokenizer(" " + key, add_special_tokens=False).input_ids
     counts = Counter(tokenizer(haystack, add_special_tokens=False).input_ids)
     total = sum(counts.values())
     return (sum(counts[i] > 0 for i in key_ids) / len(key_ids),
-            sum(counts[i] for i in key_ids) / len(key_ids) / total * 1000)
+            sum(counts[i] for i in key_ids) / len(key_ids) / total * 1000, "-" in key)
 
 
-def ruler_rows(tokenizer, samples: int, words: int) -> list[tuple[float, float]]:
+def ruler_rows(tokenizer, samples: int, words: int) -> list[tuple[float, float, bool]]:
     adjectives, nouns = adjective_noun_lists()
     rng = random.Random(0)
     count = len(load_essay_words())
@@ -40,7 +43,7 @@ def ruler_rows(tokenizer, samples: int, words: int) -> list[tuple[float, float]]
                     essay_word_prefix(words, rng.randrange(count))) for _ in range(samples)]
 
 
-def recall_rows(tokenizer, spec: str, samples: int) -> list[tuple[float, float]]:
+def recall_rows(tokenizer, spec: str, samples: int) -> list[tuple[float, float, bool]]:
     recall = parse_recall_spec(spec)
     docs = recall_documents(open_source(recall.inner).documents(), seed=0, min_chars=recall.min_chars,
                             max_chars=recall.max_chars, repeat=recall.repeat, lead=recall.lead, dense=recall.dense,
@@ -65,14 +68,16 @@ def main() -> None:
     if not (args.tokenizer / "tokenizer.json").is_file():
         parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json in it")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(args.tokenizer / "tokenizer.json"))
-    print("| keys, haystack | samples | key tokens found in the haystack | their count per 1K haystack tokens |")
-    print("|---|---|---|---|")
+    print("| keys, haystack | samples | key tokens found in the haystack | their count per 1K haystack tokens | "
+          "word keys |")
+    print("|---|---|---|---|---|")
     for name, rows in [("RULER NIAH adjective-noun keys, essays (~2.5K words)", ruler_rows(tokenizer, args.samples,
                                                                                           2500))] + \
             [(spec, recall_rows(tokenizer, spec, args.samples)) for spec in args.specs]:
         share = sum(r[0] for r in rows) / len(rows)
         rate = sum(r[1] for r in rows) / len(rows)
-        print(f"| {name} | {len(rows)} | {share:.2f} | {rate:.2f} |", flush=True)
+        words = sum(r[2] for r in rows) / len(rows)
+        print(f"| {name} | {len(rows)} | {share:.2f} | {rate:.2f} | {words:.2f} |", flush=True)
 
 
 if __name__ == "__main__":
