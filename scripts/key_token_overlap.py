@@ -68,6 +68,12 @@ def main() -> None:
     if not (args.tokenizer / "tokenizer.json").is_file():
         parser.error(f"--tokenizer {args.tokenizer}: no tokenizer.json in it")
     tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(args.tokenizer / "tokenizer.json"))
+    try:  # RULER's data and word lists, and the specs' sources, before any table line
+        adjective_noun_lists(), load_essay_words()
+        for spec in args.specs:
+            open_source(parse_recall_spec(spec).inner)
+    except (FileNotFoundError, ValueError) as err:
+        parser.error(str(err))
     print("| keys, haystack | samples | key tokens found in the haystack | their count per 1K haystack tokens | "
           "word keys |")
     print("|---|---|---|---|---|")

@@ -45,8 +45,11 @@ def main() -> None:
     keep = {int(n) for n in args.lengths.split(",")} if args.lengths else None
     a, b = [], []
     for spec_a, spec_b in zip(args.files[::2], args.files[1::2]):
-        a += [r for r in read_records(spec_a) if keep is None or r["length"] in keep]
-        b += [r for r in read_records(spec_b) if keep is None or r["length"] in keep]
+        try:
+            a += [r for r in read_records(spec_a) if keep is None or r["length"] in keep]
+            b += [r for r in read_records(spec_b) if keep is None or r["length"] in keep]
+        except (OSError, KeyError, ValueError, tarfile.TarError) as err:
+            raise SystemExit(f"error: {spec_a} / {spec_b}: cannot read NIAH records ({err!r})") from None
     try:
         pairing = pair_records(a, b)
     except ValueError as err:
