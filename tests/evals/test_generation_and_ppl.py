@@ -113,6 +113,29 @@ def test_generation_records_the_host_work_around_each_batch(smollm2_tokenizer, t
     assert "triton_cache_dir" in described["compile"]
 
 
+def test_engine_generation_records_its_first_batch_and_engine_builds_apart(smollm2_tokenizer):
+    """On the engine path results.json also says what the first batch spent in prefill and decode, and the seconds
+    spent building engines and capturing decode graphs over every batch (a batch of another size builds one)."""
+    from hyla import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    model = HypeNetForCausalLM(HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, layer_types=["lightning", "attention"])).eval()
+    generation = Generation(model, "engine")
+    builds = []
+    for prompts in (["Hi"], ["The grass is green."], ["One", "Two"]):
+        generate_greedy(model, smollm2_tokenizer, prompts, max_new_tokens=2, generation=generation, batch_size=2)
+        builds.append(generation.session.stats.engine_build_s)
+    described = generation.describe()
+    assert described["calls"] == 3 and builds[0] > 0 and builds[1] == 0 and builds[2] > 0
+    assert described["engine_build_s"] == pytest.approx(sum(builds))
+    assert described["graph_capture_s"] == 0  # CUDA graphs only on CUDA
+    assert 0 < described["first_prefill_s"] <= described["prefill_s"]
+    assert 0 < described["first_decode_s"] <= described["decode_s"]
+    assert described["first_prefill_s"] + described["first_decode_s"] <= described["first_batch_s"]
+
+
 def test_generation_records_what_torch_compile_built_and_read_from_its_cache(tmp_path, monkeypatch):
     import torch._dynamo
 

@@ -169,6 +169,21 @@ def test_session_rebuilds_its_engine_when_the_weights_change():
     assert session.stats.prompt_tokens == 7 and session.stats.new_tokens == 6
 
 
+def test_each_call_reports_the_seconds_it_spent_building_an_engine():
+    """A slow first batch, told apart: the call that builds an engine reports its seconds, a call that reuses it 0;
+    `engine_built_s` keeps the last build's. No graph is captured on the CPU."""
+    session = GenerationSession(tiny_model())
+    ids = torch.tensor([prompts_of((7,))[0]])
+    session.generate(ids, max_new_tokens=3)
+    first = session.stats
+    assert first.engine_build_s > 0 and first.engine_built_s == first.engine_build_s
+    session.generate(ids, max_new_tokens=3)
+    assert session.stats.engine_build_s == 0 and session.stats.engine_built_s == first.engine_build_s
+    session.generate(ids.repeat(2, 1), max_new_tokens=3)  # another batch size: a new engine
+    assert session.stats.engine_build_s > 0 and session.stats.engine_built_s == session.stats.engine_build_s
+    assert first.graph_capture_s == session.stats.graph_capture_s == 0
+
+
 def test_models_the_engine_cannot_run_keep_transformers_generate():
     from transformers import LlamaConfig, LlamaForCausalLM
 

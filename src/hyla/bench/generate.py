@@ -215,14 +215,18 @@ def _run_path(model, tokenizer, samples, batch_size: int, settings: GenerateBenc
 def host_seconds_per_prompt(timed: dict, seconds: float, num_prompts: int, *, engine: bool) -> dict:
     """Seconds a prompt outside `Generation.batch` (the evaluation's own host work: encoding, the padded tensors and
     their copy to the device, detokenizing, and the rest: scoring, sorting, progress), and on the engine path the
-    seconds inside it outside prefill and decode (the session's checks, reset, output assembly). None: not measured
-    (a Generation without host timings; the hf path has no prefill and decode split)."""
+    seconds inside it outside prefill and decode (the session's checks, reset, output assembly), and apart from those
+    the seconds building engines and capturing decode graphs among the timed prompts (a batch of another size or a
+    longer buffer builds a new engine). None: not measured (a Generation without host timings; the hf path has no
+    prefill and decode split)."""
     outside = seconds - timed["seconds"]
     parts = {name: timed.get(f"{name}_s") for name in ("encode", "tensors", "detokenize")}
     measured = [value for value in parts.values() if value is not None]
     rest = outside - sum(measured) if len(measured) == len(parts) else None
-    in_batch = timed["seconds"] - timed["prefill_s"] - timed["decode_s"] if engine else None
-    values = {"outside_generation": outside, **parts, "rest": rest, "engine_outside_prefill_decode": in_batch}
+    built = timed.get("engine_build_s", 0.0) + timed.get("graph_capture_s", 0.0) if engine else None
+    in_batch = timed["seconds"] - timed["prefill_s"] - timed["decode_s"] - built if engine else None
+    values = {"outside_generation": outside, **parts, "rest": rest, "engine_outside_prefill_decode": in_batch,
+              "engine_build_and_capture": built}
     return {name: None if value is None else value / num_prompts for name, value in values.items()}
 
 

@@ -87,7 +87,10 @@ class Generation:
     width: the first position comes from the prefill, each later one from a decode step over every row), and the
     seconds of prefill, decode (the engine path) and all of it; and the host work around it (`generate_greedy`):
     seconds encoding prompts, building the padded tensors and copying them to the device, decoding new tokens to
-    text."""
+    text. The first batch apart (where compiling, autotuning and graph capture show): its seconds in all
+    (first_batch_s) and, on the engine, in prefill and decode (first_prefill_s, first_decode_s); and the engine
+    path's seconds building engines and capturing their decode graphs (engine_build_s, graph_capture_s: every
+    batch that needed a new engine, for another batch size or a longer buffer)."""
 
     def __init__(self, model: Any, path: str = "auto", *, settings=None, **overrides):
         from hyla.inference.generate import generation_path
@@ -102,6 +105,9 @@ class Generation:
         self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "new_positions": 0, "prefill_s": 0.0,
                        "decode_s": 0.0, "seconds": 0.0, "encode_s": 0.0, "tensors_s": 0.0, "detokenize_s": 0.0,
                        "first_batch_s": None}
+        if self.session is not None:
+            self.totals.update({"engine_build_s": 0.0, "graph_capture_s": 0.0, "first_prefill_s": None,
+                                "first_decode_s": None})
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
     # ones, which inference tensors allow only inside inference mode.
@@ -121,8 +127,10 @@ class Generation:
             output = self.session.generate(input_ids, attention_mask, max_new_tokens=max_new_tokens,
                                            sampling=sampling, eos_token_id=eos_token_id, pad_token_id=pad_token_id)
             stats = self.session.stats
-            for name in ("prompt_tokens", "new_tokens", "prefill_s", "decode_s"):
+            for name in ("prompt_tokens", "new_tokens", "prefill_s", "decode_s", "engine_build_s", "graph_capture_s"):
                 self.totals[name] += getattr(stats, name)
+            if self.totals["first_prefill_s"] is None:
+                self.totals["first_prefill_s"], self.totals["first_decode_s"] = stats.prefill_s, stats.decode_s
             self._add_call(input_ids, output, started)
         else:
             # hf_generate: transformers' own, which HypeNetForCausalLM.generate hands to the engine on CUDA

@@ -96,13 +96,18 @@ class Sampling:
 
 @dataclass
 class GenerationStats:
-    """What the last `generate` call did: tokens and seconds of prefill and decode, and the engine it used."""
+    """What the last `generate` call did: tokens and seconds of prefill and decode, and the engine it used.
+    engine_built_s: the seconds the session's engine took to build, whichever call built it; engine_build_s and
+    graph_capture_s: this call's seconds building an engine and capturing its decode graph (0 when it reused them;
+    decode_s leaves the capture out)."""
 
     prompt_tokens: int = 0
     new_tokens: int = 0
     prefill_s: float = 0.0
     decode_s: float = 0.0
     engine_built_s: float = 0.0
+    engine_build_s: float = 0.0
+    graph_capture_s: float = 0.0
     settings: dict = field(default_factory=dict)
 
     def prompt_tokens_per_s(self) -> float:
@@ -138,6 +143,7 @@ class GenerationSession:
         self.inference_options = inference_options
         self.engine: InferenceEngine | None = None
         self._fingerprint = None
+        self._build_s = 0.0  # the current call's seconds building an engine
         self.stats = GenerationStats()
 
     def _weights_fingerprint(self) -> tuple:
@@ -166,7 +172,9 @@ class GenerationSession:
                                      settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes
             self.engine, self._fingerprint = engine, fingerprint
-            self.stats.engine_built_s = time.perf_counter() - started
+            self.stats.engine_built_s = self._build_s = _synchronized(self.model.device) - started
+        else:
+            self._build_s = 0.0
         engine.reset()
         return engine
 
@@ -192,7 +200,7 @@ class GenerationSession:
         sorted_mask = mask[order] if mask is not None else None
         engine = self._engine(ids.shape[0], int(counts.max()) + max_new_tokens)
         self.stats = GenerationStats(prompt_tokens=int(counts.sum()), engine_built_s=self.stats.engine_built_s,
-                                     settings=engine.settings.summary())
+                                     engine_build_s=self._build_s, settings=engine.settings.summary())
         if streamer is not None:
             streamer.put(input_ids.cpu())
         started = _synchronized(device)
@@ -200,7 +208,8 @@ class GenerationSession:
         tokens = sampling.choose(logits, batch_rows=batch_rows)
         prefilled = _synchronized(device)
         new = self._decode(engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer, batch_rows)
-        self.stats.prefill_s, self.stats.decode_s = prefilled - started, _synchronized(device) - prefilled
+        self.stats.prefill_s = prefilled - started
+        self.stats.decode_s = _synchronized(device) - prefilled - self.stats.graph_capture_s
         if streamer is not None:
             streamer.end()
         output = _to_batch_order(new, order)
@@ -214,7 +223,9 @@ class GenerationSession:
         ended, as transformers stops)."""
         batch, device = tokens.shape[0], tokens.device
         if device.type == "cuda" and not engine.graph_captured and max_new_tokens > 1:
+            started = _synchronized(device)
             engine.capture_graph()
+            self.stats.graph_capture_s = _synchronized(device) - started
         new = torch.empty(batch, max_new_tokens, dtype=torch.long, device=device)
         eos_ids = torch.tensor(eos, device=device) if eos else None
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
