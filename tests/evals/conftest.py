@@ -1,4 +1,5 @@
-"""Fixtures for the evaluation tests: the SmolLM2 tokenizer, a tiny random Llama, and answer stubs.
+"""Fixtures for the evaluation tests: the SmolLM2 tokenizer, a tiny random Llama, a record of the inference
+engine's batches, and answer stubs.
 
 The stubs implement the part of the HF interface the evaluations use (`generate`, `device`), so the scoring and
 batching code runs end to end with a known-perfect and a known-silent model.
@@ -79,6 +80,23 @@ def tiny_llama_folder(tmp_path_factory, tiny_llama, smollm2_tokenizer) -> Path:
     tiny_llama.save_pretrained(folder)
     smollm2_tokenizer.save_pretrained(folder)
     return folder
+
+
+@pytest.fixture
+def engine_calls(monkeypatch):
+    """The shapes [B, T] of the batches hyla's inference engine generated (GenerationSession.generate, the engine
+    path's one call)."""
+    from hyla.inference.generate import GenerationSession
+
+    calls = []
+    original = GenerationSession.generate
+
+    def spy(self, input_ids, *args, **kwargs):
+        calls.append(input_ids.shape)
+        return original(self, input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationSession, "generate", spy)
+    return calls
 
 
 _NEEDLE = re.compile(r"One of the special magic \w+ for (.+?) is: (\S+)\.")

@@ -104,22 +104,6 @@ def _requests(until, prompts=tuple(_PROMPTS), **gen_kwargs):
     return [Instance("generate_until", {}, (prompt, dict(arguments)), index) for index, prompt in enumerate(prompts)]
 
 
-@pytest.fixture
-def engine_calls(monkeypatch):
-    """The batches hyla's inference engine generated (GenerationSession.generate, the engine path's one call)."""
-    from hyla.inference.generate import GenerationSession
-
-    calls = []
-    original = GenerationSession.generate
-
-    def spy(self, input_ids, *args, **kwargs):
-        calls.append(input_ids.shape)
-        return original(self, input_ids, *args, **kwargs)
-
-    monkeypatch.setattr(GenerationSession, "generate", spy)
-    return calls
-
-
 # Sampled: one prompt. Both paths draw the same tokens under one seed only where they draw for the same rows in the
 # same order: transformers' generate stops at a stop string, which the engine generates past, and the engine draws
 # for a batch's rows in the order of their lengths.
