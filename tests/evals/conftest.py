@@ -35,6 +35,26 @@ def smollm2_tokenizer():
     return load_tokenizer("smollm2-135m")
 
 
+def write_until_task(folder: Path, task: str, prompts: list[str], max_gen_toks: int) -> None:
+    """A local lm-eval `generate_until` task named `task` in `folder` (its YAML and JSON data): one document per
+    prompt, greedy, stopping at a newline or after `max_gen_toks` tokens."""
+    import json
+
+    data = folder / f"{task}.jsonl"
+    data.write_text("".join(json.dumps({"question": prompt, "answer": "x"}) + "\n" for prompt in prompts))
+    (folder / f"{task}.yaml").write_text(
+        f"task: {task}\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
+        "test_split: test\n"
+        "output_type: generate_until\n"
+        'doc_to_text: "{{question}}"\n'
+        'doc_to_target: "{{answer}}"\n'
+        f"generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: {max_gen_toks}\n  do_sample: false\n"
+        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
+    )
+
+
 def word_level_tokenizer(*, bos: bool = False, **kwargs):
     """A word-level tokenizer: "<pad>" 0, "<eos>" 1, "<bos>" 2, "<unk>" 3, "w4".."w49"; with bos, a template that
     adds "<bos>" to every text; kwargs: the transformers tokenizer's own (split_special_tokens, ...)."""
@@ -48,6 +68,12 @@ def word_level_tokenizer(*, bos: bool = False, **kwargs):
         backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 2)])
     return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>",
                                    bos_token="<bos>", unk_token="<unk>", **kwargs)
+
+
+@pytest.fixture
+def until_task():
+    """`write_until_task`: a local lm-eval generate_until task, written where a test asks."""
+    return write_until_task
 
 
 @pytest.fixture

@@ -180,7 +180,8 @@ def test_a_teacher_generates_through_hflms_own_generate(engine_calls, tiny_llama
     assert described["path"] == "hf" and described["calls"] == 1 and engine_calls == []
 
 
-def test_lm_eval_command_names_the_engine_path_for_a_hypenet(tmp_path, monkeypatch, capsys, engine_calls):
+def test_lm_eval_command_names_the_engine_path_for_a_hypenet(tmp_path, monkeypatch, capsys, engine_calls,
+                                                             until_task):
     from hyla.cli import main
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
@@ -189,19 +190,7 @@ def test_lm_eval_command_names_the_engine_path_for_a_hypenet(tmp_path, monkeypat
     folder = tmp_path / "tiny-hypenet"
     _tiny_hypenet(tokenizer).float().save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    data = tmp_path / "answers.jsonl"
-    data.write_text("".join(json.dumps({"question": prompt, "answer": "x"}) + "\n" for prompt in _PROMPTS))
-    (tmp_path / "hyla_local_until.yaml").write_text(
-        "task: hyla_local_until\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\n"
-        "output_type: generate_until\n"
-        'doc_to_text: "{{question}}"\n'
-        'doc_to_target: "{{answer}}"\n'
-        "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 8\n  do_sample: false\n"
-        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
-    )
+    until_task(tmp_path, "hyla_local_until", _PROMPTS, max_gen_toks=8)
     out = tmp_path / "out"
     code = main(["eval", "lm-eval", "--model", str(folder), "--tasks", "hyla_local_until", "--include-path",
                  str(tmp_path), "--only-included", "--batch-size", "3", "--out", str(out)])

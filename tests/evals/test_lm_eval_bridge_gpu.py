@@ -11,8 +11,6 @@ image has no lm-eval; scripts/gpu-session/gpu-tests.sh installs it from .gpu-inp
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 
@@ -28,22 +26,6 @@ _PROMPTS = ["The quick brown", "def add(a, b):\n", "One of the special magic num
 _MAX_GEN_TOKS = 16
 # The engine's start-up without torch.compile: the test is about the bridge, not the compiled kernels.
 _UNCOMPILED = {"compile_decode": False, "compile_prefill": False}
-
-
-def _write_task(folder) -> None:
-    data = folder / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"question": prompt, "answer": "x"}) + "\n" for prompt in _PROMPTS))
-    (folder / f"{TASK}.yaml").write_text(
-        f"task: {TASK}\n"
-        "dataset_path: json\n"
-        f"dataset_kwargs:\n  data_files:\n    test: {data}\n"
-        "test_split: test\n"
-        "output_type: generate_until\n"
-        'doc_to_text: "{{question}}"\n'
-        'doc_to_target: "{{answer}}"\n'
-        f"generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: {_MAX_GEN_TOKS}\n  do_sample: false\n"
-        "metric_list:\n  - metric: exact_match\n    aggregation: mean\n    higher_is_better: true\n"
-    )
 
 
 def _tiny_hypenet(tokenizer):
@@ -70,7 +52,8 @@ def _continuations(lm, folder) -> list[str]:
     return [sample["filtered_resps"][0] for sample in samples]
 
 
-def test_a_hypenet_answers_an_lm_eval_task_on_the_engine_on_cuda_with_hflms_text(tmp_path, monkeypatch, engine_calls):
+def test_a_hypenet_answers_an_lm_eval_task_on_the_engine_on_cuda_with_hflms_text(tmp_path, monkeypatch, engine_calls,
+                                                                                  until_task):
     from lm_eval.models.huggingface import HFLM
 
     from hyla.evals.generation import Generation
@@ -78,7 +61,7 @@ def test_a_hypenet_answers_an_lm_eval_task_on_the_engine_on_cuda_with_hflms_text
 
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets-cache"))
-    _write_task(tmp_path)
+    until_task(tmp_path, TASK, _PROMPTS, max_gen_toks=_MAX_GEN_TOKS)
     tokenizer = teacher_tokenizer()
     model = _tiny_hypenet(tokenizer)
     with use_backend("torch"):

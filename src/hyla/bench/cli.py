@@ -1,5 +1,5 @@
-"""`hyla bench kernels|model|profile|train|data-parallel|report`: thin wrappers over `hyla.bench.*`.
-Each writes JSON (with the exact command and environment), a PNG and a markdown summary into --out."""
+"""`hyla bench kernels|loss|model|profile|train|data-parallel|report`: thin wrappers over `hyla.bench.*`.
+Each writes JSON (with the exact command and environment) and a PNG or a markdown summary, or both, into --out."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ from pathlib import Path
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
 DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
-# hyla.bench.train.TRAINED_MIXERS, written out for the same reason
+# hyla.bench.train.TRAINED_MIXERS and hyla.bench.loss.IMPLEMENTATIONS, written out for the same reason
 TRAINED_MIXERS = ("lightning", "gla", "gdn")
+LOSS_IMPLEMENTATIONS = ("hyla-chunked", "liger", "eager")
 # The argument group of the options that override the engine's settings file for an experiment.
 EXPERT_OPTIONS = "expert options (experiments against the engine's settings)"
 
@@ -35,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kernels.add_argument("--repeats", type=int, default=5)
     _common(kernels)
     kernels.set_defaults(handler=run_kernels)
+    _register_loss(verbs)
     model = verbs.add_parser("model", help="HypeNet-2B vs the Qwen3-1.7B shape: prefill, decode, memory")
     model.add_argument("--contexts", type=_lengths, default=None, help="comma list (default 8K,32K,128K,512K,1M)")
     model.add_argument("--systems", default=None,
@@ -107,6 +109,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("results", nargs="+", help="model.json files (later files win for the same system)")
     report.add_argument("--out", required=True, help="folder for the merged model.json, model.png and model.md")
     report.set_defaults(handler=run_report)
+
+
+def _register_loss(verbs) -> None:
+    loss = verbs.add_parser(
+        "loss", help="the LM head fused with its loss (distillation's KL, fine-tuning's cross-entropy), forward + "
+                     "backward under bf16 autocast: hyla's chunked loss, Liger's fused linear losses, materialised "
+                     "logits; each checked against float32 first, then timed, with ratios to hyla's")
+    loss.add_argument("--cases", default=None,
+                      help="comma list of LOSS:BATCHxLEN, LOSS kl or ce (default kl:16x4096,ce:4x16384, the "
+                           "halo-smollm2 recipe's distillation and fine-tuning; --toy: kl:2x64,ce:1x128)")
+    loss.add_argument("--implementations", default=",".join(LOSS_IMPLEMENTATIONS),
+                      help=f"comma list of {', '.join(LOSS_IMPLEMENTATIONS)} (default: all; liger is skipped, with "
+                           "its reason, without CUDA or liger_kernel)")
+    loss.add_argument("--hidden-size", type=_positive, default=None, help="H (default 576, SmolLM2-135M's)")
+    loss.add_argument("--vocab-size", type=_positive, default=None, help="V (default 49152, SmolLM2-135M's)")
+    loss.add_argument("--check-rows", type=_positive, default=None,
+                      help="rows of the check against float32 (default 12289; --toy: 37)")
+    loss.add_argument("--repeats", type=_positive, default=5, help="timed calls per implementation (median)")
+    loss.add_argument("--teacher-dtype", default=None, choices=("bfloat16", "float32"),
+                      help="the teacher's hidden states and head (default bfloat16 on CUDA, as distillation runs "
+                           "it there; float32 elsewhere)")
+    loss.add_argument("--toy", action="store_true", help="tiny sizes (H=64, V=512): for CPU")
+    _common(loss)
+    loss.set_defaults(handler=run_loss)
 
 
 def _register_data_parallel(verbs) -> None:
@@ -362,6 +388,34 @@ def run_kernels(args: argparse.Namespace) -> int:
     _write_json(out / "kernels.json", results)
     plot_kernels(results, out / "kernels.png")
     print(f"wrote {out / 'kernels.json'} and {out / 'kernels.png'}")
+    return 0
+
+
+def run_loss(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from hyla.bench.loss import TOY_SETTINGS, LossBenchSettings, LossCase, loss_markdown, run_loss_bench
+
+    defaults = LossBenchSettings(**(TOY_SETTINGS if args.toy else {}))
+    chosen = {"cases": tuple(LossCase.parse(item) for item in args.cases.split(",") if item.strip())
+              if args.cases else None,
+              "implementations": _comma_list(args.implementations), "hidden_size": args.hidden_size,
+              "vocab_size": args.vocab_size, "check_rows": args.check_rows, "teacher_dtype": args.teacher_dtype}
+    settings = dataclasses.replace(defaults, repeats=args.repeats, device=args.device,
+                                   **{name: value for name, value in chosen.items() if value is not None})
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment()
+
+    def save(results: dict) -> None:
+        _write_json(out / "loss.json", {"environment": env, **results})
+
+    results = run_loss_bench(settings, log=lambda line: print(line, flush=True), save=save)
+    save(results)
+    markdown = loss_markdown(results, env["command"])
+    (out / "loss.md").write_text(markdown)
+    print(markdown)
+    print(f"wrote {out / 'loss.json'} and {out / 'loss.md'}")
     return 0
 
 

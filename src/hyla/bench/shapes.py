@@ -30,6 +30,21 @@ SMOLLM2_135M_ATTENTION_LAYERS = (2, 6, 10, 14, 18, 22, 26)
 TOY_CONVERTED = dict(TOY, num_attention_heads=2, num_key_value_heads=1, head_dim=32)
 
 
+def parse_case(text: str, kinds: tuple[str, ...], *, what: str, example: str,
+               min_length: int = 1) -> tuple[str, int, int]:
+    """A benchmark case `KIND:BATCHxLEN` (e.g. `distill:16x4096`) as (kind, batch, length); ValueError in one line
+    for any other text, a kind not in `kinds`, a batch below 1 or a length below `min_length`. what: the first
+    part's name in the message ("stage", "loss")."""
+    try:
+        kind, shape = text.strip().split(":")
+        batch, length = (int(part) for part in shape.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"case {text!r} is not {what.upper()}:BATCHxLEN (e.g. {example})") from None
+    if kind not in kinds or batch < 1 or length < min_length:
+        raise ValueError(f"case {text!r}: {what} one of {', '.join(kinds)}, batch >= 1, length >= {min_length}")
+    return kind, batch, length
+
+
 def hypenet_config(*, toy: bool = False) -> HypeNetConfig:
     """HypeNet-2B: Lightning everywhere but 7 NoPE attention layers with output gates and logit scaling a = 500."""
     sizes = TOY if toy else QWEN3_1P7B

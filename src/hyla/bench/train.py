@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from hyla.bench.floors import LIGHTNING_CHUNK
+from hyla.bench.shapes import parse_case
 
 STAGES = ("align", "distill", "finetune")
 
@@ -107,14 +108,7 @@ class Case:
     @classmethod
     def parse(cls, text: str) -> Case:
         """`STAGE:BATCHxLEN`, e.g. `distill:16x4096`."""
-        try:
-            stage, shape = text.split(":")
-            batch, seq_len = (int(part) for part in shape.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"case {text!r} is not STAGE:BATCHxLEN (e.g. distill:16x4096)") from None
-        if stage not in STAGES or batch < 1 or seq_len < 2:
-            raise ValueError(f"case {text!r}: stage one of {', '.join(STAGES)}, batch >= 1, length >= 2")
-        return cls(stage, batch, seq_len)
+        return cls(*parse_case(text, STAGES, what="stage", example="distill:16x4096", min_length=2))
 
 
 # The mixers whose twins stages 1-2 train (`model.rnn_mixer`; SWA twins are the teacher's attention: nothing to time).
