@@ -31,3 +31,5 @@ for group in .gpu-inputs/cache/g*; do [ -d "$group" ] && { check "stash-${group#
 check start .gpu-teacher/p3 || exit 1
 # gpu-tests.sh with lm-eval-harness (its header)
 if [ -d .gpu-inputs/lmeval ]; then check lm-eval .whl .gpu-inputs/lmeval || exit 1; fi
+# hyla bench loss with Liger Kernel (docs/results/train-speed.md)
+if [ -d .gpu-inputs/bench ]; then check bench-loss .whl .gpu-inputs/bench || exit 1; fi

