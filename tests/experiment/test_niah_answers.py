@@ -45,3 +45,32 @@ def test_cells_sum_each_task_and_length():
     assert sk2["mean_copied"] == 3.5  # 7 and 0 characters
     sk3 = cells[("SK3", 4096)].row()
     assert (sk3["needle_shaped"], sk3["copied"], sk3["right"]) == (1, 9, 0)
+
+
+def test_the_report_tables_each_models_misses_by_kind(tmp_path):
+    """Three SK2 misses of main (a miscopy, a restatement, other text) and one right answer; a model with no miss
+    gets no row."""
+    from test_report import write_result
+
+    from hyla.experiment import report
+
+    records = [
+        {"task": "SK2", "length": 4096, "depth_percent": 0, "index": 0, "outputs": [NUMBER], "pred": " 8346069.",
+         "score": 1.0},
+        {"task": "SK2", "length": 4096, "depth_percent": 10, "index": 1, "outputs": [NUMBER], "pred": " 8341111.",
+         "score": 0.0},
+        {"task": "SK2", "length": 16384, "depth_percent": 0, "index": 0, "outputs": [NUMBER],
+         "pred": " the special magic number for x mentioned in the provided text.", "score": 0.0},
+        {"task": "SK2", "length": 16384, "depth_percent": 10, "index": 1, "outputs": [NUMBER], "pred": " no.",
+         "score": 0.0},
+    ]
+    write_result(tmp_path, "niah-main-SK2-short", {"kind": "niah", "records": records,
+                                                   "tasks": {"SK2": {"by_length": {"4096": 0.5, "16384": 0.0}}}})
+    write_result(tmp_path, "niah-other-SK2-short", {"kind": "niah", "records": records[:1],
+                                                    "tasks": {"SK2": {"by_length": {"4096": 1.0}}}})
+    evals = report.collect_evals(tmp_path)
+    assert evals["niah_misses"] == {"main": {"SK2": {"misses": 3, "needle_shaped": 1, "restates": 1, "echo": 0,
+                                                     "other": 1}}}
+    text = report.markdown({**evals, "plan": {}, "status": None, "conversions": {}, "alignment": {},
+                            "selection": {}, "trainings": {}})
+    assert "| main | SK2 | 3 | 1 | 1 | 0 | 1 |" in text

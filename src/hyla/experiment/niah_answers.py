@@ -79,3 +79,16 @@ def answer_cells(records: list[dict]) -> dict[tuple[str, int], Cell]:
     for record in records:
         cells[(record["task"], record["length"])].add(record)
     return dict(sorted(cells.items()))
+
+
+def miss_kinds(records: list[dict]) -> dict[str, dict[str, int]]:
+    """The answers RULER's scoring counts wrong, by task over every length: {task: {"misses": n, kind: n, ...}}."""
+    by_task: dict[str, dict[str, int]] = {}
+    scored = [r for r in records if {"score", "pred", "outputs"} <= r.keys() and r["outputs"]]
+    for (task, _), cell in answer_cells([r for r in scored if r["score"] < 1]).items():
+        counts = by_task.setdefault(task, {"misses": 0, **dict.fromkeys(KINDS, 0)})
+        counts["misses"] += cell.prompts
+        for kind in KINDS:
+            counts[kind] += getattr(cell, kind)
+    return by_task
+

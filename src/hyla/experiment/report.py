@@ -21,6 +21,8 @@ from typing import Any
 
 from hyla.experiment.alignment import alignment_lines, collect_alignment, plot_alignment
 from hyla.experiment.selection import SELECT_STAGE, collect_selection, selection_lines
+from hyla.experiment.niah_answers import KINDS as ANSWER_KINDS
+from hyla.experiment.niah_answers import miss_kinds
 from hyla.experiment.niah_grading import grade
 from hyla.experiment.niah_pairs import pair_records
 from hyla.outputs import write_atomic, write_json
@@ -132,7 +134,9 @@ def collect_evals(run: Path) -> dict:
         elif result.get("kind") == "ppl":
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
     return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
-            "niah_pairs": niah_pairs(records)}
+            "niah_pairs": niah_pairs(records),
+            "niah_misses": {label: kinds for label, kinds in ((label, miss_kinds(found))
+                                                              for label, found in sorted(records.items())) if kinds}}
 
 
 def collect_conversion(folder: Path) -> dict | None:
@@ -264,6 +268,7 @@ def markdown(summary: dict) -> str:
             lines += ["NIAH graded (SK1, SK2): answers holding a 7-digit number / with >= 4 leading digits of the "
                       "needle", "", *_table(["model", "task", *map(_length, lengths)], graded), ""]
         lines += _pairs_lines(summary.get("niah_pairs") or {})
+        lines += _misses_lines(summary.get("niah_misses") or {})
     if summary["csr"]:
         tasks = sorted({t for result in summary["csr"].values() for t in result["tasks"]})
         rows = [[label, _cell(result["average"], 4), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
@@ -301,6 +306,17 @@ def _pairs_lines(pairs: dict) -> list[str]:
             f"model got right).{note}", "",
             *_table(["model", "task", "prompts", f"right: {base} / model", f"only {base} / only model", "p"], rows),
             ""]
+
+
+def _misses_lines(misses: dict) -> list[str]:
+    rows = [[label, task, str(c["misses"]), *(str(c[kind]) for kind in ANSWER_KINDS)]
+            for label, by_task in misses.items() for task, c in sorted(by_task.items())]
+    if not rows:
+        return []
+    return ["NIAH misses by kind (every length; hyla.experiment.niah_answers): needle-shaped, the answer begins with "
+            "a value of the needle's kind (a miscopy); restates, the question again; echo, the prompt's first "
+            "sentence continued.", "",
+            *_table(["model", "task", "misses", "needle-shaped", "restates", "echo", "other"], rows), ""]
 
 
 def _options_text(options: list[dict]) -> str:
