@@ -175,3 +175,16 @@ def test_a_stage_made_with_other_settings_says_what_differs(tiny_teacher, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"{out / '01-align'} was made with other settings (budget.lr 0.001 then, 0.002 now)" in err
     assert "--from-stage align" in err
+
+
+def test_a_near_uniform_student_of_a_near_uniform_teacher_is_not_a_collapse():
+    """The smoke plan's student of the tests' random teacher (near uniform itself) scored 5.7028 against ln 300 =
+    5.7038 at every a: a model that learned its teacher's near-uniform prediction, exported; an exactly uniform one
+    is not."""
+    from hyla.convert.scaling import best_scaling
+    from hyla.train import TrainingDiverged
+
+    near = {"None": 5.7028, "20": 5.7028, "500": 5.7028}
+    assert best_scaling([None, 20, 500], near, 300) is None  # equal losses: the first candidate
+    with pytest.raises(TrainingDiverged, match="collapsed"):
+        best_scaling([None, 20, 500], dict.fromkeys(near, math.log(300) - 1e-6), 300)

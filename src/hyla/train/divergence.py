@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import math
 
-# |loss - ln V| below this is a uniform prediction: a trained or freshly initialised model's cross-entropy differs
-# from ln V by more (a fresh one by about half the variance of its logits, 1e-2 for a 32-wide toy model).
-UNIFORM_LOSS_TOLERANCE = 1e-3
+# |loss - ln V| below this is a uniform prediction (a collapsed model's logits are all equal: ln V to float32
+# rounding, ~1e-6). A trained or freshly initialised model's cross-entropy differs from ln V by more: a fresh one by
+# about half the variance of its logits, 1e-2 for a 32-wide toy model; the student of the tests' 32-wide random
+# teacher, itself near uniform, after the smoke plan's training on the repository's docs by 9.8e-4 (its held-out
+# loss 5.7028 against ln 300 = 5.7038), which the earlier 1e-3 took for a collapse.
+UNIFORM_LOSS_TOLERANCE = 3e-4
 # A gradient norm below this is zero: the loss no longer depends on the trainable weights.
 ZERO_GRAD_NORM = 1e-10
 # The uniform-loss plateau counts only after the loss has been this far below ln V: a fresh model starts near ln V.
