@@ -13,22 +13,11 @@ inside a run's results archive); the metric of each task is the report's (acc_no
 from __future__ import annotations
 
 import argparse
-import json
 import tarfile
 
+from niah_paired import read_result
+
 from hyla.experiment.report import CSR_METRIC
-
-
-def read_result(spec: str) -> dict:
-    if ".tar.xz:" in spec:
-        archive, member = spec.split(".tar.xz:", 1)
-        with tarfile.open(archive + ".tar.xz") as tar:
-            handle = tar.extractfile(member)
-            if handle is None:
-                raise SystemExit(f"error: {member} is not a file in {archive}.tar.xz")
-            return json.load(handle)
-    with open(spec) as handle:
-        return json.load(handle)
 
 
 def task_scores(result: dict) -> dict[str, float]:

@@ -23,16 +23,21 @@ import tarfile
 from hyla.experiment.niah_pairs import pair_records
 
 
-def read_records(spec: str) -> list[dict]:
+def read_result(spec: str) -> dict:
+    """A results.json, or ARCHIVE.tar.xz:MEMBER inside a run's results archive."""
     if ".tar.xz:" in spec:
         archive, member = spec.split(".tar.xz:", 1)
         with tarfile.open(archive + ".tar.xz") as tar:
             handle = tar.extractfile(member)
             if handle is None:
                 raise SystemExit(f"error: {member} is not a file in {archive}.tar.xz")
-            return json.load(handle)["records"]
+            return json.load(handle)
     with open(spec) as handle:
-        return json.load(handle)["records"]
+        return json.load(handle)
+
+
+def read_records(spec: str) -> list[dict]:
+    return read_result(spec)["records"]
 
 
 def main() -> None:
