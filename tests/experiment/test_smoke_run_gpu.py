@@ -16,7 +16,7 @@ import json
 import pytest
 from experiment_helpers import PLANS
 from offline_models import save_tiny_teacher
-from test_smoke_run import docs_text, recipe_smoke_argv
+from test_smoke_run import PEAKED, docs_text, recipe_smoke_argv
 
 from hyla.cli import main as hyla_main
 
@@ -49,7 +49,7 @@ def test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda(tmp_path):
     Beside a sitting's run it reaches the GLA conversion minutes before the run does: `SMOKE=1 SMOKE_TESTS=SEED003
     bash scripts/gpu-session/experiment.sh stash`, SEED003 being
     tests/experiment/test_smoke_run_gpu.py::test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda."""
-    teacher = save_tiny_teacher(tmp_path / "teacher")
+    teacher = save_tiny_teacher(tmp_path / "teacher", initializer_range=PEAKED)
     text = docs_text(tmp_path / "text")
     plan = next(path for path in PLANS if path.stem == "seed003-smollm2")
     run = tmp_path / "run"
