@@ -29,11 +29,14 @@ def main() -> None:
     parser.add_argument("teacher", help="the teacher's CSR results.json")
     parser.add_argument("models", nargs="+", help="the models' CSR results.json files")
     args = parser.parse_args()
-    try:
-        teacher = task_scores(read_result(args.teacher))
-        models = {spec: task_scores(read_result(spec)) for spec in args.models}
-    except (OSError, KeyError, ValueError, tarfile.TarError) as err:
-        raise SystemExit(f"error: cannot read CSR results ({err!r})") from None
+    scores = {}
+    for spec in [args.teacher, *args.models]:
+        try:
+            scores[spec] = task_scores(read_result(spec))
+        except (OSError, KeyError, ValueError, tarfile.TarError) as err:
+            raise SystemExit(f"error: {spec}: cannot read CSR results ({err!r})") from None
+    teacher = scores[args.teacher]
+    models = {spec: scores[spec] for spec in args.models}
     tasks = sorted(teacher)
     for spec, scores in models.items():
         if sorted(scores) != tasks:

@@ -107,6 +107,12 @@ def niah_pairs(records: dict[str, list[dict]], baseline: str = PAIRS_BASELINE) -
     return pairs
 
 
+def niah_misses(records: dict[str, list[dict]]) -> dict:
+    """Each label's NIAH misses by kind and task (hyla.experiment.niah_answers); labels without a miss left out."""
+    misses = {label: miss_kinds(found) for label, found in sorted(records.items())}
+    return {label: kinds for label, kinds in misses.items() if kinds}
+
+
 def collect_evals(run: Path) -> dict:
     niah: dict = defaultdict(lambda: defaultdict(dict))
     records: dict = defaultdict(list)
@@ -135,8 +141,7 @@ def collect_evals(run: Path) -> dict:
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
     return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
             "niah_pairs": niah_pairs(records),
-            "niah_misses": {label: kinds for label, kinds in ((label, miss_kinds(found))
-                                                              for label, found in sorted(records.items())) if kinds}}
+            "niah_misses": niah_misses(records)}
 
 
 def collect_conversion(folder: Path) -> dict | None:

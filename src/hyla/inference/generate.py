@@ -158,6 +158,7 @@ class GenerationSession:
     def _engine(self, batch_size: int, needed: int) -> InferenceEngine:
         fingerprint = self._weights_fingerprint()
         engine = self.engine
+        self._build_s = 0.0
         if (engine is None or fingerprint != self._fingerprint or engine.batch_size != batch_size
                 or engine.cache.max_length < needed or engine.cache.max_length > 2 * _buffer_length(needed)):
             self.engine = engine = None
@@ -173,8 +174,6 @@ class GenerationSession:
             engine.notes = notes
             self.engine, self._fingerprint = engine, fingerprint
             self.stats.engine_built_s = self._build_s = _synchronized(self.model.device) - started
-        else:
-            self._build_s = 0.0
         engine.reset()
         return engine
 
