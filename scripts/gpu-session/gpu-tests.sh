@@ -35,6 +35,8 @@ tests=${TESTS:-$(grep -rl "pytest.mark.gpu\|pytestmark = pytest.mark.gpu" tests 
 # shellcheck disable=SC2086 # $tests holds several paths
 HYLA_TEST_REPORT="$OUT/gpu-test-report.txt" timeout "${TESTS_TIMEOUT_S:-540}" python3 -m pytest $tests \
   -m gpu -n "${TEST_WORKERS:-8}" --dist loadgroup -v -rA --tb=short -p no:cacheprovider >"$OUT/gpu-tests.txt" 2>&1
-echo "pytest exit $?" | tee -a "$OUT/gpu-tests.txt"
+status=$?
+echo "pytest exit $status" | tee -a "$OUT/gpu-tests.txt"
 grep -E "^(PASSED|FAILED|SKIPPED|ERROR) " "$OUT/gpu-test-report.txt" | cut -d' ' -f1 | sort | uniq -c
 grep -A30 "^FAILED \|^ERROR " "$OUT/gpu-test-report.txt" | head -n 120
+exit $status  # pytest's outcome (the greps above end with 1 when nothing failed)

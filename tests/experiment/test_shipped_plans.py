@@ -4,6 +4,7 @@ SmolLM2 plan is the recorded headline run; the budget helper plans that run's di
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -407,3 +408,25 @@ def test_the_recipe_plans_branches_redo_their_stages_from_the_main_conversions_e
         assert plan.jobs[f"csr-{name}"].run == tuple(renamed)
     assert _sets(plan.jobs["convert-d125"].run).distill.tokens == 250e6
     assert _sets(plan.jobs["convert-lr"].run).finetune.lr == 1e-4 and _sets(main.run).finetune.lr == 1e-5
+
+
+def test_the_recipe_plans_branch_checks_run_at_the_start_and_refuse_a_branch_whose_args_change_a_copied_stage(
+        tmp_path, capsys):
+    path = PLANS[[p.stem for p in PLANS].index("halo-smollm2")]
+    branches = ('[{"name": "d125", "from": "distill", "args": ["--set", "distill.tokens=250e6"]}, '
+                '{"name": "lr", "from": "finetune", "args": ["--set", "finetune.lr=1e-4"]}]')
+    plan = load_plan(path, tmp_path, overrides=[f"branches={branches}"])
+    for name in ("d125", "lr"):
+        check = plan.jobs[f"check-{name}"]
+        assert check.kind == "check" and check.needs == () and check.after == ()
+        assert plan.jobs[f"convert-{name}"].checked_by == (f"check-{name}",)
+    # A second stage 3 at another lr takes over stages 0-3 as they are.
+    assert hyla_main(list(plan.jobs["check-lr"].run[1:])) == 0
+    # 250M distillation tokens need a larger corpus than the main conversion's data stage prepared (unless
+    # data.min_tokens says so, tests/convert/test_branch.py): refused at once, naming the setting.
+    capsys.readouterr()
+    assert hyla_main(list(plan.jobs["check-d125"].run[1:])) == 2
+    error = capsys.readouterr().err
+    assert re.search(r"branch from distill takes over stages data, align, select unchanged.*"
+                     r"\(data: tokens \d+ then, \d+ now", error), error
+    assert error.count("\n") == 1  # one line

@@ -17,12 +17,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="HALO: align Lightning twins, select attention layers, distil, fine-tune long, choose the "
         "logit scaling, export an HF folder. Resumable: rerun the same command to continue.",
     )
-    parser.add_argument("verb", nargs="?", choices=("run", "select", "reselect", "snapshot"), default="run",
+    parser.add_argument("verb", nargs="?", choices=("run", "select", "reselect", "snapshot", "check-branch"),
+                        default="run",
                         help="run: the whole pipeline (default); select: stop after layer selection (its report: "
                         "OUT/02-select/selection.json, .png); reselect: the noise-aware rule applied again to OUT's "
                         "recorded selection scores, no scoring (OUT/reselect/, options below); snapshot: a finished "
                         "training stage's student as an HF model folder, from OUT's records, no training (options "
-                        "below)")
+                        "below); check-branch: whether a branch (--from-stage S with the arguments after --branch "
+                        "added) can start from the stages before S of a conversion made with these arguments, "
+                        "without loading the teacher or writing anything")
     parser.add_argument("--teacher", default=None,
                         help="HF folder, hub id, GGUF file, or alias (smollm2-135m); required but for reselect, "
                         "where it measures the teacher's output energies for runs whose alignment did not log them; "
@@ -59,6 +62,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                           help="the attention logit scaling constant saved in the model (default off: stages 2 and "
                           "3 train without it unless STAGE.logit_scaling_a was set, which the snapshot's README "
                           "names; the scaling stage chooses a after them)")
+    branch = parser.add_argument_group("check-branch")
+    branch.add_argument("--branch", nargs=argparse.REMAINDER, default=None, metavar="ARGS",
+                        help="the branch's own arguments (--set, --data, --select, --seed), after the common ones; "
+                        "the rest of the command line")
     parser.set_defaults(handler=_run)
 
 
@@ -69,16 +76,53 @@ def _run(args: argparse.Namespace) -> int:
         return _reselect(args)
     if args.verb == "snapshot":
         return _snapshot(args)
+    if args.verb == "check-branch":
+        return _check_branch(args)
+    if args.branch is not None:
+        raise ValueError("--branch belongs to check-branch (hyla convert check-branch ... --from-stage S --branch ARGS)")
     if args.teacher is None:
         raise ValueError("--teacher is required (HF folder, hub id, GGUF file, or alias such as smollm2-135m)")
-    overrides = list(args.overrides)
-    if args.select:
-        overrides.append(f"selection.method={args.select}")
+    overrides = _overrides(args)
     convert(ConvertRequest(
         teacher=args.teacher, out=args.out, preset=args.preset, data=args.data, overrides=overrides,
         from_stage=args.from_stage, until_stage="select" if args.verb == "select" else args.until_stage,
         device=args.device, seed=args.seed,
     ))
+    return 0
+
+
+def _overrides(args: argparse.Namespace) -> list[str]:
+    return list(args.overrides) + ([f"selection.method={args.select}"] if args.select else [])
+
+
+def _check_branch(args: argparse.Namespace) -> int:
+    from hyla.convert.pipeline import ConvertRequest, branch_conflicts
+
+    if args.from_stage is None or args.branch is None:
+        raise ValueError("check-branch needs --from-stage STAGE and --branch ARGS... (the branch's own arguments, "
+                         "last; none: --branch alone)")
+    own = argparse.ArgumentParser(prog="hyla convert check-branch --branch", add_help=False, allow_abbrev=False)
+    own.add_argument("--set", dest="overrides", action="append", default=[])
+    own.add_argument("--data", action="append", default=None)
+    own.add_argument("--select", default=None)
+    own.add_argument("--seed", type=int, default=None)
+    extra, unknown = own.parse_known_args(args.branch)
+    if unknown:
+        raise ValueError(f"--branch: {' '.join(unknown)}: a branch's arguments are --set, --data, --select, --seed")
+    base = ConvertRequest(teacher=args.teacher or "", out=args.out, preset=args.preset, data=args.data,
+                          overrides=_overrides(args), seed=args.seed)
+    branch = ConvertRequest(teacher=args.teacher or "", out=args.out, preset=args.preset,
+                            data=[*(args.data or []), *(extra.data or [])] or None,
+                            overrides=_overrides(args) + _overrides(extra), from_stage=args.from_stage,
+                            seed=args.seed if extra.seed is None else extra.seed)
+    conflicts = branch_conflicts(base, branch, args.device)
+    if conflicts:
+        first = next(iter(conflicts))
+        raise ValueError(
+            f"a branch from {args.from_stage} takes over stages {', '.join(conflicts)} unchanged, but its arguments "
+            f"change their settings ({first}: {conflicts[first]}; 'then' is the base's value, 'now' the branch's): "
+            f"set the value in the common arguments, or branch from {first}")
+    print(f"branch from {args.from_stage}: the stages before it have the same settings as the base's")
     return 0
 
 

@@ -17,7 +17,7 @@ from hyla.convert.recipes import scale_tokens
 from hyla.convert.runners import Run, check_stage_inputs, run_align, run_data, run_distill, run_finetune
 from hyla.convert.scaling import run_scaling
 from hyla.convert.select_stage import run_select
-from hyla.convert.stages import STAGES, Stage, settings_hash
+from hyla.convert.stages import STAGES, Stage, settings_differences, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
 from hyla.train.fast import resolve_teacher_bf16
@@ -74,6 +74,34 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
         settings[name] = {**own[name], "upstream": upstream}
         upstream = settings_hash(settings[name])
     return settings
+
+
+def planned_settings(request: ConvertRequest, device: str | None = None) -> dict[str, dict]:
+    """Each stage's settings (`stage_settings`) as `hyla convert` would resolve them for `request` on `device`,
+    without loading the teacher: the budgets are the preset's for a teacher of unknown size (the recipes' do not
+    depend on it; the paper presets' scale alike on both sides of a comparison)."""
+    plan = scale_tokens(apply_overrides(make_plan(request.preset, 0), request.overrides))
+    plan.seed = request.seed
+    where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    for budget in (plan.align, plan.distill):
+        budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, where)
+    return stage_settings(plan, dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"]))
+
+
+def branch_conflicts(base: ConvertRequest, branch: ConvertRequest, device: str | None = None) -> dict[str, str]:
+    """The stages a branch takes over from its base conversion (those before `branch.from_stage`) whose settings
+    differ between the two, each with what differs in it: a `hyla convert --from-stage` in a folder holding the
+    base's stages would refuse them after loading the teacher (`Stage.check_compatible`). Empty: the branch can
+    start from the base's stages."""
+    if branch.from_stage is None:
+        raise ValueError("a branch starts from a stage: give --from-stage")
+    _check_stage_name(branch.from_stage, "--from-stage")
+    ours, theirs = planned_settings(base, device), planned_settings(branch, device)
+    conflicts = {}
+    for name in STAGES[: STAGES.index(branch.from_stage)]:
+        if settings_hash(ours[name]) != settings_hash(theirs[name]):
+            conflicts[name] = settings_differences(ours[name], theirs[name])
+    return conflicts
 
 
 def print_plan(run: Run, num_params: int) -> None:
