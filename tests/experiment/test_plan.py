@@ -123,6 +123,10 @@ def test_a_toml_plan_reads_like_the_json_one(tmp_path):
     ([job("a")], {"settings": {"parallel": 0}}, [], "parallel must be a whole number >= 1"),
     ([job("a")], {"variables": {"x": "${y}", "y": "${x}"}}, [], "in a loop"),
     ([{"name": "a", "copy": {"from": "x"}}], {}, [], "copy needs into"),
+    ([job("a", preflight=True)], {}, [], "a preflight job runs a hyla command and waits for no other job"),
+    ([job("a"), {"name": "b", "run": ["hyla", "x"], "needs": ["a"], "preflight": True}], {}, [],
+     "a preflight job runs a hyla command"),
+    ([{"name": "a", "run": ["hyla", "x"], "preflight": "yes"}], {}, [], "preflight must be true or false"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path, write_plan, jobs, top, overrides, message):
     with pytest.raises(PlanError, match=message) as error:

@@ -266,6 +266,29 @@ def test_status_lists_every_job_with_its_last_log_line(tmp_path, write_plan, cap
     assert "holds no experiment run" in capsys.readouterr().err
 
 
+def test_a_failing_preflight_job_stops_the_run_before_any_job_and_in_a_dry_run(tmp_path, write_plan, capsys,
+                                                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # A branch check as the recipe plan's check-N runs it: stage 3 with its own corpus, a longer stage 3 in the branch.
+    check = ["hyla", "convert", "check-branch", "--out", "b", "--preset", "halo-smollm2", "--device", "cpu",
+             "--set", "data.long_sources=docs@0-26:aa-lcr", "--from-stage", "finetune", "--branch"]
+    bad = {"name": "check-b", "kind": "check", "preflight": True, "run": check + ["--set", "finetune.tokens=100e6"]}
+    plan = write_plan([job("a", "open('ran', 'w')"), bad])
+    for extra in (["--dry-run"], []):
+        assert hyla_main(["experiment", "run", str(plan), "--out", str(tmp_path / "run"), *extra]) == 2
+        error = capsys.readouterr().err.strip()
+        assert error.startswith("hyla experiment: error: job check-b: hyla convert: error: a branch from finetune "
+                                "takes over stages data, align, select, distill unchanged") and "\n" not in error
+        assert not (tmp_path / "ran").exists() and not (tmp_path / "run").exists()
+    # The same check passing: said before the run, which then runs every job (the check again, on its own record).
+    good = {**bad, "run": check + ["--set", "finetune.lr=1e-4"]}
+    plan = write_plan([job("a", "open('ran', 'w')"), good])
+    assert hyla_main(["experiment", "run", str(plan), "--out", str(tmp_path / "run")]) == 0
+    assert ("preflight check-b: branch from finetune: the stages before it have the same settings as the base's"
+            in capsys.readouterr().out)
+    assert (tmp_path / "ran").exists() and (tmp_path / "run" / "logs" / "check-b.log").is_file()
+
+
 def test_a_bad_plan_is_refused_before_anything_runs(tmp_path, write_plan, capsys, monkeypatch):
     plan = write_plan([job("a", "open('ran', 'w')"), job("b", needs=["typo"])])
     monkeypatch.chdir(tmp_path)

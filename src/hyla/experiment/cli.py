@@ -130,6 +130,28 @@ def check_commands(plan) -> None:
             raise ValueError(f"job {job.name}: {lines[-1] if lines else 'its hyla command does not parse'}") from None
 
 
+def run_preflight(plan) -> None:
+    """The plan's preflight jobs (`hyla` checks of seconds that read no earlier job's output), each run here in
+    this process before anything else (without the plan's or the job's `env`): the first failure is one line
+    naming the job."""
+    import contextlib
+    import io
+
+    from hyla.cli import main
+
+    for job in plan.jobs.values():
+        if not job.preflight:
+            continue
+        errors, output = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(output):
+            code = main(list(job.run[1:]))
+        if code != 0:
+            lines = errors.getvalue().strip().splitlines() or output.getvalue().strip().splitlines()
+            raise ValueError(f"job {job.name}: {lines[-1] if lines else f'exit {code}'}")
+        said = output.getvalue().strip().splitlines()
+        print(f"preflight {job.name}: {said[-1] if said else 'ok'}", flush=True)
+
+
 def run_run(args: argparse.Namespace) -> int:
     import sys
 
@@ -144,6 +166,7 @@ def run_run(args: argparse.Namespace) -> int:
         plan = keep_only(plan, args.only.split(","))
     check_commands(plan)
     print(describe(plan), flush=True)
+    run_preflight(plan)
     if args.dry_run:
         return 0
     runner = Runner(plan, args.out, parallel=args.parallel, train_slots=args.train_slots, poll_s=args.poll,

@@ -27,7 +27,9 @@ A plan file holds:
   its axes' values, e.g. `{"task": ["SK1", "SK2"]}` and a name `niah-${task}`; an axis of objects gives their
   fields as `${axis.field}`; an axis `"${name}"` takes the values of a list variable, and gives no job when it is
   empty); `when` (true or false once substituted, e.g. `"${stage_evals}"`: false leaves the job,
-  or that combination of its matrix, out of the plan).
+  or that combination of its matrix, out of the plan); `preflight` (true, for a `hyla` check that reads nothing an
+  earlier job writes and takes seconds: `hyla experiment run` runs it once more before any job starts, and with
+  `--dry-run`, and a failure stops the run there with its error line).
 
 In a job's arguments, `${name}` is replaced by its value; an argument that is exactly `${name}` of a list becomes
 that many arguments (none for an empty list); inside a longer string a list is joined with commas. `$$` is a `$`.
@@ -55,7 +57,7 @@ KINDS = ("train", "data", "eval", "check", "task")
 ACTIONS = ("run", "copy", "split_largest")
 _TOP_KEYS = {"name", "description", "variables", "settings", "env", "profiles", "jobs", "report"}
 _JOB_KEYS = {"name", "needs", "after", "checked_by", "kind", "env", "matrix", "always", "when", "description",
-             *ACTIONS}
+             "preflight", *ACTIONS}
 _SETTINGS = {"parallel": 14, "train_slots": 4}
 _BUILT_IN = ("run", "plan_dir", "python")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")
@@ -77,6 +79,7 @@ class Job:
     checked_by: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     always: bool = False  # runs in every run of the plan, done before or not (a report of what the run holds)
+    preflight: bool = False  # also run before any job starts (and with --dry-run); its failure stops the run
 
     @property
     def action(self) -> str:
@@ -85,7 +88,8 @@ class Job:
     def to_dict(self) -> dict[str, Any]:
         body = {"run": list(self.run)} if self.run is not None else {self.action: getattr(self, self.action)}
         return {"name": self.name, "kind": self.kind, **body, "needs": list(self.needs), "after": list(self.after),
-                "checked_by": list(self.checked_by), "env": dict(self.env), "always": self.always}
+                "checked_by": list(self.checked_by), "env": dict(self.env), "always": self.always,
+                "preflight": self.preflight}
 
 
 @dataclass(frozen=True)
@@ -377,11 +381,16 @@ def _expand_one(entry: dict, action: str, kind: str, lookup, label: str) -> Job:
         body["run"] = tuple(command)
     else:
         body[action] = _action_spec(action, entry[action], lookup, label)
-    always = entry.get("always", False)
+    always, preflight = entry.get("always", False), entry.get("preflight", False)
     if not isinstance(always, bool):
         raise PlanError(f"{label}: always must be true or false")
-    return Job(name=name, kind=kind, needs=names("needs"), after=names("after"), checked_by=names("checked_by"),
-               env=env, always=always, **body)
+    if not isinstance(preflight, bool):
+        raise PlanError(f"{label}: preflight must be true or false")
+    needs, after = names("needs"), names("after")
+    if preflight and (body.get("run", ("",))[0] != "hyla" or needs or after):
+        raise PlanError(f"{label}: a preflight job runs a hyla command and waits for no other job")
+    return Job(name=name, kind=kind, needs=needs, after=after, checked_by=names("checked_by"),
+               env=env, always=always, preflight=preflight, **body)
 
 
 def _action_spec(action: str, spec: Any, lookup, label: str) -> dict[str, Any]:
