@@ -78,7 +78,9 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report",
-        "snapshot-distill", "niah-distill-SK1-short", "copy-lr", "convert-lr", "niah-lr-SK1-short"}
+        "snapshot-distill", "niah-distill-SK1-short", "check-lr", "copy-lr", "convert-lr", "niah-lr-SK1-short"}
+    # The branch's check ran before the run started (preflight), then as a job with a log of its own.
+    assert "the stages before it have the same settings" in (run / "logs" / "check-lr.log").read_text()
     branch = run / "branch-lr"
     assert "[distill] complete" in (run / "logs" / "convert-lr.log").read_text()
     assert ((branch / "03-distill" / "student.safetensors").read_bytes()
