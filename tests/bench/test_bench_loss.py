@@ -1,5 +1,5 @@
 """`hyla bench loss` on toy shapes on CPU: hyla's chunked loss and the materialised reference are checked and timed,
-Liger is skipped with its reason, and an implementation that fails its check is not timed."""
+Liger and fla are skipped with their reasons, and an implementation that fails its check is not timed."""
 
 import json
 import sys
@@ -12,7 +12,7 @@ from hyla.bench.loss import LossBenchSettings, LossCase, TOY_SETTINGS
 from hyla.cli import main
 
 
-def test_bench_loss_toy_times_hyla_and_the_reference_and_skips_liger_with_its_reason(tmp_path):
+def test_bench_loss_toy_times_hyla_and_the_reference_and_skips_the_libraries_with_their_reasons(tmp_path):
     assert main(["bench", "loss", "--toy", "--device", "cpu", "--repeats", "1", "--out", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "loss.json").read_text())
     timed = {(row["case"], row["implementation"]) for row in results["results"]}
@@ -25,11 +25,13 @@ def test_bench_loss_toy_times_hyla_and_the_reference_and_skips_liger_with_its_re
         assert row["time_vs_hyla"] == (1.0 if row["implementation"] == "hyla-chunked" else pytest.approx(
             row["median_ms"] / next(r["median_ms"] for r in results["results"]
                                     if r["case"] == row["case"] and r["implementation"] == "hyla-chunked")))
-    [skip] = results["skipped"]
-    assert skip["implementation"] == "liger" and "CUDA" in skip["reason"]
-    assert results["liger"] is None and results["environment"]["torch"] == torch.__version__
+    assert {skip["implementation"]: skip["reason"].split(" (")[0] for skip in results["skipped"]} == {
+        "liger": "needs CUDA", "fla": "needs CUDA"}
+    assert results["liger"] is None and results["fla"] is None
+    assert results["environment"]["torch"] == torch.__version__
     markdown = (tmp_path / "loss.md").read_text()
     assert "| kl:2x64 | hyla-chunked |" in markdown and "- liger: needs CUDA" in markdown
+    assert "- fla: needs CUDA" in markdown
 
 
 def test_liger_is_skipped_with_the_reason_it_cannot_run(monkeypatch):
@@ -41,6 +43,26 @@ def test_liger_is_skipped_with_the_reason_it_cannot_run(monkeypatch):
     assert runnable == ["hyla-chunked"]
     assert skipped == [{"case": None, "implementation": "liger",
                         "reason": "liger_kernel is not installed (pip install liger-kernel)"}]
+
+
+def test_fla_is_skipped_with_the_reason_it_cannot_run(monkeypatch):
+    assert "CUDA" in loss.fla_unavailable(torch.device("cpu"))
+    monkeypatch.setitem(sys.modules, "fla", None)  # an import of fla fails as if not installed
+    assert loss.fla_unavailable(torch.device("cuda")) == "fla is not installed (pip install flash-linear-attention)"
+    settings = LossBenchSettings(**TOY_SETTINGS, device="cuda", implementations=("hyla-chunked", "fla", "eager"))
+    runnable, skipped = loss.runnable_implementations(settings, torch.device("cuda"))
+    assert runnable == ["hyla-chunked", "eager"] and [skip["implementation"] for skip in skipped] == ["fla"]
+
+
+def test_an_error_inside_a_library_is_reported_and_one_inside_hyla_is_raised():
+    def broken():
+        raise RuntimeError("addmm: out= is not supported under autocast")
+
+    for library in loss.LIBRARIES:
+        assert loss._guarded(library, torch.device("cpu"), broken) == (
+            None, "RuntimeError: addmm: out= is not supported under autocast")
+    with pytest.raises(RuntimeError, match="out="):
+        loss._guarded("hyla-chunked", torch.device("cpu"), broken)
 
 
 def test_an_implementation_that_fails_its_check_is_not_timed(monkeypatch):
@@ -67,7 +89,7 @@ def test_loss_cases_parse_and_refuse_what_they_cannot_run():
         with pytest.raises(ValueError, match="case"):
             LossCase.parse(text)
     with pytest.raises(ValueError, match="unknown implementations"):
-        LossBenchSettings(implementations=("fla",), device="cpu")
+        LossBenchSettings(implementations=("apex",), device="cpu")
 
 
 def test_the_command_line_lists_the_implementations_the_bench_knows():

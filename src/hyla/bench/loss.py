@@ -15,6 +15,11 @@ The implementations:
   `accum_dtype=torch.float32`: with the default the head's gradient accumulates in the weight's dtype through an
   in-place `addmm_`, which autocast leaves in float32, so a float32 head would take float32 products.
   Cross-entropy: `LigerFusedLinearCrossEntropyLoss()`, the mean over rows whose label is not -100.
+- `fla`: flash-linear-attention's fused losses, on CUDA where `fla` imports. KL: `fla.modules.FusedKLDivLoss` (its
+  only reduction, `batchmean`: sum_v P (log P - log Q) with P the teacher's distribution, summed over the vocabulary
+  and divided by the rows, hyla's mean over rows; fla/modules/fused_kl_div/ops.py, `kl_div_kernel`), which takes no
+  labels and computes its gradients inside the forward, over chunks of rows. Cross-entropy:
+  `fla.modules.FusedLinearCrossEntropyLoss()`, the mean over rows whose label is not -100.
 - `eager`: the plain formulas with the [rows, V] logits materialised (`hyla.ops.linear_loss.reference`), the stages'
   eager reference path; reported as out of memory where it does not fit.
 """
@@ -38,7 +43,9 @@ from hyla.ops.linear_loss import (
 from hyla.train.step import training_autocast
 
 LOSSES = ("kl", "ce")
-IMPLEMENTATIONS = ("hyla-chunked", "liger", "eager")
+IMPLEMENTATIONS = ("hyla-chunked", "liger", "fla", "eager")
+# Other projects' kernels: an error inside them is a finding the run reports and goes past, not a crash.
+LIBRARIES = ("liger", "fla")
 BASELINE = "hyla-chunked"
 # The loss sums rows x V terms whose bf16 roundings average out (~1e-5 measured at 1,500 x 49,152 on CPU in bf16).
 LOSS_TOLERANCE = 1e-3
@@ -150,6 +157,34 @@ def liger_unavailable(device: torch.device) -> str | None:
     return None
 
 
+def fla_unavailable(device: torch.device) -> str | None:
+    """Why fla's fused losses cannot run here, or None when they can."""
+    if device.type != "cuda":
+        return f"needs CUDA (fla's kernels are Triton), not {device.type}"
+    for module in ("fla", "fla.modules"):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            if isinstance(err, ModuleNotFoundError) and err.name == "fla":
+                return "fla is not installed (pip install flash-linear-attention)"
+            return f"fla does not import: {err}"
+    return None
+
+
+UNAVAILABLE = {"liger": liger_unavailable, "fla": fla_unavailable}
+
+
+def fla_description() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for distribution in ("fla-core", "flash-linear-attention"):
+        try:
+            return {"version": version(distribution), "distribution": distribution}
+        except PackageNotFoundError:
+            continue
+    return {"version": None, "distribution": None}
+
+
 def liger_description(device: torch.device) -> dict:
     """Liger's version and the kernel its KL dispatches to here (`jsd_loss_and_grad`, by preference)."""
     from importlib.metadata import version
@@ -180,6 +215,14 @@ def loss_function(loss: str, implementation: str):
             return lambda x: jsd(x.hidden, x.weight, x.teacher_hidden, x.teacher_weight, None)
         ce = LigerFusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
         return lambda x: ce(x.weight, x.hidden, x.labels)
+    if implementation == "fla":
+        from fla.modules import FusedKLDivLoss, FusedLinearCrossEntropyLoss
+
+        if loss == "kl":
+            kl = FusedKLDivLoss(reduction="batchmean")
+            return lambda x: kl(x.hidden, x.teacher_hidden, x.weight, x.teacher_weight)
+        ce = FusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
+        return lambda x: ce(x.hidden.unsqueeze(0), x.labels.unsqueeze(0), x.weight)
     raise ValueError(f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
 
 
@@ -216,13 +259,14 @@ def check_passes(errors: dict) -> bool:
 
 def _guarded(implementation: str, device: torch.device, thunk):
     """(thunk(), None), or (None, why) where it fails in a way the run reports and goes past: out of memory, or any
-    error inside Liger's kernels (a library that does not run on this stack is a finding, not a crash)."""
+    error inside another project's kernels (LIBRARIES: a library that does not run on this stack is a finding, not
+    a crash)."""
     try:
         return thunk(), None
     except torch.OutOfMemoryError:
         reason = "out of memory"
     except Exception as err:  # noqa: BLE001  (see the docstring)
-        if implementation != "liger":
+        if implementation not in LIBRARIES:
             raise
         reason = f"{type(err).__name__}: {err}"[:300]
     if device.type == "cuda":
@@ -313,7 +357,7 @@ def runnable_implementations(settings: LossBenchSettings, device: torch.device) 
     """The implementations asked for that can run here, and one skip (with its reason) for each that cannot."""
     runnable, skipped = [], []
     for name in settings.implementations:
-        reason = liger_unavailable(device) if name == "liger" else None
+        reason = UNAVAILABLE[name](device) if name in UNAVAILABLE else None
         if reason is None:
             runnable.append(name)
         else:
@@ -334,6 +378,7 @@ def run_loss_bench(settings: LossBenchSettings, *, log=print, save=lambda result
                              "autocast": "bfloat16" if device.type == "cuda" else None},
                "tolerances": {"loss": LOSS_TOLERANCE, "gradients": GRADIENT_TOLERANCE},
                "liger": liger_description(device) if "liger" in implementations else None,
+               "fla": fla_description() if "fla" in implementations else None,
                "checks": [], "results": [], "skipped": skipped}
     autocast = "bf16 autocast" if device.type == "cuda" else "no autocast"
     log(f"loss bench: {', '.join(f'{case.label} ({case.rows} rows)' for case in settings.cases)} | "
@@ -341,6 +386,8 @@ def run_loss_bench(settings: LossBenchSettings, *, log=print, save=lambda result
         f"{device} | {', '.join(implementations)} | checks at {settings.check_rows} rows against float32")
     if results["liger"]:
         log(f"liger-kernel {results['liger']['version']}: KL's inner kernel {results['liger']['kl_inner_kernel']}")
+    if results["fla"]:
+        log(f"fla: {results['fla']['distribution']} {results['fla']['version']}")
     for skip in skipped:
         log(f"{skip['implementation']}: skipped ({skip['reason']})")
     for case in settings.cases:
@@ -360,11 +407,12 @@ def _ratio(value: float | None) -> str:
 def loss_markdown(results: dict, command: str) -> str:
     settings = results["settings"]
     precision = results["precision"]
-    liger = results.get("liger")
+    liger, fla = results.get("liger"), results.get("fla")
     lines = ["# LM-head losses: forward + backward", "", f"`{command}`", "",
              f"H = {settings['hidden_size']}, V = {settings['vocab_size']}; student float32, teacher "
              f"{precision['teacher']}, autocast {precision['autocast'] or 'off'}"
              + (f"; liger-kernel {liger['version']} (KL's inner kernel {liger['kl_inner_kernel']})" if liger else "")
+             + (f"; {fla['distribution']} {fla['version']}" if fla else "")
              + f". Checked first at {settings['check_rows']} rows against float32 on the same inputs (relative "
                f"error; loss <= {results['tolerances']['loss']:g}, gradients <= "
                f"{results['tolerances']['gradients']:g}); ratios against hyla's chunked loss in the same run.", "",
