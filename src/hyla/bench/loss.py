@@ -143,32 +143,29 @@ def make_inputs(rows: int, settings: LossBenchSettings, *, seed: int) -> LossInp
                       rounded(rows, hidden, dtype=teacher), rounded(size, hidden, scale=0.05, dtype=teacher), labels)
 
 
-def liger_unavailable(device: torch.device) -> str | None:
-    """Why Liger's losses cannot run here, or None when they can."""
+def _unavailable(device: torch.device, library: str, modules: tuple[str, ...], pip_name: str) -> str | None:
+    """Why a library's Triton kernels cannot run here (no CUDA; its first module not installed; an import error),
+    or None when they can."""
     if device.type != "cuda":
-        return f"needs CUDA (Liger's kernels are Triton), not {device.type}"
-    for module in ("liger_kernel", "liger_kernel.transformers"):
+        return f"needs CUDA ({library}'s kernels are Triton), not {device.type}"
+    for module in modules:
         try:
             importlib.import_module(module)
         except ImportError as err:
-            if isinstance(err, ModuleNotFoundError) and err.name == "liger_kernel":
-                return "liger_kernel is not installed (pip install liger-kernel)"
-            return f"liger_kernel does not import: {err}"
+            if isinstance(err, ModuleNotFoundError) and err.name == modules[0]:
+                return f"{modules[0]} is not installed (pip install {pip_name})"
+            return f"{modules[0]} does not import: {err}"
     return None
+
+
+def liger_unavailable(device: torch.device) -> str | None:
+    """Why Liger's losses cannot run here, or None when they can."""
+    return _unavailable(device, "Liger", ("liger_kernel", "liger_kernel.transformers"), "liger-kernel")
 
 
 def fla_unavailable(device: torch.device) -> str | None:
     """Why fla's fused losses cannot run here, or None when they can."""
-    if device.type != "cuda":
-        return f"needs CUDA (fla's kernels are Triton), not {device.type}"
-    for module in ("fla", "fla.modules"):
-        try:
-            importlib.import_module(module)
-        except ImportError as err:
-            if isinstance(err, ModuleNotFoundError) and err.name == "fla":
-                return "fla is not installed (pip install flash-linear-attention)"
-            return f"fla does not import: {err}"
-    return None
+    return _unavailable(device, "fla", ("fla", "fla.modules"), "flash-linear-attention")
 
 
 UNAVAILABLE = {"liger": liger_unavailable, "fla": fla_unavailable}
