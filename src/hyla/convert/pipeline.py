@@ -76,16 +76,24 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
     return settings
 
 
+def resolve_plan(request: ConvertRequest, num_params: int,
+                 device: torch.device) -> tuple[ConvertPlan, ConvertRequest]:
+    """The plan a conversion runs for `request` with a teacher of `num_params` parameters on `device` (the preset,
+    the overrides, the token scale, the seed; the frozen teacher's precision resolved for the device, None: bf16 on
+    CUDA, as the stages' hashes hold it), and the request with its data sources filled in."""
+    plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
+    plan.seed = request.seed
+    for budget in (plan.align, plan.distill):
+        budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, device)
+    return plan, dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
+
+
 def planned_settings(request: ConvertRequest, device: str | None = None) -> dict[str, dict]:
     """Each stage's settings (`stage_settings`) as `hyla convert` would resolve them for `request` on `device`,
     without loading the teacher: the budgets are the preset's for a teacher of unknown size (the recipes' do not
     depend on it; the paper presets' scale alike on both sides of a comparison)."""
-    plan = scale_tokens(apply_overrides(make_plan(request.preset, 0), request.overrides))
-    plan.seed = request.seed
     where = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    for budget in (plan.align, plan.distill):
-        budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, where)
-    return stage_settings(plan, dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"]))
+    return stage_settings(*resolve_plan(request, 0, where))
 
 
 def branch_conflicts(base: ConvertRequest, branch: ConvertRequest, device: str | None = None) -> dict[str, str]:
@@ -208,12 +216,7 @@ def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
     check_plan_for_teacher(early, teacher_config.num_hidden_layers)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
-    plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
-    plan.seed = request.seed
-    # The frozen teacher's precision for this device (None: bf16 on CUDA), in the stages' hashes as resolved.
-    for budget in (plan.align, plan.distill):
-        budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, env.device)
-    request = dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
+    plan, request = resolve_plan(request, num_params, env.device)
     fingerprint = teacher_fingerprint(hf_teacher)
     settings = stage_settings(plan, request)
     stages = {name: Stage(Path(request.out), name, settings[name], fingerprint) for name in STAGES}
