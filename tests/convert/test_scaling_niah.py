@@ -22,7 +22,7 @@ def _tiny_hybrid(vocab_size: int) -> HypeNetForCausalLM:
     return HypeNetForCausalLM(config).eval()
 
 
-def test_scaling_niah_builds_one_engine_a_length_with_the_scores_of_one_a_cell(tiny_teacher, monkeypatch):
+def test_scaling_niah_builds_one_engine_a_candidate_with_the_scores_of_one_a_cell(tiny_teacher, monkeypatch):
     tokenizer = load_tokenizer(str(tiny_teacher))
     model = _tiny_hybrid(len(tokenizer))
     plan = SimpleNamespace(niah_lengths=[512, 1024], niah_tasks=["SK1", "SK2", "SK3"], niah_samples=2,
@@ -56,8 +56,8 @@ def test_scaling_niah_builds_one_engine_a_length_with_the_scores_of_one_a_cell(t
         for key, cell in cells.items():
             scores = [score for _, score in expected[(a, key)]]
             assert cell["score"] == sum(scores) / len(scores) and cell["num_samples"] == plan.niah_samples
-    # One engine a length and candidate, each the buffer a cell's own engine had.
-    assert built == [512, 1024, 512, 1024]
+    # One engine a candidate, reserved for the longest length; the 512-token cells score on it as on their own.
+    assert built == [1024, 1024]
     assert paths == {"engine"}
 
 

@@ -114,8 +114,9 @@ def test_generation_records_the_host_work_around_each_batch(smollm2_tokenizer, t
 
 
 def test_engine_generation_records_its_first_batch_and_engine_builds_apart(smollm2_tokenizer):
-    """On the engine path results.json also says what the first batch spent in prefill and decode, and the seconds
-    spent building engines and capturing decode graphs over every batch (a batch of another size builds one)."""
+    """On the engine path results.json also says what the first batch spent in prefill and decode, the seconds
+    spent building engines (inside `seconds`) and capturing decode graphs over every batch, and how many engines
+    were built: one for more rows, none for a longer prompt that fits the buffer or for fewer rows."""
     from hyla import HypeNetConfig, HypeNetForCausalLM
 
     torch.manual_seed(0)
@@ -124,12 +125,12 @@ def test_engine_generation_records_its_first_batch_and_engine_builds_apart(smoll
         num_attention_heads=4, num_key_value_heads=2, layer_types=["lightning", "attention"])).eval()
     generation = Generation(model, "engine")
     builds = []
-    for prompts in (["Hi"], ["The grass is green."], ["One", "Two"]):
+    for prompts in (["Hi"], ["The grass is green."], ["One", "Two"], ["Three"]):
         generate_greedy(model, smollm2_tokenizer, prompts, max_new_tokens=2, generation=generation, batch_size=2)
-        builds.append(generation.session.stats.engine_build_s)
+        builds.append(generation.session.builds)
     described = generation.describe()
-    assert described["calls"] == 3 and builds[0] > 0 and builds[1] == 0 and builds[2] > 0
-    assert described["engine_build_s"] == pytest.approx(sum(builds))
+    assert builds == [1, 1, 2, 2] and described["engines_built"] == 2
+    assert described["calls"] == 4 and 0 < described["engine_build_s"] < described["seconds"]
     assert described["graph_capture_s"] == 0  # CUDA graphs only on CUDA
     assert 0 < described["first_prefill_s"] <= described["prefill_s"]
     assert 0 < described["first_decode_s"] <= described["decode_s"]
@@ -227,3 +228,18 @@ def test_atomic_writes_make_ordinary_files(tmp_path):
     umask = os.umask(0)
     os.umask(umask)
     assert (tmp_path / "results.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_niah_evaluation_builds_one_engine_for_all_its_lengths_and_batches(smollm2_tokenizer):
+    """`evaluate_niah` reserves an engine for its longest length and largest batch up front: two lengths and a
+    smaller last batch (3 samples, batch 2) run on it, with the predictions transformers' generate gives."""
+    from hyla.evals.niah import evaluate_niah
+
+    model = _tiny_hypenet(len(smollm2_tokenizer)).double()
+    kwargs = dict(tasks=["SK1"], lengths=[256, 512], num_samples=3, batch_size=2, max_new_tokens=4)
+    engine = Generation(model, "engine")
+    ours = evaluate_niah(model, smollm2_tokenizer, generation=engine, **kwargs)
+    theirs = evaluate_niah(model, smollm2_tokenizer, generation=Generation(model, "hf"), **kwargs)
+    assert ours["generation"]["engines_built"] == 1 and engine.session.engine.batch_size == 2
+    assert engine.session.engine.cache.max_length >= 512 and ours["generation"]["calls"] == 4
+    assert [record["pred"] for record in ours["records"]] == [record["pred"] for record in theirs["records"]]

@@ -184,6 +184,72 @@ def test_each_call_reports_the_seconds_it_spent_building_an_engine():
     assert first.graph_capture_s == session.stats.graph_capture_s == 0
 
 
+@pytest.mark.parametrize("lengths", [(9,), (5, 1), (1,)])
+def test_a_greedy_batch_of_fewer_rows_runs_on_the_reserved_engine_with_filler_rows(lengths):
+    """An engine reserved for 3 rows of 40 positions serves smaller, shorter greedy batches (filler rows after the
+    batch's, dropped): the tokens, the EOS stop and the output's width are transformers', the stats count the
+    batch's rows only, the streamer sees them only, and no other engine is built."""
+    model = tiny_model(3)
+    session = GenerationSession(model)
+    assert session.reserve(3, 40) > 0 and session.builds == 1 and session.engine.batch_size == 3
+    ids, mask = left_pad(prompts_of(lengths, seed=5))
+    free = session.generate(ids, mask, max_new_tokens=12, pad_token_id=PAD)[:, ids.shape[1]:]
+    eos = int(free[0, 2])  # the first row ends at its 3rd new token
+    theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                               pad_token_id=PAD)
+    streamed = []
+
+    class Collect:
+        def put(self, value):
+            streamed.append(value.clone())
+
+        def end(self):
+            pass
+
+    ours = session.generate(ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=PAD, streamer=Collect())
+    assert torch.equal(ours, theirs)
+    assert session.builds == 1 and session.stats.engine_build_s == 0 and session.engine.batch_size == 3
+    assert session.stats.prompt_tokens == sum(lengths)
+    real = theirs[:, ids.shape[1]:]
+    assert session.stats.new_tokens == sum(int((row == eos).long().cumsum(0).sub((row == eos).long()).eq(0).sum())
+                                           for row in real)
+    assert all(call.shape[0] == len(lengths) for call in streamed[1:])
+    streamed = torch.stack(streamed[1:], dim=1)  # after every row's EOS, pads up to the next check
+    assert torch.equal(streamed[:, : real.shape[1]], real) and (streamed[:, real.shape[1]:] == PAD).all()
+
+
+def test_a_sampled_batch_of_fewer_rows_gets_an_engine_of_its_own():
+    """Filler rows would take draws of the sampler: a sampled batch runs on an engine of its own rows, and draws what
+    transformers draws under the same seed."""
+    model = tiny_model(4)
+    session = GenerationSession(model)
+    session.reserve(3, 40)
+    ids, mask = left_pad(prompts_of((5, 8), seed=7))
+    kwargs = dict(max_new_tokens=8, do_sample=True, temperature=0.9, top_k=20, pad_token_id=PAD)
+    torch.manual_seed(0)
+    ours = session.generate(ids, mask, sampling=Sampling(do_sample=True, temperature=0.9, top_k=20),
+                            max_new_tokens=8, pad_token_id=PAD)
+    torch.manual_seed(0)
+    theirs = model.hf_generate(ids, attention_mask=mask, **kwargs)
+    assert torch.equal(ours, theirs) and session.builds == 2 and session.engine.batch_size == 2
+
+
+def test_a_reserved_engine_is_kept_for_shorter_prompts_and_replaced_for_longer_ones():
+    model = tiny_model()
+    session = GenerationSession(model)
+    session.reserve(2, 64)
+    engine = session.engine
+    assert session.reserve(1, 30) == 0 and session.engine is engine  # served by the current one
+    ids = torch.tensor([prompts_of((7,))[0]])
+    assert torch.equal(session.generate(ids, max_new_tokens=4),
+                       model.hf_generate(ids, max_new_tokens=4, do_sample=False, pad_token_id=PAD))
+    assert session.engine is engine
+    assert engine.cache.max_length < 300  # buffers are rounded up (to 256 positions at least)
+    long_ids = torch.tensor([prompts_of((300,))[0]])
+    session.generate(long_ids, max_new_tokens=4)
+    assert session.engine is not engine and session.engine.cache.max_length >= 304 and session.builds == 2
+
+
 def test_models_the_engine_cannot_run_keep_transformers_generate():
     from transformers import LlamaConfig, LlamaForCausalLM
 

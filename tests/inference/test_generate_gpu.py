@@ -84,6 +84,22 @@ def test_ragged_batch_with_end_of_sequence_equals_transformers_and_each_prompt_a
     assert (ours[0, ids.shape[1] + 3:] == 0).all()
 
 
+def test_a_smaller_greedy_batch_on_a_reserved_engine_equals_transformers(model):
+    """An evaluation's last, smaller batch on the engine reserved for its largest (filler rows in the captured
+    decode graph, compiled as the tuned settings are): the real rows' greedy tokens and EOS stop are transformers'."""
+    session = GenerationSession(model)
+    session.reserve(4, 8192)
+    ids, mask = left_pad([prompt(n, seed=n)[0] for n in (3000, 1200)])
+    with use_backend("torch"):
+        free = session.generate(ids, mask, max_new_tokens=12, pad_token_id=0)[:, ids.shape[1]:]
+        eos = int(free[1, 4])
+        ours = session.generate(ids, mask, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+        theirs = model.hf_generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=eos,
+                                   pad_token_id=0)
+    assert session.builds == 1 and session.engine.batch_size == 4 and session.engine.graph_captured
+    assert torch.equal(ours, theirs), f"first difference at {first_difference(ours, theirs)}"
+
+
 def test_sampling_is_seeded_and_batched(model):
     ids, mask = left_pad([prompt(n, seed=n)[0] for n in (300, 700)])
     kwargs = dict(max_new_tokens=20, do_sample=True, temperature=0.8, top_k=40, top_p=0.95, pad_token_id=0,

@@ -89,10 +89,9 @@ def scaling_sequences(run, stage, plan):
 def niah_scores(model, tokenizer, plan, samples_cache: dict,
                 generation_paths: set[str] | None = None) -> dict[str, dict]:
     """Mean NIAH score per `TASK@LENGTH` cell over `plan.niah_samples` prompts (built once, shared by every
-    candidate), with its standard error. The cells share one generation, as `hyla eval niah`'s do: an engine is
-    built when the batch or buffer no longer fits (once a length, not once a cell), and every NIAH prompt of a
-    length fits the same buffer, so each prompt runs on the engine a fresh one would be. generation_paths: the
-    generation's path is added to it."""
+    candidate), with its standard error. The cells share one generation, as `hyla eval niah`'s do: one engine,
+    reserved for the longest length, serves every cell (a prompt's positions in a longer buffer are computed as in
+    one of its own size). generation_paths: the generation's path is added to it."""
     from hyla.convert.selection import mean_and_stderr
     from hyla.evals import niah as niah_eval
     from hyla.evals.generation import Generation
@@ -101,6 +100,8 @@ def niah_scores(model, tokenizer, plan, samples_cache: dict,
     if generation_paths is not None:
         generation_paths.add(generation.path)
     cells = {}
+    if plan.niah_samples > 0 and plan.niah_lengths and plan.niah_tasks:
+        generation.reserve(1, niah_eval.niah_positions(plan.niah_lengths, plan.niah_max_new_tokens))
     for length in plan.niah_lengths:
         for task in plan.niah_tasks:
             key = f"{task}@{length}"

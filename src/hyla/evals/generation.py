@@ -90,7 +90,8 @@ class Generation:
     text. The first batch apart (where compiling, autotuning and graph capture show): its seconds in all
     (first_batch_s) and, on the engine, in prefill and decode (first_prefill_s, first_decode_s); and the engine
     path's seconds building engines and capturing their decode graphs (engine_build_s, graph_capture_s: every
-    batch that needed a new engine, for another batch size or a longer buffer)."""
+    batch that needed a new engine, for more rows or a longer buffer, and `reserve`'s, which `seconds` includes
+    too) and the engines it built (engines_built)."""
 
     def __init__(self, model: Any, path: str = "auto", *, settings=None, **overrides):
         from hyla.inference.generate import generation_path
@@ -108,6 +109,16 @@ class Generation:
         if self.session is not None:
             self.totals.update({"engine_build_s": 0.0, "graph_capture_s": 0.0, "first_prefill_s": None,
                                 "first_decode_s": None})
+
+    def reserve(self, batch_size: int, positions: int) -> None:
+        """On the engine path, an engine for greedy batches of up to `batch_size` rows of up to `positions`
+        positions each (prompt and new tokens), built now unless the current one serves them
+        (`GenerationSession.reserve`): an evaluation's batches then share one engine and one decode graph. Nothing on
+        transformers' path."""
+        if self.session is not None:
+            built = self.session.reserve(batch_size, positions)
+            self.totals["engine_build_s"] += built
+            self.totals["seconds"] += built
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later
     # ones, which inference tensors allow only inside inference mode.
@@ -161,7 +172,9 @@ class Generation:
         engine = None
         if self.session is not None and self.session.engine is not None:
             engine = {**self.session.engine.settings.summary(), "notes": self.session.engine.notes}
-        return {"path": self.path, "reason": self.reason, "engine": engine, **self.totals, "compile": compile_record()}
+        built = {} if self.session is None else {"engines_built": self.session.builds}
+        return {"path": self.path, "reason": self.reason, "engine": engine, **self.totals, **built,
+                "compile": compile_record()}
 
 
 def compile_record() -> dict[str, Any]:
@@ -212,6 +225,8 @@ def generate_greedy(
             encoded = encode_prompts(tokenizer, prompts)
     # Batching prompts of similar length wastes the least compute on padding.
     order = sorted(range(len(prompts)), key=lambda index: len(encoded[index]))
+    if prompts:  # one engine for every batch (a smaller last batch runs with filler rows)
+        generation.reserve(min(batch_size, len(prompts)), len(encoded[order[-1]]) + max_new_tokens)
     completions: list[str] = [""] * len(prompts)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     for batch in progress(batches, desc=description, disable=not show_progress, leave=False):

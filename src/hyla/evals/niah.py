@@ -158,6 +158,12 @@ def evaluate_samples(
     return _score_samples(samples, predictions, keep_inputs)
 
 
+def niah_positions(lengths, max_new_tokens: int, tokens_to_generate: int = RULER_TOKENS_TO_GENERATE) -> int:
+    """The most positions a NIAH prompt of `lengths` and its answer take: prompts leave `tokens_to_generate` of their
+    length free, and the model generates up to `max_new_tokens`."""
+    return max(lengths) + max(0, max_new_tokens - tokens_to_generate)
+
+
 def evaluate_niah(
     model,
     tokenizer,
@@ -184,6 +190,9 @@ def evaluate_niah(
     """
     records: list[dict[str, Any]] = []
     generation = as_generation(model, generation)
+    # One engine for every task and length: sized for the longest prompt and the largest batch.
+    if tasks and lengths and num_samples > 0:
+        generation.reserve(min(batch_size, num_samples), niah_positions(lengths, max_new_tokens, tokens_to_generate))
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
     for task, length in progress(groups, desc="niah", unit="task×length"):
         samples = cached_samples(samples_cache, tokenizer, task, length, num_samples, seed, num_depths=num_depths,

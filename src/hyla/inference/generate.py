@@ -12,9 +12,11 @@ runs on the engine, EME and logit scaling included. `generation_path(model)` say
 result file names the path its outputs came from as `generation_path_record` writes it. On CUDA
 `HypeNetForCausalLM.generate` itself comes here for the requests both paths serve alike (`hf_request_to_engine`;
 `engine_request` translates such a request on any device).
-`GenerationSession` keeps its engine between calls (an evaluation's batches); a session's engine holds copies of
-weights it fused, so a session must not outlive changes to the model's weights (each `generate` rebuilds it when it
-sees parameters changed).
+`GenerationSession` keeps its engine between calls (an evaluation's batches) while it fits them: a greedy batch of
+fewer rows than the engine's runs with filler rows (two pad tokens each, their outputs dropped), and prompts shorter
+than its buffer use the front of it, so an evaluation that `reserve`s its largest batch and longest prompt up front
+builds one engine and captures one decode graph. A session's engine holds copies of weights it fused, so a session
+must not outlive changes to the model's weights (each `generate` rebuilds it when it sees parameters changed).
 """
 
 from __future__ import annotations
@@ -144,6 +146,7 @@ class GenerationSession:
         self.engine: InferenceEngine | None = None
         self._fingerprint = None
         self._build_s = 0.0  # the current call's seconds building an engine
+        self.builds = 0  # engines built so far
         self.stats = GenerationStats()
 
     def _weights_fingerprint(self) -> tuple:
@@ -155,12 +158,23 @@ class GenerationSession:
     def _options(self):
         return self.inference_options if self.inference_options is not None else self.model.inference_options
 
-    def _engine(self, batch_size: int, needed: int) -> InferenceEngine:
+    def reserve(self, batch_size: int, positions: int) -> float:
+        """Make the engine serve greedy batches of up to `batch_size` rows of up to `positions` positions each
+        (prompt and new tokens) now, building it unless the current one does: an evaluation that knows its largest
+        batch and longest prompt builds one engine, one decode graph and one set of compiled shapes for all its
+        batches. Returns the seconds spent building (0 when the engine was kept)."""
+        self._engine(batch_size, positions, fillers=True)
+        return self._build_s
+
+    def _engine(self, batch_size: int, needed: int, *, fillers: bool) -> InferenceEngine:
+        """An engine of at least `needed` positions a row and `batch_size` rows (more rows where `fillers`: the
+        caller fills the rest), the current one where it fits and the weights are unchanged."""
         fingerprint = self._weights_fingerprint()
         engine = self.engine
         self._build_s = 0.0
-        if (engine is None or fingerprint != self._fingerprint or engine.batch_size != batch_size
-                or engine.cache.max_length < needed or engine.cache.max_length > 2 * _buffer_length(needed)):
+        rows_fit = engine is not None and (engine.batch_size == batch_size
+                                           or (fillers and engine.batch_size > batch_size))
+        if not rows_fit or fingerprint != self._fingerprint or engine.cache.max_length < needed:
             self.engine = engine = None
             if self.model.device.type == "cuda":
                 torch.cuda.empty_cache()
@@ -174,6 +188,7 @@ class GenerationSession:
             engine.notes = notes
             self.engine, self._fingerprint = engine, fingerprint
             self.stats.engine_built_s = self._build_s = _synchronized(self.model.device) - started
+            self.builds += 1
         engine.reset()
         return engine
 
@@ -192,34 +207,41 @@ class GenerationSession:
         device = self.model.device
         ids = input_ids.to(device)
         mask = attention_mask.to(device) if attention_mask is not None else None
-        counts = mask.long().sum(-1) if mask is not None else torch.full((ids.shape[0],), ids.shape[1], device=device)
+        rows = ids.shape[0]
+        counts = mask.long().sum(-1) if mask is not None else torch.full((rows,), ids.shape[1], device=device)
+        engine = self._engine(rows, int(counts.max()) + max_new_tokens, fillers=not sampling.do_sample)
+        self.stats = GenerationStats(prompt_tokens=int(counts.sum()), engine_built_s=self.stats.engine_built_s,
+                                     engine_build_s=self._build_s, settings=engine.settings.summary())
+        if engine.batch_size > rows:  # greedy on a larger engine: filler rows after the batch's, dropped below
+            ids, mask = _with_fillers(ids, mask, engine.batch_size - rows, 0 if pad_token_id is None else pad_token_id)
+            counts = mask.long().sum(-1)
         # Rows of equal length next to each other: the engine prefills each run of them together.
         order = torch.argsort(counts, stable=True)
         batch_rows = None if torch.equal(order, torch.arange(len(order), device=device)) else order
+        fillers = order >= rows if engine.batch_size > rows else None  # in the engine's row order
         sorted_mask = mask[order] if mask is not None else None
-        engine = self._engine(ids.shape[0], int(counts.max()) + max_new_tokens)
-        self.stats = GenerationStats(prompt_tokens=int(counts.sum()), engine_built_s=self.stats.engine_built_s,
-                                     engine_build_s=self._build_s, settings=engine.settings.summary())
         if streamer is not None:
             streamer.put(input_ids.cpu())
         started = _synchronized(device)
         logits = engine.prefill(ids[order], sorted_mask)
         tokens = sampling.choose(logits, batch_rows=batch_rows)
         prefilled = _synchronized(device)
-        new = self._decode(engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer, batch_rows)
+        new = self._decode(engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer, batch_rows,
+                           fillers=fillers)
         self.stats.prefill_s = prefilled - started
         self.stats.decode_s = _synchronized(device) - prefilled - self.stats.graph_capture_s
         if streamer is not None:
             streamer.end()
-        output = _to_batch_order(new, order)
+        output = _to_batch_order(new, order)[:rows]
         self.stats.new_tokens = _num_generated(output, eos)
         return torch.cat([input_ids, output.to(input_ids.device)], dim=1)
 
     def _decode(self, engine, tokens, max_new_tokens, sampling, eos, pad_token_id, streamer,
-                batch_rows=None) -> torch.Tensor:
+                batch_rows=None, *, fillers=None) -> torch.Tensor:
         """[B, steps] new tokens from the prefill's choice `tokens` [B] on, rows in the engine's order (batch_rows:
         the batch row of each, as `Sampling.choose` takes it); steps <= max_new_tokens (fewer once every row has
-        ended, as transformers stops)."""
+        ended, as transformers stops). fillers [B]: the engine's rows that are no batch row (greedy only): ended
+        from the start, never streamed."""
         batch, device = tokens.shape[0], tokens.device
         if device.type == "cuda" and not engine.graph_captured and max_new_tokens > 1:
             started = _synchronized(device)
@@ -227,13 +249,14 @@ class GenerationSession:
             self.stats.graph_capture_s = _synchronized(device) - started
         new = torch.empty(batch, max_new_tokens, dtype=torch.long, device=device)
         eos_ids = torch.tensor(eos, device=device) if eos else None
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        finished = torch.zeros(batch, dtype=torch.bool, device=device) if fillers is None else fillers.clone()
+        real = batch if fillers is None else batch - int(fillers.sum())
         for step in range(max_new_tokens):
             if eos_ids is not None:
                 tokens = torch.where(finished, pad_token_id, tokens)
             new[:, step] = tokens
             if streamer is not None:  # in the batch's row order
-                streamer.put((tokens if batch_rows is None else _to_batch_order(tokens, batch_rows)).cpu())
+                streamer.put((tokens if batch_rows is None else _to_batch_order(tokens, batch_rows))[:real].cpu())
             if eos_ids is not None:
                 finished |= torch.isin(tokens, eos_ids)
                 if (step + 1) % _FINISHED_CHECK_EVERY == 0 and bool(finished.all()):
@@ -246,10 +269,24 @@ class GenerationSession:
         new = new[:, : step + 1]
         if eos_ids is not None:
             # Checked every few steps: cut at the step where the last row ended, where transformers stops.
-            ended = (torch.cumsum(torch.isin(new, eos_ids).long(), dim=1) > 0).all(dim=0)
+            rows = new if fillers is None else new[~fillers]
+            ended = (torch.cumsum(torch.isin(rows, eos_ids).long(), dim=1) > 0).all(dim=0)
             if bool(ended.any()):
                 new = new[:, : int(ended.long().argmax()) + 1]
         return new
+
+
+def _with_fillers(ids: torch.Tensor, mask: torch.Tensor | None, count: int,
+                  fill_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """ids [B, T] and their mask (None: no padding) with `count` filler rows after them: two real tokens of
+    `fill_id` each at the right (one where T is 1), so that their prefill is one more run of rows of a length that
+    compiled prefill functions take symbolically (dynamo specialises a one-token run)."""
+    width = ids.shape[1]
+    filler_mask = torch.zeros(count, width, dtype=torch.long, device=ids.device)
+    filler_mask[:, width - min(2, width):] = 1
+    mask = torch.ones_like(ids, dtype=torch.long) if mask is None else mask.long()
+    return (torch.cat([ids, torch.full((count, width), fill_id, dtype=ids.dtype, device=ids.device)]),
+            torch.cat([mask, filler_mask]))
 
 
 def _num_generated(new: torch.Tensor, eos: list[int]) -> int:

@@ -1,0 +1,84 @@
+"""bench/engine_first_call.py on a CPU: each engine-settings variant runs `hyla eval niah` in a process of its own
+with the settings it names, and the table reads each run's own generation record."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from hyla.models.loading import load_tokenizer
+
+    try:
+        return load_tokenizer("smollm2-135m")
+    except (FileNotFoundError, ValueError) as err:
+        pytest.skip(f"SmolLM2's tokenizer is not available: {err}")
+
+
+@pytest.fixture(scope="module")
+def first_call():
+    sys.path.insert(0, str(REPO / "bench"))
+    import engine_first_call
+
+    return engine_first_call
+
+
+def test_each_variant_is_the_shipped_settings_with_its_changes(first_call):
+    from hyla.inference.settings import settings_from_json, tuned_settings
+
+    shipped = tuned_settings("cpu")
+    for variant, changes in first_call.VARIANTS.items():
+        settings = settings_from_json(first_call.variant_settings("cpu", changes), name=variant)
+        for name in ("decode_step", "matvec", "prefill_chunk", "attention_backend", "launch_pdl"):
+            assert getattr(settings, name) == getattr(shipped, name), (variant, name)
+        for name in ("compile_prefill", "compile_decode"):
+            assert getattr(settings, name) == changes.get(name, getattr(shipped, name)), (variant, name)
+
+
+def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_path, smollm2_tokenizer):
+    import torch
+
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
+        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id)
+    model = tmp_path / "model"
+    HypeNetForCausalLM(config).save_pretrained(model)
+    smollm2_tokenizer.save_pretrained(model)
+    out = tmp_path / "first-call"
+    code = first_call.main(["--model", str(model), "--out", str(out), "--device", "cpu", "--dtype", "float32",
+                            "--tasks", "SK1", "--lengths", "256", "--num-samples", "3", "--max-new-tokens", "3",
+                            "--variants", "shipped,eager", "--profile"])
+    assert code == 0
+    rows = json.loads((out / "first-call.json").read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["shipped", "eager"]
+    for row in rows:
+        ran = json.loads((out / row["variant"] / "results.json").read_text())["generation"]
+        assert row["seconds"] == ran["seconds"] and row["first_prefill_s"] == ran["first_prefill_s"]
+        assert row["calls"] == 3 and row["engines_built"] == 1 and row["after_first_s_per_prompt"] > 0
+        assert not ran["engine"]["compile_prefill"]
+    from hyla.inference.settings import tuned_settings
+
+    assert rows[0]["settings"] == tuned_settings("cpu").name and "compile_decode=False" in rows[1]["settings"]
+    assert "cumulative" in (out / "first-call-profile.txt").read_text()
+    assert "| shipped |" in (out / "first-call.md").read_text()
+
+
+def test_an_unknown_variant_or_model_is_one_error_before_any_run(first_call, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        first_call.main(["--model", str(tmp_path), "--out", str(tmp_path / "o"), "--variants", "fast"])
+    assert "unknown variants ['fast']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        first_call.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    assert "no model at" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
