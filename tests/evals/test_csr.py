@@ -110,3 +110,33 @@ def test_smollm2_hellaswag_acc_norm_matches_measured_value(smollm2_teacher):
     # scorer (chance is 0.25) without depending on float details of the GGUF de-quantization.
     assert abs(result["acc_norm"] - 0.46) <= 3 * result["acc_norm_stderr"]
     assert result["acc_norm_stderr"] == pytest.approx(math.sqrt(0.46 * 0.54 / 199), abs=0.005)
+
+
+def test_a_hybrid_is_scored_without_recurrent_states_as_it_trains(smollm2_tokenizer, monkeypatch):
+    """Scoring reads logits only: the Lightning op is called as in training (no initial state, no final state: on
+    CUDA the fla autotuning key the conversion tuned), and the scores are those of a forward that keeps its cache."""
+    import hyla.layers.lightning as lightning_layer
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    model = HypeNetForCausalLM(HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"])).eval()
+    pairs = [("Question: what is green?\nAnswer:", " the grass"), ("Hi", " there, how are you?")]
+    calls, original = [], lightning_layer.lightning_attention
+
+    def recorded(*args, initial_state=None, output_final_state=False, **kwargs):
+        calls.append((initial_state is None, output_final_state))
+        return original(*args, initial_state=initial_state, output_final_state=output_final_state, **kwargs)
+
+    monkeypatch.setattr(lightning_layer, "lightning_attention", recorded)
+    scores = continuation_scores(model, smollm2_tokenizer, pairs, batch_size=2, show_progress=False)
+    assert calls and set(calls) == {(True, False)}
+    for (context, continuation), (log_probability, _) in zip(pairs, scores):
+        context_ids, continuation_ids = encode_pair(smollm2_tokenizer, context, continuation)
+        ids = torch.tensor([context_ids + continuation_ids])
+        with torch.no_grad():
+            logits = model(ids[:, :-1], use_cache=True).logits[0].log_softmax(-1)
+        wanted = torch.tensor(continuation_ids)
+        reference = logits[len(context_ids) - 1:].gather(-1, wanted[:, None]).sum().item()
+        assert log_probability == pytest.approx(reference, abs=1e-4)

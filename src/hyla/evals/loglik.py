@@ -93,7 +93,10 @@ def _score_batch(
         targets += continuation
         lengths.append(len(continuation))
     device = model_device(model)
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device)).logits
+    # No cache: scoring reads the logits only. For a HypeNet it is also fla's chunk kernels called as in training
+    # (no initial or final state), whose autotuning choices the conversion left in Triton's cache; asking for the
+    # final states is another autotuning key, tuned again from scratch in each new evaluation process.
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False).logits
     if not targets:
         return [(0.0, True)] * len(batch)
     picked = logits[torch.tensor(rows, device=logits.device), torch.tensor(positions, device=logits.device)]
