@@ -98,6 +98,10 @@ def test_evaluate_csr_reports_every_metric(smollm2_tokenizer, tiny_llama):
     result = csr.evaluate_csr(tiny_llama, smollm2_tokenizer, ["arc_easy", "lambada"], limit=4, batch_size=4)
     assert set(result["tasks"]["arc_easy"]) >= {"acc", "acc_stderr", "acc_norm", "acc_norm_stderr", "num_documents"}
     assert result["tasks"]["lambada"]["num_documents"] == 4
+    # The scoring's own seconds, the first batch apart (where a process compiles or autotunes its kernels).
+    timing = result["timing"]
+    # arc_easy's 4 documents have 4 choices each (4 batches of 4), lambada's 4 one continuation each (1 batch)
+    assert timing["batches"] == 5 and 0 < timing["first_batch_s"] <= timing["seconds"]
     assert set(result["summary"]) == {"arc_easy/acc", "arc_easy/acc_norm", "lambada/acc", "lambada/perplexity"}
 
 

@@ -77,3 +77,34 @@ def test_other_cells_tokenizers_and_broken_files_build_their_own(smollm2_tokeniz
     assert [s.to_dict() for s in again] == [s.to_dict() for s in niah.build_samples(smollm2_tokenizer, "SK1", 1024,
                                                                                     2, 42)]
     assert np.load(only)["meta"].size == 1  # rewritten whole
+
+
+def test_niah_samples_builds_what_an_evaluation_then_reads(two_folders_one_tokenizer, smollm2_tokenizer,
+                                                          needle_oracle, tmp_path, monkeypatch, capsys):
+    """`hyla eval niah-samples` (no model: the tokenizer a teacher and its hybrid share) fills the cache an
+    evaluation of either reads: the evaluation builds nothing and scores what it scores without the cache."""
+    from hyla.cli import main
+
+    teacher_folder = tmp_path / "teacher"
+    smollm2_tokenizer.save_pretrained(teacher_folder)
+    cache = tmp_path / "cache"
+    argv = ["eval", "niah-samples", "--tokenizer", str(teacher_folder), "--samples-cache", str(cache),
+            "--tasks", "SK1,SK3", "--lengths", "1K", "--num-samples", "2"]
+    assert main(argv) == 0
+    assert "SK3 1024: 2 samples built" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "SK3 1024: 2 samples read" in capsys.readouterr().out
+    options = dict(tasks=["SK1", "SK3"], lengths=[1024], num_samples=2, max_new_tokens=48)
+    plain = niah.evaluate_niah(needle_oracle, smollm2_tokenizer, **options)
+    monkeypatch.setattr(niah_cache, "build_samples", _no_building)
+    cached = niah.evaluate_niah(needle_oracle, two_folders_one_tokenizer[1], **options, samples_cache=cache)
+    assert plain["records"] == cached["records"]
+
+
+def test_niah_samples_refuses_an_unknown_task_before_loading_anything(tmp_path, capsys):
+    from hyla.cli import main
+
+    code = main(["eval", "niah-samples", "--tokenizer", str(tmp_path / "none"), "--samples-cache",
+                 str(tmp_path / "cache"), "--tasks", "SK9"])
+    assert code == 2 and "unknown NIAH task 'SK9'" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()

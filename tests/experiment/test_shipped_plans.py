@@ -94,7 +94,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
     assert plan.jobs["convert"].env["HYLA_TEXT_DIR"] == "~/.cache/hyla/text" and plan.train_slots == 1
     cells = set()
     for name, job in plan.jobs.items():
-        if name.startswith("niah-") and not name.startswith("niah-scaling-"):
+        if name.startswith("niah-") and not name.startswith(("niah-scaling-", "niah-samples")):
             run = job.run
             assert run[run.index("--num-samples") + 1] == "25"
             # the hybrid's jobs read the prompts its teacher's built (one tokenizer)
@@ -113,7 +113,16 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
     for model in ("teacher", "main"):
         csr = plan.jobs[f"csr-{model}"].run
         assert csr[csr.index("--limit") + 1] == "500" and len(csr[csr.index("--tasks") + 1].split(",")) == 6
-    assert plan.jobs["niah-main-SK1-long"].needs == ("convert",)
+    assert plan.jobs["niah-main-SK1-long"].needs == ("convert", "niah-samples")
+    # Every prompt the evaluations read is built once at the start, on the CPU, into their cache.
+    samples = plan.jobs["niah-samples"].run
+    assert samples[samples.index("--samples-cache") + 1] == f"{tmp_path}/niah-samples"
+    assert samples[samples.index("--num-samples") + 1] == "25"
+    assert {(task, length) for task in samples[samples.index("--tasks") + 1].split(",")
+            for length in samples[samples.index("--lengths") + 1].split(",")} == {
+        (task, length) for _, task, length in cells}
+    assert all("niah-samples" in job.needs for name, job in plan.jobs.items()
+               if name.startswith("niah-") and name != "niah-samples")
     # The scaling stage chooses a by loss alone; its NIAH report for every candidate runs as evaluations of the export
     # beside the others, with the recipe's grid and NIAH settings (the same numbers, off the conversion's path).
     assert convert.scaling.niah_samples == 0 and convert.scaling.candidates == recipe.scaling.candidates
@@ -126,7 +135,7 @@ def test_the_recipe_plan_trains_the_presets_budget_on_the_fast_path_and_evaluate
     assert set(jobs) == set(wanted)
     for name, job in jobs.items():
         args = job.run
-        assert job.needs == ("convert",) and args[args.index("--model") + 1].endswith("/main/06-export")
+        assert job.needs == ("convert", "niah-samples") and args[args.index("--model") + 1].endswith("/main/06-export")
         niah_settings = (args[args.index("--tasks") + 1].split(","), args[args.index("--num-samples") + 1],
                          args[args.index("--max-new-tokens") + 1], args[args.index("--batch-size") + 1])
         assert niah_settings == (recipe.scaling.niah_tasks, str(recipe.scaling.niah_samples),
@@ -152,7 +161,7 @@ def test_the_recipe_plan_evaluates_the_distilled_student_beside_the_final_model(
     assert plan.jobs["snapshot-distill"].needs == ("convert",)
     for task in ("SK1", "SK2", "SK3"):
         distill, main = plan.jobs[f"niah-distill-{task}-short"], plan.jobs[f"niah-main-{task}-short"]
-        assert distill.needs == ("snapshot-distill",)
+        assert distill.needs == ("snapshot-distill", "niah-samples")
         # The final model's command on the snapshot: the same prompts (samples cache), lengths and settings.
         renamed = (item.replace("/main/06-export", "/main-distill").replace("niah-main-", "niah-distill-")
                    for item in main.run)
@@ -213,7 +222,7 @@ def test_the_h200_profile_compiles_every_evaluation_shape_on_a_stand_in_while_th
     candidates.append({"logit_scaling": "per_length", "logit_scaling_train_length": main.trained_seq_len})
     checked = 0
     for name, job in plan.jobs.items():
-        if name.startswith("niah-") and not name.startswith("niah-teacher-"):
+        if name.startswith("niah-") and not name.startswith(("niah-teacher-", "niah-samples")):
             options = _options_of(job.run)
             assert shape(job) in warmed, name
             needed = candidates if not options else [{"logit_scaling": "off"} if "distill" in name else options]
@@ -355,9 +364,13 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
                            "eme_stride": 1024},
               "per-query": {}}  # the model's own: per-query s_t with the a it was exported with
     parser, cells = build_parser(), set()
+    samples = plan.jobs["niah-samples"].run  # every prompt built once, into the cache the evaluations read
+    assert samples[samples.index("--samples-cache") + 1] == f"{tmp_path}/niah-samples"
     for name, job in plan.jobs.items():
-        if not name.startswith("niah-"):
+        if not name.startswith("niah-") or name == "niah-samples":
             continue
+        assert "niah-samples" in job.needs
+        assert job.run[job.run.index("--lengths") + 1] == samples[samples.index("--lengths") + 1]
         mixer, mode = name.removeprefix("niah-").split("-", 1)  # niah-MIXER-MODE
         args = parser.parse_args(list(job.run[1:]))
         model = SimpleNamespace(inference_options=None)
@@ -367,7 +380,7 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
         assert args.samples_cache == tmp_path / "niah-samples"  # one set of prompts for every row
         cells |= {(mixer, mode, task, length) for task in args.tasks for length in args.lengths}
     modes = {"lightning": set(wanted), "gla": set(wanted) - {"per-query"}, "gdn": set(wanted) - {"per-query"}}
-    assert sum(name.startswith("niah-") for name in plan.jobs) == 13  # one job a row of the table
+    assert sum(name.startswith("niah-") and name != "niah-samples" for name in plan.jobs) == 13  # one job a row of the table
     assert cells == {(mixer, mode, task, length) for mixer in modes for mode in modes[mixer]
                      for task in ("SK1", "SK2", "SK3") for length in (4096, 16384, 32768, 65536)}
     assert plan.report["niah_table"] == "wide" and plan.train_slots == 1
@@ -399,7 +412,7 @@ def test_the_recipe_plans_branches_redo_their_stages_from_the_main_conversions_e
         for task in ("SK1", "SK2", "SK3"):
             for span in ("long", "short"):
                 ours, theirs = plan.jobs[f"niah-{name}-{task}-{span}"], plan.jobs[f"niah-main-{task}-{span}"]
-                assert ours.needs == (f"convert-{name}",)
+                assert ours.needs == (f"convert-{name}", "niah-samples")
                 renamed = (item.replace("/main/06-export", f"/branch-{name}/06-export")
                            .replace("niah-main-", f"niah-{name}-") for item in theirs.run)
                 assert ours.run == tuple(renamed)

@@ -78,7 +78,10 @@ def test_the_smoke_profile_runs_the_recipe_plan_on_cpu(tmp_path):
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "convert", "niah-teacher-SK1-short", "niah-main-SK1-short", "csr-main", "report",
-        "snapshot-distill", "niah-distill-SK1-short", "check-lr", "copy-lr", "convert-lr", "niah-lr-SK1-short"}
+        "snapshot-distill", "niah-distill-SK1-short", "check-lr", "copy-lr", "convert-lr", "niah-lr-SK1-short",
+        "niah-samples"}
+    # The prompts were built once, before any evaluation: each evaluation read them.
+    assert "SK1 512: 1 samples built" in (run / "logs" / "niah-samples.log").read_text()
     # The branch's check ran before the run started (preflight), then as a job with a log of its own.
     assert "the stages before it have the same settings" in (run / "logs" / "check-lr.log").read_text()
     branch = run / "branch-lr"
@@ -126,7 +129,7 @@ def test_the_smoke_profile_runs_the_seed003_plan_on_cpu(tmp_path):
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "data", "copy-gla", "copy-gdn", "convert-lightning", "convert-gla", "convert-gdn", *evals,
-        "report"}
+        "niah-samples", "report"}
     data = json.loads((run / "lightning" / "00-data" / "manifest.json").read_text())
     assert sorted(data["results"]["corpora"]) == ["main", "scaling"]  # no stage-3 corpus
     for mixer in ("lightning", "gla", "gdn"):

@@ -83,6 +83,7 @@ def register(subparsers: Any) -> None:
     verbs = evaluation.add_subparsers(dest="eval_command", metavar="EVAL")
     evaluation.set_defaults(handler=lambda args: evaluation.print_help())
     _register_niah(verbs)
+    _register_niah_samples(verbs)
     _register_csr(verbs)
     _register_ppl(verbs)
     _register_babilong(verbs)
@@ -111,6 +112,53 @@ def _register_niah(verbs: Any) -> None:
                                   "tokenizer (a teacher's and its hybrid's); they are built as without it")
     _add_generation_options(niah_parser)
     niah_parser.set_defaults(handler=_handle_niah)
+
+
+def _register_niah_samples(verbs: Any) -> None:
+    samples = verbs.add_parser(
+        "niah-samples", help="build NIAH prompts into a samples cache, no model: evaluations that read it skip that")
+    samples.add_argument("--tokenizer", required=True,
+                         help="HF folder, .gguf file or teacher alias whose tokenizer the evaluated models share")
+    samples.add_argument("--samples-cache", type=Path, required=True, metavar="DIR", help="the cache folder")
+    samples.add_argument("--tasks", type=_str_list, default=None, help="comma-separated, default all eight")
+    samples.add_argument("--lengths", type=_int_list, default=[2048, 4096, 8192], help="e.g. 2K,4K,8K")
+    samples.add_argument("--num-samples", type=int, default=10, help="samples per task and length")
+    samples.add_argument("--num-depths", type=int, default=11, help="needle depths spread evenly over 0-100%%")
+    samples.add_argument("--tokens-to-generate", type=int, default=128,
+                         help="generation budget counted in each length (RULER: 128)")
+    samples.add_argument("--seed", type=int, default=42)
+    samples.set_defaults(handler=_handle_niah_samples)
+
+
+def _handle_niah_samples(args: argparse.Namespace) -> int:
+    """Each task and length's prompts, read from the cache or built and left there (`niah_cache.cached_samples`,
+    as `hyla eval niah --samples-cache` does): an experiment builds them once, on the CPU, beside its training."""
+    import time
+
+    from hyla.evals import niah
+    from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
+    from hyla.evals.niah_cache import cached_samples, tokenizer_fingerprint
+    from hyla.models.loading import load_tokenizer
+
+    tasks = [niah.get_task(task).name for task in (args.tasks or list(niah.TASKS))]
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
+    ruler_package_dir()
+    adjective_noun_lists()
+    tokenizer = load_tokenizer(args.tokenizer)
+    if tokenizer_fingerprint(tokenizer) is None:
+        raise ValueError(f"{args.tokenizer}: its tokenizer has no plain backend to fingerprint, so its NIAH "
+                         "samples are not cached; evaluations build them themselves")
+    for task in tasks:
+        for length in args.lengths:
+            started, before = time.perf_counter(), set(args.samples_cache.glob("*.npz"))
+            samples = cached_samples(args.samples_cache, tokenizer, task, length, args.num_samples, args.seed,
+                                     num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate)
+            how = "built" if set(args.samples_cache.glob("*.npz")) - before else "read"
+            print(f"{task} {length}: {len(samples)} samples {how} in {time.perf_counter() - started:.1f} s",
+                  flush=True)
+    print(f"samples cache: {args.samples_cache}")
+    return 0
 
 
 def _register_csr(verbs: Any) -> None:

@@ -127,14 +127,16 @@ def evaluate_csr(
     limit: int | None = None,
     batch_size: int = 8,
 ) -> dict[str, Any]:
-    """Zero-shot accuracy on each task; returns `{"summary": {...}, "tasks": {task: {acc, acc_norm, ...}}}`."""
+    """Zero-shot accuracy on each task; returns `{"summary": {...}, "tasks": {task: {acc, acc_norm, ...}},
+    "timing": {batches, seconds, first_batch_s}}` (timing: the model's scoring, every task's batches)."""
     if limit is not None and limit < 1:
         raise ValueError(f"--limit must be positive, got {limit}")
     results: dict[str, Any] = {}
+    timing: dict[str, Any] = {}
     for task in tasks:
         documents = load_documents(task, limit)
         pairs = [pair for document in documents for pair in zip(document.contexts, document.continuations)]
-        scores = continuation_scores(model, tokenizer, pairs, batch_size=batch_size, description=task)
+        scores = continuation_scores(model, tokenizer, pairs, batch_size=batch_size, description=task, timing=timing)
         results[task] = score_documents(task, documents, scores)
     summary = {
         f"{task}/{metric}": value
@@ -142,7 +144,7 @@ def evaluate_csr(
         for metric, value in result.items()
         if metric in ("acc", "acc_norm", "perplexity")
     }
-    return {"summary": summary, "tasks": results}
+    return {"summary": summary, "tasks": results, "timing": timing}
 
 
 def plot_csr(tasks: dict[str, Any], path: Path) -> None:

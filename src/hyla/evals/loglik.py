@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
@@ -42,11 +43,13 @@ def continuation_scores(
     batch_size: int = 8,
     description: str = "loglik",
     show_progress: bool = True,
+    timing: dict[str, Any] | None = None,
 ) -> list[tuple[float, bool]]:
-    """For each (context, continuation): summed log-probability of the continuation, and whether it is greedy."""
+    """For each (context, continuation): summed log-probability of the continuation, and whether it is greedy.
+    timing: where to add the batches scored and their seconds (`encoded_scores`)."""
     encoded = [encode_pair(tokenizer, context, continuation) for context, continuation in pairs]
     return encoded_scores(model, tokenizer, encoded, batch_size=batch_size, description=description,
-                          show_progress=show_progress)
+                          show_progress=show_progress, timing=timing)
 
 
 def encoded_scores(
@@ -57,16 +60,25 @@ def encoded_scores(
     batch_size: int = 8,
     description: str = "loglik",
     show_progress: bool = True,
+    timing: dict[str, Any] | None = None,
 ) -> list[tuple[float, bool]]:
     """`continuation_scores` of pairs already tokenized by `encode_pair` (a caller that scores the same pairs on
-    several models tokenizes them once); `tokenizer` gives the padding id."""
+    several models tokenizes them once); `tokenizer` gives the padding id. timing: a dict where `batches` and
+    `seconds` are added to, and `first_batch_s` set once (where a process's first kernels are compiled or autotuned);
+    each batch reads its scores back to the host, so its seconds are the device's too."""
     max_length = _max_length(model)
     # Longest first: batches of similar length pad little, and an out-of-memory error shows up at once.
     order = sorted(range(len(encoded)), key=lambda index: -(len(encoded[index][0]) + len(encoded[index][1])))
     results: list[tuple[float, bool]] = [(0.0, False)] * len(encoded)
     batches = [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
     for batch in progress(batches, desc=description, disable=not show_progress, leave=False):
+        started = time.perf_counter()
         batch_scores = _score_batch(model, [encoded[index] for index in batch], max_length, tokenizer)
+        if timing is not None:
+            seconds = time.perf_counter() - started
+            timing.setdefault("first_batch_s", seconds)
+            timing["batches"] = timing.get("batches", 0) + 1
+            timing["seconds"] = timing.get("seconds", 0.0) + seconds
         for index, result in zip(batch, batch_scores):
             results[index] = result
     return results
