@@ -24,6 +24,8 @@ from hyla.experiment.selection import SELECT_STAGE, collect_selection, selection
 from hyla.experiment.niah_answers import KINDS as ANSWER_KINDS
 from hyla.experiment.niah_answers import miss_kinds
 from hyla.experiment.niah_grading import grade
+from hyla.experiment.niah_distance import BINS as DISTANCE_BINS
+from hyla.experiment.niah_distance import by_distance
 from hyla.experiment.niah_pairs import pair_records
 from hyla.outputs import write_atomic, write_json
 
@@ -141,7 +143,8 @@ def collect_evals(run: Path) -> dict:
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
     return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
             "niah_pairs": niah_pairs(records),
-            "niah_misses": niah_misses(records)}
+            "niah_misses": niah_misses(records),
+            "niah_distance": {label: cells for label, found in sorted(records.items()) if (cells := by_distance(found))}}
 
 
 def collect_conversion(folder: Path) -> dict | None:
@@ -274,6 +277,7 @@ def markdown(summary: dict) -> str:
                       "needle", "", *_table(["model", "task", *map(_length, lengths)], graded), ""]
         lines += _pairs_lines(summary.get("niah_pairs") or {})
         lines += _misses_lines(summary.get("niah_misses") or {})
+        lines += _distance_lines(summary.get("niah_distance") or {})
     if summary["csr"]:
         tasks = sorted({t for result in summary["csr"].values() for t in result["tasks"]})
         rows = [[label, _cell(result["average"], 4), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
@@ -322,6 +326,16 @@ def _misses_lines(misses: dict) -> list[str]:
             "a value of the needle's kind (a miscopy); restates, the question again; echo, the prompt's first "
             "sentence continued.", "",
             *_table(["model", "task", "misses", "needle-shaped", "restates", "echo", "other"], rows), ""]
+
+
+def _distance_lines(distance: dict) -> list[str]:
+    rows = [[label, task, *(f"{total / count:.2f} ({count})" if count else "" for total, count in cells.values())]
+            for label, by_task in distance.items() for task, cells in by_task.items()]
+    if not rows:
+        return []
+    return ["NIAH by the needle's distance to the question (the prompt's tokens after it; every length pooled; "
+            "accuracy (prompts); hyla.experiment.niah_distance): beyond ~2K only the attention layers carry the "
+            "needle.", "", *_table(["model", "task", *DISTANCE_BINS], rows), ""]
 
 
 def _options_text(options: list[dict]) -> str:
