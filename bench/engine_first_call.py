@@ -6,17 +6,17 @@ Variants (each the device's shipped settings, `hyla.inference.settings.tuned_set
 the decode step is still graph-captured on CUDA). Each variant's run writes its `results.json`, whose `generation`
 record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
-`--profile`, the first variant runs under cProfile and `first-call-profile.txt` lists its top functions by
-cumulative time (dynamo's tracing, inductor's cache loads, cuDNN's and Triton's first calls tell themselves apart
-there).
+`--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
+the timed runs, which cProfile would slow) and `first-call-profile.txt` lists its top functions by cumulative time
+(dynamo's tracing, inductor's cache loads, cuDNN's and Triton's first calls tell themselves apart there).
 
 Run on the GPU machine holding a converted model and its NIAH samples cache (a few seconds a prompt at 64K):
 
     python bench/engine_first_call.py --model RUN/main/06-export --samples-cache RUN/niah-samples \
         --tasks SK2 --lengths 64K --num-samples 25 --profile --out $OUT/first-call
 
-Writes OUT/first-call.{json,md}, OUT/<variant>/results.json and (with --profile) OUT/first-call.prof and
-OUT/first-call-profile.txt. `--device cpu` runs the same on a CPU (the tests do, on a tiny model).
+Writes OUT/first-call.{json,md}, OUT/<variant>/results.json and (with --profile) OUT/profile/results.json,
+OUT/first-call.prof and OUT/first-call-profile.txt. `--device cpu` runs the same on a CPU (the tests do, on a tiny model).
 """
 
 from __future__ import annotations
@@ -107,7 +107,8 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--variants", default=",".join(VARIANTS))
-    parser.add_argument("--profile", action="store_true", help="run the first variant under cProfile")
+    parser.add_argument("--profile", action="store_true",
+                        help="then the first variant's settings on 2 prompts under cProfile, in a process of its own")
     args = parser.parse_args(argv)
     variants = args.variants.split(",")
     unknown = [name for name in variants if name not in VARIANTS]
@@ -118,12 +119,10 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    for index, variant in enumerate(variants):
+    for variant in variants:
         settings_file = out / f"{variant}.settings.json"
         settings_file.write_text(json.dumps(variant_settings(args.device, VARIANTS[variant]), indent=1))
-        profiled = args.profile and index == 0
-        command = [sys.executable, *(["-m", "cProfile", "-o", str(out / "first-call.prof")] if profiled else []),
-                   *niah_command(args, out / variant, settings_file)]
+        command = [sys.executable, *niah_command(args, out / variant, settings_file)]
         print(f"== {variant}: {' '.join(command)}", flush=True)
         started = time.perf_counter()
         finished = subprocess.run(command)
@@ -133,7 +132,12 @@ def main(argv=None) -> int:
             return finished.returncode
         rows.append(row_of(variant, json.loads((out / variant / "results.json").read_text()), wall_s))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "compile"}), flush=True)
-        if profiled:
+    if args.profile:
+        profiled = argparse.Namespace(**{**vars(args), "num_samples": min(2, args.num_samples)})
+        command = [sys.executable, "-m", "cProfile", "-o", str(out / "first-call.prof"),
+                   *niah_command(profiled, out / "profile", out / f"{variants[0]}.settings.json")]
+        print(f"== profile: {' '.join(command)}", flush=True)
+        if subprocess.run(command).returncode == 0:
             (out / "first-call-profile.txt").write_text(profile_text(out / "first-call.prof"))
     command = "python bench/engine_first_call.py " + " ".join(argv if argv is not None else sys.argv[1:])
     (out / "first-call.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))

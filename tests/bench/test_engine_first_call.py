@@ -70,7 +70,8 @@ def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_p
     from hyla.inference.settings import tuned_settings
 
     assert rows[0]["settings"] == tuned_settings("cpu").name and "compile_decode=False" in rows[1]["settings"]
-    assert "cumulative" in (out / "first-call-profile.txt").read_text()
+    assert "cumulative" in (out / "first-call-profile.txt").read_text()  # a process of its own, 2 prompts
+    assert json.loads((out / "profile" / "results.json").read_text())["generation"]["calls"] == 2
     assert "| shipped |" in (out / "first-call.md").read_text()
 
 
