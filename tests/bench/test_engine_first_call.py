@@ -13,16 +13,6 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def smollm2_tokenizer():
-    from hyla.models.loading import load_tokenizer
-
-    try:
-        return load_tokenizer("smollm2-135m")
-    except (FileNotFoundError, ValueError) as err:
-        pytest.skip(f"SmolLM2's tokenizer is not available: {err}")
-
-
-@pytest.fixture(scope="module")
 def first_call():
     sys.path.insert(0, str(REPO / "bench"))
     import engine_first_call

@@ -1,0 +1,33 @@
+"""bench/random_hybrid_export.py: a model folder that hyla's loaders read back as the converted layout, with the
+teacher's tokenizer and its special tokens in the config."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_export_loads_as_the_converted_layout_with_the_tokenizer(tmp_path, smollm2_tokenizer):
+    import torch
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import random_hybrid_export
+
+    from hyla.bench.shapes import converted_135m_config
+    from hyla.models.loading import load_model
+
+    spec = tmp_path / "tok"
+    smollm2_tokenizer.save_pretrained(spec)
+    out = random_hybrid_export.export(str(spec), tmp_path / "model", device="cpu", dtype="float32", toy=True)
+    loaded = load_model(str(out))
+    config = loaded.model.config
+    assert config.layer_types == converted_135m_config(toy=True).layer_types
+    assert config.vocab_size >= len(smollm2_tokenizer)
+    assert config.eos_token_id == smollm2_tokenizer.eos_token_id
+    assert loaded.tokenizer.backend_tokenizer.to_str() == smollm2_tokenizer.backend_tokenizer.to_str()
+    ids = loaded.tokenizer("The key is", return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = loaded.model(ids).logits
+    assert logits.shape == (1, ids.shape[1], config.vocab_size) and torch.isfinite(logits).all()
