@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Issue 24 on one H200 in one device call (~7 minutes): where `hyla eval niah`'s first 64K prompt goes, and the
+# end-to-end speedup of the engine over transformers' generate, without a conversion: a random-weight hybrid of the
+# converted 135M shape (bench/random_hybrid_export.py; timings depend on the shapes, not the weights) and SmolLM2's
+# tokenizer, with SK2 prompts at 64K from a samples cache built beforehand (`hyla eval niah-samples`).
+#   1. a cold run (fresh machine, shipped settings, 2 prompts): what a user's first evaluation costs; it fills the
+#      compile caches the timed runs then read, as a conversion's machine has them (cold/);
+#   2. bench/engine_first_call.py, NUM prompts: shipped / eager-prefill / eager, each in a fresh process, + the
+#      shipped settings under cProfile on 2 prompts (first-call/);
+#   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json): the
+#      denominator of every variant's end-to-end ratio (first-call.md has each variant's seconds);
+#   4. `hyla bench loss` (issue 23), if LOSS=1 (default) and the call has time left (loss/).
+# Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench",
+# ".gpu-inputs/fc"], where .gpu-inputs/fc holds tok/ (`python bench/random_hybrid_export.py --tokenizer
+# TEACHER.gguf --out .gpu-inputs/fc/tok --no-weights`) and niah-samples/ (`hyla eval niah-samples --tokenizer
+# TEACHER.gguf --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K --num-samples 25`).
+set -uo pipefail
+: "${OUT:?set OUT to the folder that comes back}"
+NUM=${NUM:-25}
+site=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $site .whl/*.whl \
+  .gpu-inputs/bench/*.whl || exit 1
+export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+log() { echo "[$(date +%T) +$SECONDS s] $*"; }
+quiet() { grep -v -E "Warning|warnings.warn" | tail -n "$1"; }
+python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda 2>&1 | tail -n 1
+cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
+log "1. cold run"
+python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants shipped --out "$OUT/cold" 2>&1 | quiet 3
+log "2. first call, $NUM prompts"
+python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --profile --out "$OUT/first-call" 2>&1 | quiet 8
+cat "$OUT/first-call/first-call.md" 2>/dev/null | head -n 20
+log "3. transformers' generate, $NUM prompts"
+started=$SECONDS
+python3 -m hyla.cli eval niah "${cells[@]}" --out "$OUT/hf" --device cuda --dtype bfloat16 --num-samples "$NUM" \
+  --batch-size 1 --generation hf 2>&1 | quiet 3
+log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" "$OUT/hf/results.json" 2>&1)"
+rm -f "$OUT"/hf/predictions* 2>/dev/null
+if [ "${LOSS:-1}" = 1 ]; then
+  log "4. hyla bench loss"
+  timeout 110 python3 -m hyla.cli bench loss --out "$OUT/loss" 2>&1 | quiet 16
+fi
+log done
