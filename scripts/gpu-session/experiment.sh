@@ -4,7 +4,10 @@
 # Elsewhere, one command does the whole run: `hyla experiment run PLAN --out RUN --set text=DIR`.
 # The machine goes back 30 s after a call ends, and with it the run: send the next call at once (`wait` is always a
 # safe next call), and write any other command before the call in flight returns. Every mode but part1, stash and
-# start fails at once on a fresh machine instead of waiting for a run that is gone.
+# start fails at once on a fresh machine instead of waiting for a run that is gone. Device calls sent together in
+# one batch run one after the other with no gap: send `start` with two or three `wait` calls behind it (a `wait`
+# after the run has ended returns at once), so that nothing between two calls can cost the run (sitting O's first
+# attempt lost its run when the session paused between a `start` that returned and the `wait` after it).
 #
 # Inputs, made here first: `bash scripts/gpu-session/pack_inputs.sh` (the teacher GGUF in three parts of <= 35 MB,
 # training text, CSR requests and RULER's essays, wheels); `bash scripts/gpu-session/carry_size.sh` checks each
