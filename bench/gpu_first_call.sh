@@ -10,34 +10,51 @@
 #   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json): the
 #      denominator of every variant's end-to-end ratio (first-call.md has each variant's seconds);
 #   4. `hyla bench loss` (issue 23), if LOSS=1 (default) and the call has time left (loss/).
-# Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench",
-# ".gpu-inputs/fc"], where .gpu-inputs/fc holds tok/ (`python bench/random_hybrid_export.py --tokenizer
+# Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench", ".gpu-inputs/b",
+# ".gpu-inputs/fc"] (.gpu-inputs/b: RULER's data package, which `hyla eval niah` checks before reading a samples
+# cache, since the cache's key hashes RULER's essays), where .gpu-inputs/fc holds tok/ (`python bench/random_hybrid_export.py --tokenizer
 # TEACHER.gguf --out .gpu-inputs/fc/tok --no-weights`) and niah-samples/ (`hyla eval niah-samples --tokenizer
 # TEACHER.gguf --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K --num-samples 25`).
+# At most 8 files come back from a call: everything is written under /tmp/first-call-out and packed at the end
+# (also when BUDGET_S, default 420 s, runs out: each step runs under what is left of it) into $OUT/all.tar.xz, with
+# the tables beside it (cold-first-call.md, first-call-first-call.md, first-call-first-call-profile.txt,
+# loss-loss.md). Give the device call a limit ~60 s above BUDGET_S: a call cut by its own limit packs nothing.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 NUM=${NUM:-25}
+BUDGET_S=${BUDGET_S:-420}
 site=/tmp/site
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target $site .whl/*.whl \
+work=/tmp/first-call-out
+rm -rf $work && mkdir -p $work
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
   .gpu-inputs/bench/*.whl || exit 1
+tar -xJf .gpu-inputs/b/evaldata.tar.xz -C $site || { echo "error: carry .gpu-inputs/b (RULER's data)"; exit 2; }
 export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 log() { echo "[$(date +%T) +$SECONDS s] $*"; }
 quiet() { grep -v -E "Warning|warnings.warn" | tail -n "$1"; }
+left() { echo $((BUDGET_S - SECONDS > 5 ? BUDGET_S - SECONDS : 5)); }
+pack() {
+  find $work -name "heatmap*.png" -delete
+  for f in cold/first-call.md first-call/first-call.md first-call/first-call-profile.txt loss/loss.md; do
+    [ -f "$work/$f" ] && cp "$work/$f" "$OUT/$(echo "$f" | tr / -)"
+  done
+  tar -cJf "$OUT/all.tar.xz" -C $work . && log "packed $(du -sh "$OUT/all.tar.xz" | cut -f1)"
+}
+trap pack EXIT
 python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda 2>&1 | tail -n 1
 cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
 log "1. cold run"
-python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants shipped --out "$OUT/cold" 2>&1 | quiet 3
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants shipped --out $work/cold 2>&1 | quiet 3
 log "2. first call, $NUM prompts"
-python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --profile --out "$OUT/first-call" 2>&1 | quiet 8
-cat "$OUT/first-call/first-call.md" 2>/dev/null | head -n 20
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --profile --out $work/first-call 2>&1 | quiet 8
+cat $work/first-call/first-call.md 2>/dev/null | head -n 20
 log "3. transformers' generate, $NUM prompts"
 started=$SECONDS
-python3 -m hyla.cli eval niah "${cells[@]}" --out "$OUT/hf" --device cuda --dtype bfloat16 --num-samples "$NUM" \
+timeout "$(left)" python3 -m hyla.cli eval niah "${cells[@]}" --out $work/hf --device cuda --dtype bfloat16 --num-samples "$NUM" \
   --batch-size 1 --generation hf 2>&1 | quiet 3
-log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" "$OUT/hf/results.json" 2>&1)"
-rm -f "$OUT"/hf/predictions* 2>/dev/null
+log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" $work/hf/results.json 2>&1)"
 if [ "${LOSS:-1}" = 1 ]; then
   log "4. hyla bench loss"
-  timeout 110 python3 -m hyla.cli bench loss --out "$OUT/loss" 2>&1 | quiet 16
+  timeout "$(left)" python3 -m hyla.cli bench loss --out $work/loss 2>&1 | quiet 16
 fi
 log done
