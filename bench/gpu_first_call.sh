@@ -3,6 +3,8 @@
 # end-to-end speedup of the engine over transformers' generate, without a conversion: a random-weight hybrid of the
 # converted 135M shape (bench/random_hybrid_export.py; timings depend on the shapes, not the weights) and SmolLM2's
 # tokenizer, with SK2 prompts at 64K from a samples cache built beforehand (`hyla eval niah-samples`).
+#   0. bench/attention_first_call.py: cuDNN's and flash's prefill attention at nearby 64K lengths, first and second
+#      call each (does every new prompt length pay a cuDNN plan?) (attention/);
 #   1. a cold run (fresh machine, shipped settings, 2 prompts): what a user's first evaluation costs; it fills the
 #      compile caches the timed runs then read, as a conversion's machine has them (cold/);
 #   2. bench/engine_first_call.py, NUM prompts: shipped / eager-prefill / eager, each in a fresh process, + the
@@ -35,13 +37,15 @@ quiet() { grep -v -E "Warning|warnings.warn" | tail -n "$1"; }
 left() { echo $((BUDGET_S - SECONDS > 5 ? BUDGET_S - SECONDS : 5)); }
 pack() {
   find $work -name "heatmap*.png" -delete
-  for f in cold/first-call.md first-call/first-call.md first-call/first-call-profile.txt loss/loss.md; do
+  for f in attention/attention-first-call.md cold/first-call.md first-call/first-call.md first-call/first-call-profile.txt loss/loss.md; do
     [ -f "$work/$f" ] && cp "$work/$f" "$OUT/$(echo "$f" | tr / -)"
   done
   tar -cJf "$OUT/all.tar.xz" -C $work . && log "packed $(du -sh "$OUT/all.tar.xz" | cut -f1)"
 }
 trap pack EXIT
 python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda 2>&1 | tail -n 1
+log "0. attention backends' first call per length"
+timeout "$(left)" python3 bench/attention_first_call.py --out $work/attention 2>&1 | quiet 12
 cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
 log "1. cold run"
 timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants shipped --out $work/cold 2>&1 | quiet 3
