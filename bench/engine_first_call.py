@@ -4,8 +4,8 @@ once per engine-settings variant, each in a fresh process (the first-call costs 
 Variants (each the device's shipped settings, `hyla.inference.settings.tuned_settings`, with fields replaced):
 `shipped` (as they are), `eager-prefill` (compile_prefill off), `eager` (compile_prefill and compile_decode off;
 the decode step is still graph-captured on CUDA), `flash-prefill` (the prefill's attention through flash's kernel
-instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens). Each variant's run writes its `results.json`, whose `generation`
-record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
+instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens). Each variant's run
+writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
 `--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
 the timed runs, which cProfile would slow) and `first-call-profile.txt` lists its top functions by cumulative time
@@ -47,7 +47,8 @@ def variant_settings(device: str, changes: dict) -> dict:
     settings = tuned_settings(device)
     payload = with_fields(settings, changes).to_json()
     payload["batched"] = {name: value for name, value in payload["batched"].items() if name not in changes}
-    payload["name"] = f"{settings.name} + {', '.join(f'{k}={v}' for k, v in changes.items())}" if changes else settings.name
+    changed = ", ".join(f"{name}={value}" for name, value in changes.items())
+    payload["name"] = f"{settings.name} + {changed}" if changes else settings.name
     return payload
 
 

@@ -86,7 +86,8 @@ def _write(path: Path, samples: list[NiahSample]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Written beside and renamed: a reader never sees half a file, and two writers of one key leave one.
     partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    arrays = {f"ids_{index}": np.asarray(sample.prompt_ids.ids, dtype=np.int32) for index, sample in enumerate(samples)}
+    arrays = {f"ids_{index}": np.asarray(sample.prompt_ids.ids, dtype=np.int32)
+              for index, sample in enumerate(samples)}
     meta = np.frombuffer(json.dumps([sample.to_dict() for sample in samples]).encode(), dtype=np.uint8)
     with open(partial, "wb") as handle:
         np.savez_compressed(handle, meta=meta, **arrays)

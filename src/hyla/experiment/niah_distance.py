@@ -23,9 +23,10 @@ def bin_of(tokens: float) -> str:
 
 
 def by_distance(records: list[dict], *, measure: str = "distance") -> dict[str, dict[str, list[float]]]:
-    """{task: {bin: [summed score, prompts]}} of NIAH records (a cell's accuracy is the first over the second) (each with `task`, `depth_percent`, `num_prompt_tokens`,
-    `score`); measure "distance" (tokens after the needle) or "position" (tokens before it). Records without the
-    fields (a RULER file's) are left out."""
+    """{task: {bin: [summed score, prompts]}} of NIAH records, each with `task`, `depth_percent`,
+    `num_prompt_tokens` and `score` (a cell's accuracy is its summed score over its prompts); measure "distance"
+    (tokens after the needle) or "position" (tokens before it). Records without the fields (a RULER file's) are
+    left out."""
     if measure not in ("distance", "position"):
         raise ValueError(f"measure must be 'distance' or 'position', got {measure!r}")
     cells: dict[str, dict[str, list[float]]] = defaultdict(lambda: {label: [0.0, 0] for label in BINS})

@@ -144,7 +144,8 @@ def collect_evals(run: Path) -> dict:
     return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
             "niah_pairs": niah_pairs(records),
             "niah_misses": niah_misses(records),
-            "niah_distance": {label: cells for label, found in sorted(records.items()) if (cells := by_distance(found))}}
+            "niah_distance": {label: cells for label, found in sorted(records.items())
+                              if (cells := by_distance(found))}}
 
 
 def collect_conversion(folder: Path) -> dict | None:
