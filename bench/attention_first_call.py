@@ -67,7 +67,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: this backend only, rows on stdout
     args = parser.parse_args(argv)
-    lengths = [int(x) for x in args.lengths.split(",")]
+    from hyla.ops.chunk_attention import ATTENTION_BACKENDS
+
+    unknown = sorted(set(args.backends.split(",")) - set(ATTENTION_BACKENDS))
+    if unknown:
+        parser.error(f"unknown backends {unknown}: choose from {', '.join(ATTENTION_BACKENDS)}")
+    try:
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError:
+        parser.error(f"--lengths takes comma-separated token counts, got {args.lengths!r}")
     shape = dict(device=args.device, heads=args.heads, kv_heads=args.kv_heads, head_dim=args.head_dim,
                  dtype=args.dtype)
     if args.one:

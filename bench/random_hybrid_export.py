@@ -47,8 +47,11 @@ def main() -> None:
     parser.add_argument("--no-weights", action="store_true")
     parser.add_argument("--toy", action="store_true")
     args = parser.parse_args()
-    out = export(args.tokenizer, Path(args.out), device=args.device, dtype=args.dtype, weights=not args.no_weights,
-                 toy=args.toy)
+    try:
+        out = export(args.tokenizer, Path(args.out), device=args.device, dtype=args.dtype,
+                     weights=not args.no_weights, toy=args.toy)
+    except (FileNotFoundError, ValueError) as err:  # a tokenizer spec that does not resolve, before anything is written
+        raise SystemExit(f"error: {err}") from None
     print(f"wrote {out}")
 
 

@@ -21,3 +21,15 @@ def test_each_length_is_timed_twice_in_a_process_per_backend(tmp_path):
     assert [(r["backend"], r["length"]) for r in rows] == [("torch", 64), ("torch", 60), ("torch", 64)]
     assert all(r["first_ms"] > 0 and r["second_ms"] > 0 for r in rows)
     assert "| torch | 60 |" in (tmp_path / "attention-first-call.md").read_text()
+
+
+def test_an_unknown_backend_is_one_error_before_any_run(tmp_path, capsys):
+    import pytest
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import attention_first_call
+
+    with pytest.raises(SystemExit):
+        attention_first_call.main(["--device", "cpu", "--backends", "torch,bogus", "--out", str(tmp_path / "o")])
+    assert "unknown backends ['bogus']" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()

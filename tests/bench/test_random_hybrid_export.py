@@ -31,3 +31,14 @@ def test_the_export_loads_as_the_converted_layout_with_the_tokenizer(tmp_path, s
     with torch.no_grad():
         logits = loaded.model(ids).logits
     assert logits.shape == (1, ids.shape[1], config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_a_tokenizer_that_does_not_resolve_is_one_error_and_writes_nothing(tmp_path):
+    import subprocess
+
+    finished = subprocess.run([sys.executable, str(REPO / "bench" / "random_hybrid_export.py"), "--tokenizer",
+                               str(tmp_path / "missing"), "--out", str(tmp_path / "model")],
+                              capture_output=True, text=True)
+    assert finished.returncode != 0
+    assert finished.stderr.strip().splitlines()[-1].startswith("error: tokenizer not found")
+    assert "Traceback" not in finished.stderr and not (tmp_path / "model").exists()
