@@ -4,7 +4,8 @@ once per engine-settings variant, each in a fresh process (the first-call costs 
 Variants (each the device's shipped settings, `hyla.inference.settings.tuned_settings`, with fields replaced):
 `shipped` (as they are), `eager-prefill` (compile_prefill off), `eager` (compile_prefill and compile_decode off;
 the decode step is still graph-captured on CUDA), `flash-prefill` (the prefill's attention through flash's kernel
-instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens). Each variant's run
+instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens), `eager-flash-prefill`
+(both). Each variant's run
 writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
 `--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
@@ -35,9 +36,10 @@ VARIANTS = {
     "eager-prefill": {"compile_prefill": False},
     "eager": {"compile_prefill": False, "compile_decode": False},
     "flash-prefill": {"attention_backend": "flash"},
+    "eager-flash-prefill": {"compile_prefill": False, "attention_backend": "flash"},
 }
-ROW_FIELDS = ("seconds", "first_batch_s", "engine_build_s", "first_prefill_s", "graph_capture_s", "first_decode_s",
-              "prefill_s", "decode_s", "calls", "engines_built")
+ROW_FIELDS = ("seconds", "first_batch_s", "reserve_s", "engine_build_s", "first_prefill_s", "graph_capture_s",
+              "first_decode_s", "prefill_s", "decode_s", "calls", "engines_built")
 
 
 def variant_settings(device: str, changes: dict) -> dict:
@@ -47,6 +49,7 @@ def variant_settings(device: str, changes: dict) -> dict:
     settings = tuned_settings(device)
     payload = with_fields(settings, changes).to_json()
     payload["batched"] = {name: value for name, value in payload["batched"].items() if name not in changes}
+    payload["evaluation"] = {}  # a settings file is used as given: each variant is exactly what it names
     changed = ", ".join(f"{name}={value}" for name, value in changes.items())
     payload["name"] = f"{settings.name} + {changed}" if changes else settings.name
     return payload
@@ -66,8 +69,9 @@ def row_of(variant: str, results: dict, wall_s: float) -> dict:
            "settings": (generation.get("engine") or {}).get("settings"), "compile": generation.get("compile"),
            "score": results.get("summary", {}).get("overall")}
     calls = generation["calls"]
-    row["after_first_s_per_prompt"] = ((generation["seconds"] - generation["first_batch_s"]) / (calls - 1)
-                                       if calls > 1 else None)
+    # `seconds` also holds the engine built before the first batch (reserve_s), which is not a later prompt's
+    later = generation["seconds"] - generation["first_batch_s"] - (generation.get("reserve_s") or 0.0)
+    row["after_first_s_per_prompt"] = later / (calls - 1) if calls > 1 else None
     return row
 
 

@@ -4,13 +4,13 @@
 # converted 135M shape (bench/random_hybrid_export.py; timings depend on the shapes, not the weights) and SmolLM2's
 # tokenizer, with SK2 prompts at 64K from a samples cache built beforehand (`hyla eval niah-samples`).
 #   0. bench/attention_first_call.py: cuDNN's and flash's prefill attention at nearby 64K lengths, first and second
-#      call each (does every new prompt length pay a cuDNN plan?) (attention/);
-#   1. a cold run (fresh machine, shipped settings, 2 prompts): what a user's first evaluation costs; it fills the
-#      compile caches the timed runs then read, as a conversion's machine has them (cold/);
-#   2. bench/engine_first_call.py, NUM prompts: shipped / eager-prefill / eager, each in a fresh process, + the
-#      shipped settings under cProfile on 2 prompts (first-call/);
-#   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json): the
-#      denominator of every variant's end-to-end ratio (first-call.md has each variant's seconds);
+#      call each (does every new prompt length pay a cuDNN plan?) (attention/), unless ATTENTION=0;
+#   1. a cold run (fresh machine, the COLD variant, default shipped, 2 prompts): what a user's first evaluation
+#      costs; it fills the compile caches the timed runs then read, as a conversion's machine has them (cold/);
+#   2. bench/engine_first_call.py, NUM prompts: each of VARIANTS (default: all of the script's) in a fresh process,
+#      + the first variant under cProfile on 2 prompts unless PROFILE= (first-call/);
+#   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json), unless HF=0:
+#      the denominator of every variant's end-to-end ratio (first-call.md has each variant's seconds);
 #   4. `hyla bench loss` (issue 23), if LOSS=1 (default) and the call has time left (loss/).
 # Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench", ".gpu-inputs/b",
 # ".gpu-inputs/fc"] (.gpu-inputs/b: RULER's data package, which `hyla eval niah` checks before reading a samples
@@ -24,6 +24,9 @@
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 NUM=${NUM:-25}
+VARIANTS=${VARIANTS:-shipped,eager-prefill,eager,flash-prefill,eager-flash-prefill}  # step 2's; COLD=shipped: step 1's
+HF=${HF:-1}          # step 3
+ATTENTION=${ATTENTION:-1}  # step 0
 BUDGET_S=${BUDGET_S:-420}
 site=/tmp/site
 work=/tmp/first-call-out
@@ -44,19 +47,23 @@ pack() {
 }
 trap pack EXIT
 python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda 2>&1 | tail -n 1
-log "0. attention backends' first call per length"
-timeout "$(left)" python3 bench/attention_first_call.py --out $work/attention 2>&1 | quiet 12
+if [ "$ATTENTION" = 1 ]; then
+  log "0. attention backends' first call per length"
+  timeout "$(left)" python3 bench/attention_first_call.py --out $work/attention 2>&1 | quiet 12
+fi
 cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
 log "1. cold run"
-timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants shipped --out $work/cold 2>&1 | quiet 3
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants "${COLD:-shipped}" --out $work/cold 2>&1 | quiet 3
 log "2. first call, $NUM prompts"
-timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --profile --out $work/first-call 2>&1 | quiet 8
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --variants "$VARIANTS" ${PROFILE---profile} --out $work/first-call 2>&1 | quiet 8
 cat $work/first-call/first-call.md 2>/dev/null | head -n 20
-log "3. transformers' generate, $NUM prompts"
-started=$SECONDS
-timeout "$(left)" python3 -m hyla.cli eval niah "${cells[@]}" --out $work/hf --device cuda --dtype bfloat16 --num-samples "$NUM" \
-  --batch-size 1 --generation hf 2>&1 | quiet 3
-log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" $work/hf/results.json 2>&1)"
+if [ "$HF" = 1 ]; then
+  log "3. transformers' generate, $NUM prompts"
+  started=$SECONDS
+  timeout "$(left)" python3 -m hyla.cli eval niah "${cells[@]}" --out $work/hf --device cuda --dtype bfloat16 \
+    --num-samples "$NUM" --batch-size 1 --generation hf 2>&1 | quiet 3
+  log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" $work/hf/results.json 2>&1)"
+fi
 if [ "${LOSS:-1}" = 1 ]; then
   log "4. hyla bench loss"
   timeout "$(left)" python3 -m hyla.cli bench loss --out $work/loss 2>&1 | quiet 16

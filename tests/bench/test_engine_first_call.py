@@ -56,6 +56,10 @@ def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_p
         ran = json.loads((out / row["variant"] / "results.json").read_text())["generation"]
         assert row["seconds"] == ran["seconds"] and row["first_prefill_s"] == ran["first_prefill_s"]
         assert row["calls"] == 3 and row["engines_built"] == 1 and row["after_first_s_per_prompt"] > 0
+        # the one engine was reserved before the first batch: its build is in `seconds`, not in a later prompt's
+        assert ran["reserve_s"] == ran["engine_build_s"] > 0
+        assert ran["first_batch_s"] + ran["reserve_s"] + 2 * row["after_first_s_per_prompt"] == pytest.approx(
+            ran["seconds"])
         assert not ran["engine"]["compile_prefill"]
     from hyla.inference.settings import tuned_settings
 

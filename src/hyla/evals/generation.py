@@ -80,7 +80,8 @@ def model_device(model: Any) -> torch.device:
 
 class Generation:
     """How one evaluation generates for `model`: path "auto" (the engine where it runs the model, else
-    transformers'), "engine" or "hf"; settings: the engine's (None: the tuned settings of the model's device);
+    transformers'), "engine" or "hf"; settings: the engine's (None: the tuned settings of the model's device, with
+    their `evaluation` fields, `EngineSettings.for_evaluation`);
     overrides: EngineSettings fields replaced on top of them (the engine path), e.g. decode_step="eager".
 
     totals: calls (batches), prompt_tokens and new_tokens (summed over rows), new_positions (each batch's generated
@@ -91,7 +92,8 @@ class Generation:
     (first_batch_s) and, on the engine, in prefill and decode (first_prefill_s, first_decode_s); and the engine
     path's seconds building engines and capturing their decode graphs (engine_build_s, graph_capture_s: every
     batch that needed a new engine, for more rows or a longer buffer, and `reserve`'s, which `seconds` includes
-    too) and the engines it built (engines_built)."""
+    too, apart in reserve_s: before the first batch, outside first_batch_s) and the engines it built
+    (engines_built)."""
 
     def __init__(self, model: Any, path: str = "auto", *, settings=None, **overrides):
         from hyla.inference.generate import generation_path
@@ -102,13 +104,13 @@ class Generation:
         if self.path == "engine":
             from hyla.inference.generate import GenerationSession
 
-            self.session = GenerationSession(model, settings=settings, **overrides)
+            self.session = GenerationSession(model, settings=settings, evaluation=True, **overrides)
         self.totals = {"calls": 0, "prompt_tokens": 0, "new_tokens": 0, "new_positions": 0, "prefill_s": 0.0,
                        "decode_s": 0.0, "seconds": 0.0, "encode_s": 0.0, "tensors_s": 0.0, "detokenize_s": 0.0,
                        "first_batch_s": None}
         if self.session is not None:
-            self.totals.update({"engine_build_s": 0.0, "graph_capture_s": 0.0, "first_prefill_s": None,
-                                "first_decode_s": None})
+            self.totals.update({"engine_build_s": 0.0, "graph_capture_s": 0.0, "reserve_s": 0.0,
+                                "first_prefill_s": None, "first_decode_s": None})
 
     def reserve(self, batch_size: int, positions: int) -> None:
         """On the engine path, an engine for greedy batches of up to `batch_size` rows of up to `positions`
@@ -118,6 +120,7 @@ class Generation:
         if self.session is not None:
             built = self.session.reserve(batch_size, positions)
             self.totals["engine_build_s"] += built
+            self.totals["reserve_s"] += built
             self.totals["seconds"] += built
 
     # no_grad rather than inference_mode: the engine's cache, made in the first call, is updated in place by later

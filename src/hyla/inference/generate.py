@@ -134,14 +134,17 @@ def _eos_ids(eos_token_id) -> list[int]:
 
 class GenerationSession:
     """Generation on the engine for one model, reusing the engine while batch size and buffer fit. settings: the
-    engine's (None: the tuned settings of the model's device); inference_options: how the model runs (None: the
-    model's own, as they are when each engine is built); overrides: EngineSettings fields on top."""
+    engine's (None: the tuned settings of the model's device; for an evaluation, `evaluation=True`, with their
+    `evaluation` fields: `EngineSettings.for_evaluation`); inference_options: how the model runs (None: the model's
+    own, as they are when each engine is built); overrides: EngineSettings fields on top."""
 
-    def __init__(self, model, *, settings: EngineSettings | None = None, inference_options=None, **overrides):
+    def __init__(self, model, *, settings: EngineSettings | None = None, inference_options=None,
+                 evaluation: bool = False, **overrides):
         reason = unsupported_reason(model, inference_options)
         if reason is not None:
             raise ValueError(reason)
         self.model, self.settings, self.overrides = model, settings, overrides
+        self.evaluation = evaluation
         self.inference_options = inference_options
         self.engine: InferenceEngine | None = None
         self._fingerprint = None
@@ -181,8 +184,9 @@ class GenerationSession:
             started = time.perf_counter()
             settings, notes = self.settings, []
             if settings is None:
-                settings, notes = fit_to_model(tuned_settings(self.model.device), self.model, batch_size,
-                                               self._options())
+                tuned = tuned_settings(self.model.device)
+                settings, notes = fit_to_model(tuned.for_evaluation(self.model) if self.evaluation else tuned, self.model,
+                                               batch_size, self._options())
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
                                      settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes

@@ -45,7 +45,9 @@ class EngineSettings:
     (hyla.ops.chunk_attention). decode_attention: "auto", "triton" or "torch". matvec_shapes: ((N, K), MatvecConfig or
     None for cuBLAS) per weight shape, matvec_default for other shapes; lightning_step: (block_v, num_warps);
     decode_attention_config: the split-K kernel's launch. batched: fields replaced for batch sizes above 1.
-    name: where the settings came from."""
+    evaluation: fields replaced when the engine serves an evaluation (`for_evaluation`): many prompts of different
+    lengths in one fresh process, where a setting's first-call cost is not earned back. name: where the settings
+    came from."""
 
     decode_step: str = "eager"
     matvec: str = "cublas"
@@ -61,6 +63,7 @@ class EngineSettings:
     lightning_step: tuple[int, int] = (BLOCK_V, NUM_WARPS)
     decode_attention_config: DecodeKernelConfig = DecodeKernelConfig()
     batched: tuple = ()
+    evaluation: tuple = ()
     name: str = "explicit"
 
     def __post_init__(self) -> None:
@@ -82,6 +85,18 @@ class EngineSettings:
         """These settings for `batch_size` rows: `batched` replaces its fields above batch 1."""
         return replace(self, **dict(self.batched), batched=()) if batch_size > 1 and self.batched else self
 
+    def for_evaluation(self, model=None) -> EngineSettings:
+        """These settings for an evaluation of `model`: `evaluation`'s fields replaced, named in `name`; a fused
+        prefill attention kernel among them only where the model can run it (float16/bfloat16 on CUDA)."""
+        evaluation = dict(self.evaluation)
+        fused = model is None or (model.device.type == "cuda" and model.dtype in (torch.float16, torch.bfloat16))
+        if evaluation.get("attention_backend", "auto") not in ("auto", "torch") and not fused:
+            evaluation.pop("attention_backend")
+        if not evaluation:
+            return replace(self, evaluation=()) if self.evaluation else self
+        changed = ", ".join(f"{field}={value}" for field, value in evaluation.items())
+        return replace(self, **evaluation, evaluation=(), name=f"{self.name} (evaluation: {changed})")
+
     def summary(self) -> dict:
         """The settings that describe a run (for logs and result files)."""
         return {"settings": self.name, "decode_step": self.decode_step, "matvec": self.matvec,
@@ -93,8 +108,8 @@ class EngineSettings:
         """The file form (`settings_from_json` reads it back)."""
         engine = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _KERNEL_FIELDS}
         engine.pop("name")
-        batched = dict(self.batched)
-        return {"name": self.name, "engine": engine, "batched": batched,
+        return {"name": self.name, "engine": engine, "batched": dict(self.batched),
+                "evaluation": dict(self.evaluation),
                 "matvec": {"default": dataclasses.asdict(self.matvec_default),
                            "shapes": [{"n": n, "k": k, "config": None if c is None else dataclasses.asdict(c)}
                                       for (n, k), c in self.matvec_shapes]},
@@ -102,14 +117,16 @@ class EngineSettings:
                 "decode_attention": dataclasses.asdict(self.decode_attention_config)}
 
 
-_KERNEL_FIELDS = ("matvec_default", "matvec_shapes", "lightning_step", "decode_attention_config", "batched")
+_KERNEL_FIELDS = ("matvec_default", "matvec_shapes", "lightning_step", "decode_attention_config", "batched",
+                  "evaluation")
 
 
 def settings_from_json(payload: dict, *, name: str) -> EngineSettings:
     """EngineSettings from the file form (`EngineSettings.to_json`); unknown engine fields are an error."""
     engine = dict(payload.get("engine", {}))
     known = {f.name for f in fields(EngineSettings)} - set(_KERNEL_FIELDS) - {"name"}
-    unknown = sorted(set(engine) - known) + sorted(set(payload.get("batched", {})) - known)
+    unknown = sorted(set(engine) - known) + sorted(
+        set(payload.get("batched", {})) - known) + sorted(set(payload.get("evaluation", {})) - known)
     if unknown:
         raise ValueError(f"{name}: unknown engine settings {unknown}; known: {', '.join(sorted(known))}")
     matvec = payload.get("matvec", {})
@@ -121,7 +138,8 @@ def settings_from_json(payload: dict, *, name: str) -> EngineSettings:
         matvec_default=MatvecConfig(**matvec["default"]) if "default" in matvec else DEFAULT_CONFIG,
         lightning_step=(int(step.get("block_v", BLOCK_V)), int(step.get("num_warps", NUM_WARPS))),
         decode_attention_config=DecodeKernelConfig(**payload.get("decode_attention", {})),
-        batched=tuple(sorted(payload.get("batched", {}).items())))
+        batched=tuple(sorted(payload.get("batched", {}).items())),
+        evaluation=tuple(sorted(payload.get("evaluation", {}).items())))
 
 
 def load_settings(path: str | Path) -> EngineSettings:
