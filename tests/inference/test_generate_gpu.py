@@ -33,6 +33,10 @@ def model():
     return model.float().eval()
 
 
+def rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
 def prompt(length, seed, batch=1):
     generator = torch.Generator(device="cuda").manual_seed(seed)
     return torch.randint(3, 49152, (batch, length), device="cuda", generator=generator)
@@ -131,7 +135,7 @@ def test_model_generate_runs_on_the_engine_on_cuda(model, monkeypatch):
 
 def test_tuned_settings_of_this_gpu_run_the_converted_shape():
     """bf16, the production path: the engine picks this GPU's shipped settings (the triton-fused step at batch 1 on
-    an H200) and generates; its prefill logits are within the bf16 bar of a float32 run."""
+    an H200) and generates (its logits against float32: the next test)."""
     torch.manual_seed(0)
     with torch.device("cuda"):
         bf16 = HypeNetForCausalLM(converted_135m_config()).bfloat16().eval()
@@ -143,3 +147,37 @@ def test_tuned_settings_of_this_gpu_run_the_converted_shape():
     if "H200" in torch.cuda.get_device_name():
         assert settings.name == "nvidia-h200" and settings.decode_step == "triton-fused" and session.engine.launch_pdl
     assert session.stats.new_tokens == 32 and session.stats.decode_tokens_per_s() > 0
+
+
+def test_an_evaluations_settings_prefill_as_close_to_float32_as_the_shipped_ones():
+    """bf16: the settings an evaluation runs (the tuned ones with their `evaluation` fields: on an H200 the prefill
+    uncompiled, through flash's attention) give last-position logits as close to the float32 model's as the shipped
+    settings do (both round to bf16 differently, so each is compared with float32, not with the other), and the
+    evaluation's session generates on them."""
+    from hyla.inference import InferenceEngine
+    from hyla.inference.settings import fit_to_model, tuned_settings
+
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        reference = HypeNetForCausalLM(converted_135m_config()).float().eval()
+    bf16 = HypeNetForCausalLM(converted_135m_config()).cuda().eval()
+    bf16.load_state_dict(reference.state_dict())
+    bf16 = bf16.bfloat16()
+    ids = prompt(8190, seed=7)
+    with torch.no_grad():
+        want = reference(ids).logits[:, -1].float()
+    shipped = tuned_settings("cuda")
+    errors = {}
+    for name, settings in (("shipped", shipped), ("evaluation", shipped.for_evaluation(bf16))):
+        fitted, _ = fit_to_model(settings, bf16, 1)
+        engine = InferenceEngine(bf16, batch_size=1, max_length=8192, settings=fitted)
+        with torch.no_grad():
+            errors[name] = rel(engine.prefill(ids).float(), want)
+        del engine
+    assert errors["shipped"] < 0.05, errors
+    assert errors["evaluation"] <= 1.5 * errors["shipped"] + 1e-3, errors
+    session = GenerationSession(bf16, evaluation=True)
+    out = session.generate(ids, max_new_tokens=8)
+    assert out.shape == (1, 8190 + 8)
+    if "H200" in torch.cuda.get_device_name():
+        assert session.engine.settings.attention_backend == "flash" and not session.engine.settings.compile_prefill
