@@ -76,11 +76,19 @@ def row_of(variant: str, results: dict, wall_s: float) -> dict:
 
 
 def profile_text(path: Path, limit: int = 40) -> str:
+    """The profile's top functions by cumulative time (imports lead: the process starts under it), then those of
+    generation by cumulative and by own time (what the first prompt's host seconds are spent on)."""
     from io import StringIO
 
     stream = StringIO()
     stats = pstats.Stats(str(path), stream=stream)
     stats.sort_stats("cumulative").print_stats(limit)
+    # functions (not module imports) of the engine, its kernels and the compilers
+    generation = r"^(?!.*\(<module>\))(?=.*(hyla/inference|hyla/ops|fla/|triton/|cudnn|_inductor|_dynamo))"
+    print("\n== generation's functions by cumulative time", file=stream)
+    stats.sort_stats("cumulative").print_stats(generation, limit)
+    print("\n== generation's functions by own time", file=stream)
+    stats.sort_stats("tottime").print_stats(generation, limit)
     return stream.getvalue()
 
 

@@ -64,7 +64,11 @@ def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_p
     from hyla.inference.settings import tuned_settings
 
     assert rows[0]["settings"] == tuned_settings("cpu").name and "compile_decode=False" in rows[1]["settings"]
-    assert "cumulative" in (out / "first-call-profile.txt").read_text()  # a process of its own, 2 prompts
+    profile = (out / "first-call-profile.txt").read_text()
+    assert "cumulative" in profile  # a process of its own, 2 prompts
+    cumulative, own = profile.split("== generation's functions by cumulative time")[1].split(
+        "== generation's functions by own time")
+    assert "hyla/inference/engine.py" in cumulative and "(<module>)" not in cumulative + own  # no imports there
     assert json.loads((out / "profile" / "results.json").read_text())["generation"]["calls"] == 2
     assert "| shipped |" in (out / "first-call.md").read_text()
 
