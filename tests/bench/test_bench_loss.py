@@ -1,5 +1,7 @@
 """`hyla bench loss` on toy shapes on CPU: hyla's chunked loss and the materialised reference are checked and timed,
-Liger and fla are skipped with their reasons, and an implementation that fails its check is not timed."""
+hyla's Triton KL, Liger and fla are skipped with their reasons (the Triton KL also in the cross-entropy case, which
+it does not compute), and an implementation that fails its check is not timed. The Triton KL's check passing runs
+under Triton's interpreter (tests/ops/test_kernels_interpreted.py)."""
 
 import json
 import sys
@@ -26,12 +28,28 @@ def test_bench_loss_toy_times_hyla_and_the_reference_and_skips_the_libraries_wit
             row["median_ms"] / next(r["median_ms"] for r in results["results"]
                                     if r["case"] == row["case"] and r["implementation"] == "hyla-chunked")))
     assert {skip["implementation"]: skip["reason"].split(" (")[0] for skip in results["skipped"]} == {
-        "liger": "needs CUDA", "fla": "needs CUDA"}
+        "hyla-triton": "needs CUDA", "liger": "needs CUDA", "fla": "needs CUDA"}
     assert results["liger"] is None and results["fla"] is None
     assert results["environment"]["torch"] == torch.__version__
     markdown = (tmp_path / "loss.md").read_text()
     assert "| kl:2x64 | hyla-chunked |" in markdown and "- liger: needs CUDA" in markdown
-    assert "- fla: needs CUDA" in markdown
+    assert "- fla: needs CUDA" in markdown and "- hyla-triton: needs CUDA" in markdown
+
+
+def test_the_triton_kl_is_skipped_without_cuda_or_triton_and_in_the_cross_entropy_case(monkeypatch):
+    assert "CUDA" in loss.hyla_triton_unavailable(torch.device("cpu"))
+    monkeypatch.setitem(sys.modules, "triton", None)  # an import of triton fails as if not installed
+    assert loss.hyla_triton_unavailable(torch.device("cuda")) == "triton is not installed (pip install triton)"
+    monkeypatch.undo()
+    lines = []
+    settings = LossBenchSettings(**TOY_SETTINGS, device="cpu", implementations=("hyla-triton", "eager"))
+    checks, skipped = loss.check_case(LossCase("ce", 1, 16), settings.implementations, settings,
+                                      torch.device("cpu"), lines.append)
+    assert [check["implementation"] for check in checks] == ["eager"] and checks[0]["passed"]
+    assert skipped == [{"case": "ce:1x16", "implementation": "hyla-triton", "reason": "computes the kl loss only"}]
+    assert "ce:1x16 hyla-triton: skipped (computes the kl loss only)" in lines
+    with pytest.raises(ValueError, match="kl loss only"):
+        loss.loss_function("ce", "hyla-triton")
 
 
 def test_liger_is_skipped_with_the_reason_it_cannot_run(monkeypatch):

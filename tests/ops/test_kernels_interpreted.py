@@ -1,14 +1,17 @@
 """hyla's Triton kernels on CPU through Triton's interpreter, against their float64 references: the split-K decode
 attention (shared and per-row lengths, every launch setting the sweep may pick, NaN past each row's length, float32
 products kept float32 where the GPU would round them to TF32), the batch-1 matrix-vector kernel with every prologue
-and epilogue, the Lightning step; then the engine's triton-fused and Triton-matvec decode steps against the model's
-forward, and the three `hyla bench sweep --smoke` runs.
+and epilogue, the Lightning step, the chunked KL's per-chunk kernel (alone, within error bounds derived from its
+float32 arithmetic, NaN past V; and inside the chunked loss against the default path); then the engine's
+triton-fused and Triton-matvec decode steps against the model's forward, and the three `hyla bench sweep --smoke`
+runs.
 
 Runs only under TRITON_INTERPRET=1 (the interpreter must be on before triton is imported, and hyla's kernels then run
 on CPU tensors): `test_kernels_on_cpu.py` starts it in its own process, so that the rest of the suite sees no
 interpreter. Directly: TRITON_INTERPRET=1 python -m pytest tests/ops/test_kernels_interpreted.py -q
 """
 
+import math
 import os
 
 import numpy as np
@@ -169,6 +172,149 @@ def test_lightning_step_kernel(norms, rope, gate):
     ref_u, ref_partials = lightning_step_reference(y, cos, sin, qw, kw, ref_state, decay, scale=dim**-0.5, eps=1e-6,
                                                    has_gate=gate, block_v=BLOCK_V)
     assert rel(u, ref_u) <= F32_TOL and rel(partials, ref_partials) <= F32_TOL and rel(state, ref_state) <= F32_TOL
+
+
+@pytest.fixture
+def bf16_rounds_to_nearest(monkeypatch):
+    """The interpreter casts float32 to bf16 by truncation; the GPU rounds to nearest even (Triton's default,
+    cvt.rn.bf16.f32 in the kernel's PTX). With this, the interpreter rounds as the GPU does."""
+    import triton.language as tl
+    import triton.runtime.interpreter as interpreter
+
+    cast_impl = interpreter.InterpreterBuilder.cast_impl
+
+    def rounded(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            values = torch.from_numpy(np.array(src.data, dtype=np.float32))
+            return interpreter.TensorHandle(values.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16),
+                                            dst_type.scalar)
+        return cast_impl(self, src, dst_type)
+
+    monkeypatch.setattr(interpreter.InterpreterBuilder, "cast_impl", rounded)
+
+
+# float32's unit roundoff; the gradient's rounding to its dtype (to nearest: half a unit in the last place, relative),
+# and fp16's absolute spacing below its smallest normal number (2^-14), where its relative rounding no longer holds.
+UNIT = 2.0**-24
+OUTPUT_ROUNDING = {torch.float32: UNIT, torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
+OUTPUT_FLOOR = {torch.float32: 0.0, torch.bfloat16: 0.0, torch.float16: 2.0**-25}
+
+
+def _kl_kernel_bounds(student, teacher, labels, scale, block_v, grad_dtype):
+    """First-order bounds on the KL kernel's errors against float64 `_kl_terms` on the same values (bf16 and fp16
+    logits are exact in float32). In a row whose largest |logit| is M, float32 leaves each log-probability off by at
+    most eps = 2^-24 (4 (M + ln V) + n + log2(block) + 4): the per-lane sums of n = V / block terms and their tree
+    merge, the add M + log(sum) (|lse| <= M + ln V) and the subtraction logit - lse (|log p| <= 2M + ln V) each round.
+    A probability is then off by eps relative (and its exp rounds); the KL row sum_v p_t (log p_t - log p_s) by 2 eps
+    plus eps and the summation's rounding times sum_v |term|; the cross-entropy lse - logit by eps; float32 sums over
+    rows add 2^-24 per row. Returns (kl bound, ce bound, elementwise grad bound)."""
+    s, t = student.double(), teacher.double()
+    vocab = s.shape[-1]
+    block = min(block_v, 1 << (vocab - 1).bit_length())
+    blocks = -(-vocab // block)
+    largest = torch.maximum(s.abs().amax(-1), t.abs().amax(-1))
+    eps = UNIT * (4 * (largest + math.log(vocab)) + blocks + math.log2(block) + 4)
+    logp_s, logp_t = s.log_softmax(-1), t.log_softmax(-1)
+    p_s, p_t = logp_s.exp(), logp_t.exp()
+    kl_terms = p_t * (logp_t - logp_s)
+    kl_bound = 2 * eps + (eps + (blocks + math.log2(block) + 3) * UNIT) * kl_terms.abs().sum(-1)
+    kl_bound = kl_bound.sum() + len(s) * UNIT * kl_terms.sum(-1).abs().sum()
+    labelled = labels != -100
+    ce_rows = torch.logsumexp(s, -1) - s.gather(-1, labels.clamp(min=0)[:, None])[:, 0]
+    ce_bound = torch.where(labelled, eps + UNIT * ce_rows.abs(), 0.0).sum() + len(s) * UNIT * ce_rows.abs().sum()
+    rounding = OUTPUT_ROUNDING[grad_dtype]
+    float32_error = scale.double() * (p_s + p_t) * (eps[:, None] + 2 * UNIT)
+    grad_bound = (1 + rounding) * float32_error + rounding * (scale.double() * (p_s - p_t)).abs()
+    return kl_bound.item(), ce_bound.item(), grad_bound + OUTPUT_FLOOR[grad_dtype]
+
+
+def _kl_logits(rows, vocab, dtype, kind, generator):
+    """[rows, V] logits of std 3 ("normal"), or ("large", 4 rows or more) rows shifted by +100 and -110, where exp
+    overflows float32 (e^88.7) or underflows to 0 without the max subtracted, and a row peaked on one entry."""
+    logits = torch.randn(rows, vocab, generator=generator) * 3
+    if kind == "large":
+        logits += torch.tensor([100.0, -110.0, 0.0, 60.0])[torch.arange(rows) % 4, None]
+        logits[2, 5] += 40.0
+    return logits.to(dtype)
+
+
+def _nan_padded(values):
+    """`values` as the first columns of a wider NaN-filled buffer: a kernel that reads past V sees NaN."""
+    buffer = torch.full((values.shape[0], values.shape[1] + 5), float("nan"), dtype=values.dtype)
+    buffer[:, : values.shape[1]] = values
+    return buffer[:, : values.shape[1]]
+
+
+@pytest.mark.parametrize("rows,vocab,dtype,block_v,kind,ignored,scale", [
+    (5, 300, torch.float32, 128, "normal", "some", 0.37),  # three blocks, the last one partial
+    (4, 1000, torch.bfloat16, 256, "normal", "some", 0.25),
+    (3, 512, torch.float32, 128, "normal", "all", 1.7),  # V a multiple of the block; no labelled row
+    (4, 513, torch.float32, 128, "large", "some", 0.37),  # one entry in the last block
+    (4, 700, torch.bfloat16, 2048, "large", "none", 0.25),  # one block (1024) over V
+    (3, 400, torch.float16, 128, "normal", "some", 0.37),
+    (2, 7, torch.float32, 2048, "normal", "all", 1.0),
+])
+def test_kl_kernel_matches_its_reference(bf16_rounds_to_nearest, rows, vocab, dtype, block_v, kind, ignored, scale):
+    """KL sum, cross-entropy sum and gradient of `kl_terms_triton` against `_kl_terms` in float64 on the same values,
+    within `_kl_kernel_bounds`."""
+    from hyla.ops.linear_loss.chunked import _kl_terms
+    from hyla.ops.linear_loss.triton_kl import kl_terms_triton
+
+    gen = torch.Generator().manual_seed(vocab)
+    student, teacher = (_kl_logits(rows, vocab, dtype, kind, gen) for _ in range(2))
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    labels[{"some": slice(None, None, 2), "all": slice(None), "none": slice(0)}[ignored]] = -100
+    scale = torch.tensor(scale)
+    # Lanes past V compute exp(0 - lse), which overflows in rows of large negative logits, and then inf - inf;
+    # neither is stored or summed.
+    with np.errstate(over="ignore", invalid="ignore"):
+        kl, ce, grad = kl_terms_triton(_nan_padded(student), _nan_padded(teacher), labels, scale, block_v=block_v)
+    ref_kl, ref_ce, ref_grad = _kl_terms(student.double(), teacher.double(), labels, scale.double())
+    kl_bound, ce_bound, grad_bound = _kl_kernel_bounds(student, teacher, labels, scale, block_v, dtype)
+    assert kl.dtype == ce.dtype == torch.float32 and kl.shape == ce.shape == () and grad.dtype == dtype
+    assert abs(kl.item() - ref_kl.item()) <= kl_bound
+    assert abs(ce.item() - ref_ce.item()) <= ce_bound and (ignored != "all" or ce.item() == 0.0)
+    assert ((grad.double() - ref_grad).abs() <= grad_bound).all()
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
+def test_chunked_kl_with_the_triton_kernel_matches_the_default_path(bf16_rounds_to_nearest, autocast):
+    """Loss, cross-entropy and the gradients of the hidden states and the head through `kernel="triton"` against the
+    default per-chunk arithmetic (plain torch on CPU), three chunks with a short last one. Both paths compute in
+    float32 on the same logits: each is within ~5e-6 of float64 here (`_kl_kernel_bounds`, |logit| < 15, V = 300), so
+    1e-5 apart. Under bf16 autocast both round the same logits and their gradients to bf16, so the gradients may
+    differ by one rounding: 2^-8."""
+    from hyla.ops.linear_loss import linear_kl_divergence_chunked
+
+    gen = torch.Generator().manual_seed(3)
+    hidden, teacher_hidden = torch.randn(37, 24, generator=gen), torch.randn(37, 24, generator=gen)
+    weight, teacher_weight = torch.randn(300, 24, generator=gen) * 0.5, torch.randn(300, 24, generator=gen) * 0.5
+    labels = torch.randint(0, 300, (37,), generator=gen)
+    labels[::4] = -100
+
+    def run(kernel):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            kl, ce = linear_kl_divergence_chunked(h, w, teacher_hidden, teacher_weight, labels, chunk_rows=16,
+                                                  kernel=kernel)
+        (0.7 * kl).backward()
+        return kl.detach(), ce, h.grad, w.grad
+
+    got, want = run("triton"), run("torch")
+    tolerances = (1e-5, 1e-5) + ((2.0**-8,) * 2 if autocast else (1e-5,) * 2)
+    for value, reference, tolerance in zip(got, want, tolerances):
+        assert value.dtype == reference.dtype and rel(value, reference) <= tolerance
+
+
+def test_bench_loss_checks_the_triton_kl():
+    """`hyla bench loss`'s check of hyla-triton (which the bench runs on CUDA only) passes on its toy shapes."""
+    from hyla.bench import loss
+
+    settings = loss.LossBenchSettings(**loss.TOY_SETTINGS, device="cpu", implementations=("hyla-triton",))
+    checks, skipped = loss.check_case(loss.LossCase("kl", 1, 16), settings.implementations, settings,
+                                      torch.device("cpu"), lambda line: None)
+    assert not skipped and checks[0]["passed"]
+    assert max(checks[0]["relative_errors"].values()) < 1e-5  # float32 on CPU, as hyla-chunked's check
 
 
 @pytest.mark.parametrize("bias", [False, True])

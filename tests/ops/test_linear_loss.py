@@ -1,5 +1,6 @@
 """The LM head fused with its loss, in row chunks, against the plain formulas: value and every gradient, odd row
-counts, ignored labels, float32 and bf16, several chunks with a short last one; and no [rows, V] tensor exists."""
+counts, ignored labels, float32 and bf16, several chunks with a short last one; and no [rows, V] tensor exists. The
+Triton KL kernel (`kernel="triton"`) runs in tests/ops/test_kernels_interpreted.py; here, only its refusal off CUDA."""
 
 import pytest
 import torch
@@ -141,3 +142,14 @@ def test_no_tensor_of_rows_by_vocabulary_exists_in_forward_or_backward():
     with LargestTensor() as probe:
         linear_kl_divergence_reference(hidden, weight, teacher_hidden, teacher_weight)[0].backward()
     assert probe.largest >= ROWS * VOCAB  # the probe sees the plain loss's logits
+
+
+def test_the_triton_kl_kernel_is_refused_off_cuda_and_unknown_kernels_are_refused(monkeypatch):
+    """kernel="triton" runs on CUDA (and, in tests/ops/test_kernels_interpreted.py, under Triton's interpreter);
+    elsewhere, and for a kernel it does not know, the chunked KL says so before any work."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    hidden, weight, teacher_hidden, teacher_weight, labels = inputs(torch.float32)
+    with pytest.raises(ValueError, match="runs on CUDA, not cpu"):
+        linear_kl_divergence_chunked(hidden, weight, teacher_hidden, teacher_weight, labels, kernel="triton")
+    with pytest.raises(ValueError, match="unknown KL kernel 'liger'"):
+        linear_kl_divergence_chunked(hidden, weight, teacher_hidden, teacher_weight, labels, kernel="liger")

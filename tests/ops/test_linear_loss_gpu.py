@@ -1,5 +1,5 @@
-"""The fused LM-head losses on CUDA (compiled chunk arithmetic, bf16 autocast) against the plain formulas at
-SmolLM2-135M's head size."""
+"""The fused LM-head losses on CUDA (compiled chunk arithmetic, or the KL's Triton kernel; bf16 autocast) against the
+plain formulas at SmolLM2-135M's head size."""
 
 import pytest
 import torch
@@ -46,11 +46,13 @@ def relative(a, b):
 TOLERANCE = 1e-2
 
 
+@pytest.mark.parametrize("kernel", ["torch", "triton"])
 @pytest.mark.parametrize("chunk_rows", [None, 1000])
-def test_fused_kl_on_cuda_matches_the_plain_loss(chunk_rows):
+def test_fused_kl_on_cuda_matches_the_plain_loss(chunk_rows, kernel):
     hidden, weight, teacher_hidden, teacher_weight, labels = tensors()
     fused = value_and_grads(lambda h, w: linear_kl_divergence_chunked(h, w, teacher_hidden, teacher_weight, labels,
-                                                                      chunk_rows=chunk_rows)[0], hidden, weight)
+                                                                      chunk_rows=chunk_rows, kernel=kernel)[0],
+                            hidden, weight)
     plain = value_and_grads(lambda h, w: linear_kl_divergence_reference(h, w, teacher_hidden, teacher_weight)[0],
                             hidden, weight)
     assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-4)

@@ -18,7 +18,7 @@ DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
 # hyla.bench.train.TRAINED_MIXERS and hyla.bench.loss.IMPLEMENTATIONS, written out for the same reason
 TRAINED_MIXERS = ("lightning", "gla", "gdn")
-LOSS_IMPLEMENTATIONS = ("hyla-chunked", "liger", "fla", "eager")
+LOSS_IMPLEMENTATIONS = ("hyla-chunked", "hyla-triton", "liger", "fla", "eager")
 # The argument group of the options that override the engine's settings file for an experiment.
 EXPERT_OPTIONS = "expert options (experiments against the engine's settings)"
 
@@ -120,8 +120,8 @@ def _register_loss(verbs) -> None:
                       help="comma list of LOSS:BATCHxLEN, LOSS kl or ce (default kl:16x4096,ce:4x16384, the "
                            "halo-smollm2 recipe's distillation and fine-tuning; --toy: kl:2x64,ce:1x128)")
     loss.add_argument("--implementations", default=",".join(LOSS_IMPLEMENTATIONS),
-                      help=f"comma list of {', '.join(LOSS_IMPLEMENTATIONS)} (default: all; liger and fla are skipped, "
-                           "with the reason, without CUDA or the library)")
+                      help=f"comma list of {', '.join(LOSS_IMPLEMENTATIONS)} (default: all; hyla-triton, liger and fla "
+                           "are skipped, with the reason, without CUDA or the library; hyla-triton for the KL only)")
     loss.add_argument("--hidden-size", type=_positive, default=None, help="H (default 576, SmolLM2-135M's)")
     loss.add_argument("--vocab-size", type=_positive, default=None, help="V (default 49152, SmolLM2-135M's)")
     loss.add_argument("--check-rows", type=_positive, default=None,

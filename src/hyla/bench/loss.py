@@ -8,6 +8,9 @@ peak memory are also given as ratios to hyla's chunked loss in the same run.
 The implementations:
 - `hyla-chunked`: `hyla.ops.linear_loss`, the training's default (the KL with the labels, whose cross-entropy the
   stage reports as a metric).
+- `hyla-triton`: the same with the KL's per-chunk arithmetic in hyla's Triton kernel (`kernel="triton"`,
+  `hyla.ops.linear_loss.triton_kl`: two reads of the logits where the compiled default makes three); on CUDA, for the
+  KL only (the cross-entropy case skips it).
 - `liger`: Liger Kernel's fused linear losses, on CUDA where `liger_kernel` imports. KL: `LigerFusedLinearJSD` with
   `jsd_beta=0`, which its JSD kernel computes as the forward KL sum_v P (log P - log Q) with P the teacher's and Q the
   student's distribution (liger_kernel/ops/jsd.py, `_jsd_kernel`, the `beta == 0.0` branch), summed over the
@@ -43,7 +46,9 @@ from hyla.ops.linear_loss import (
 from hyla.train.step import training_autocast
 
 LOSSES = ("kl", "ce")
-IMPLEMENTATIONS = ("hyla-chunked", "liger", "fla", "eager")
+IMPLEMENTATIONS = ("hyla-chunked", "hyla-triton", "liger", "fla", "eager")
+# The losses an implementation computes, where not all of LOSSES.
+ONLY_LOSSES = {"hyla-triton": ("kl",)}
 # Other projects' kernels: an error inside them is a finding the run reports and goes past, not a crash.
 LIBRARIES = ("liger", "fla")
 BASELINE = "hyla-chunked"
@@ -158,6 +163,11 @@ def _unavailable(device: torch.device, library: str, modules: tuple[str, ...], p
     return None
 
 
+def hyla_triton_unavailable(device: torch.device) -> str | None:
+    """Why hyla's Triton KL cannot run here, or None when it can."""
+    return _unavailable(device, "hyla", ("triton",), "triton")
+
+
 def liger_unavailable(device: torch.device) -> str | None:
     """Why Liger's losses cannot run here, or None when they can."""
     return _unavailable(device, "Liger", ("liger_kernel", "liger_kernel.transformers"), "liger-kernel")
@@ -168,7 +178,13 @@ def fla_unavailable(device: torch.device) -> str | None:
     return _unavailable(device, "fla", ("fla", "fla.modules"), "flash-linear-attention")
 
 
-UNAVAILABLE = {"liger": liger_unavailable, "fla": fla_unavailable}
+UNAVAILABLE = {"hyla-triton": hyla_triton_unavailable, "liger": liger_unavailable, "fla": fla_unavailable}
+
+
+def not_computed(loss: str, implementation: str) -> str | None:
+    """Why an implementation does not apply to `loss` (it computes other losses only), or None when it does."""
+    losses = ONLY_LOSSES.get(implementation, LOSSES)
+    return None if loss in losses else f"computes the {' and '.join(losses)} loss only"
 
 
 def fla_description() -> dict:
@@ -199,6 +215,9 @@ def loss_function(loss: str, implementation: str):
             return lambda x: linear_kl_divergence_chunked(x.hidden, x.weight, x.teacher_hidden, x.teacher_weight,
                                                           x.labels)[0]
         return lambda x: linear_cross_entropy_chunked(x.hidden, x.weight, x.labels)
+    if implementation == "hyla-triton" and loss == "kl":
+        return lambda x: linear_kl_divergence_chunked(x.hidden, x.weight, x.teacher_hidden, x.teacher_weight,
+                                                      x.labels, kernel="triton")[0]
     if implementation == "eager":
         if loss == "kl":
             return lambda x: linear_kl_divergence_reference(x.hidden, x.weight, x.teacher_hidden,
@@ -220,6 +239,8 @@ def loss_function(loss: str, implementation: str):
             return lambda x: kl(x.hidden, x.teacher_hidden, x.weight, x.teacher_weight)
         ce = FusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
         return lambda x: ce(x.hidden.unsqueeze(0), x.labels.unsqueeze(0), x.weight)
+    if not_computed(loss, implementation):
+        raise ValueError(f"{implementation} {not_computed(loss, implementation)}")
     raise ValueError(f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
 
 
@@ -278,6 +299,11 @@ def check_case(case: LossCase, implementations, settings: LossBenchSettings, dev
     reference = value_and_gradients(loss_function(case.loss, "eager"), inputs.as_float32(), device, autocast=False)
     checks, skipped = [], []
     for name in implementations:
+        reason = not_computed(case.loss, name)
+        if reason:
+            skipped.append({"case": case.label, "implementation": name, "reason": reason})
+            log(f"{case.label} {name}: skipped ({reason})")
+            continue
         fn = loss_function(case.loss, name)
         got, reason = _guarded(name, device, lambda: value_and_gradients(fn, inputs, device, autocast=True))
         if got is None:

@@ -4,7 +4,9 @@ Each chunk computes its logits with the head's matrix product (in the autocast d
 head does), its loss terms in float32, and at once the gradients with respect to the hidden states and the head's
 weight (the loss is a scalar, so the backward pass only scales them). One [chunk, V] logits tensor per model is alive
 at a time. The float32 arithmetic of a chunk is one plain-torch function, compiled on CUDA so that it runs as a few
-fused kernels instead of a dozen passes over [chunk, V].
+fused kernels instead of a dozen passes over [chunk, V]. The KL's arithmetic can instead run as hyla's Triton
+kernel (`kernel="triton"`, `hyla.ops.linear_loss.triton_kl`), which reads the logits twice where the compiled
+function reads them three times; `_kl_terms` is its reference.
 
 Shapes as in `hyla.ops.linear_loss.reference`: hidden [N, H], weight [V, H], labels [N] (-100 ignored).
 """
@@ -12,12 +14,15 @@ Shapes as in `hyla.ops.linear_loss.reference`: hidden [N, H], weight [V, H], lab
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 # Elements of one chunk's [rows, V] logits: ~0.5 GB per bf16 tensor, three alive at once in the KL (student,
 # teacher, gradient); large enough that the head's matrix products run at full rate.
 CHUNK_ELEMENTS = 2**28
+# The KL's per-chunk arithmetic: "torch", `_kl_terms` (compiled on CUDA), or "triton", hyla's kernel (CUDA only).
+KL_KERNELS = ("torch", "triton")
 
 
 def default_chunk_rows(vocab_size: int) -> int:
@@ -67,6 +72,20 @@ def _terms(fn, compiled: bool):
     return _compiled(fn) if compiled else fn
 
 
+def _kl_terms_for(kernel: str, compiled: bool, device: torch.device):
+    """The function computing `_kl_terms` per chunk for `kernel` (one of KL_KERNELS) on `device`."""
+    if kernel not in KL_KERNELS:
+        raise ValueError(f"unknown KL kernel {kernel!r}; known: {', '.join(KL_KERNELS)}")
+    if kernel == "torch":
+        return _terms(_kl_terms, compiled)
+    # Triton's interpreter runs the kernel on CPU tensors: the tests' way to check it without a GPU.
+    if device.type != "cuda" and not (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
+        raise ValueError(f'the KL kernel "triton" runs on CUDA, not {device.type}; use kernel="torch"')
+    from hyla.ops.linear_loss.triton_kl import kl_terms_triton
+
+    return kl_terms_triton
+
+
 def _compute_dtype(tensor: torch.Tensor) -> torch.dtype:
     """The dtype the head's matrix product runs in: autocast's where it is on, else the hidden states' own."""
     device_type = tensor.device.type
@@ -107,7 +126,7 @@ def _scaled_gradients(ctx, grad_output, num_inputs: int):
 
 class _LinearKL(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, labels, chunk_rows, compiled):
+    def forward(ctx, hidden, weight, teacher_hidden, teacher_weight, labels, chunk_rows, terms):
         dtype = _compute_dtype(hidden)
         ctx.hidden_dtype, ctx.weight_dtype = hidden.dtype, weight.dtype
         with torch.autocast(hidden.device.type, enabled=False):
@@ -118,7 +137,6 @@ class _LinearKL(torch.autograd.Function):
             kl = torch.zeros((), dtype=_accumulation_dtype(hidden), device=hidden.device)
             ce = torch.zeros_like(kl)
             scale = torch.full((), 1.0 / max(rows, 1), dtype=kl.dtype, device=hidden.device)
-            terms = _terms(_kl_terms, compiled)
             for start in range(0, rows, chunk_rows):
                 chunk = slice(start, start + chunk_rows)
                 chunk_kl, chunk_ce, grad_logits = terms(hidden[chunk] @ weight.T,
@@ -174,13 +192,16 @@ def linear_kl_divergence_chunked(
     *,
     chunk_rows: int | None = None,
     compiled: bool | None = None,
+    kernel: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`linear_kl_divergence_reference` in row chunks. compiled: the float32 arithmetic through torch.compile
-    (default: on CUDA)."""
+    """`linear_kl_divergence_reference` in row chunks. kernel: each chunk's float32 arithmetic as plain torch
+    ("torch", the default) or as hyla's Triton kernel ("triton": CUDA only; `hyla.ops.linear_loss.triton_kl`).
+    compiled: the "torch" arithmetic through torch.compile (default: on CUDA)."""
     chunk_rows = chunk_rows or default_chunk_rows(weight.shape[0])
     compiled = hidden.is_cuda if compiled is None else compiled
+    terms = _kl_terms_for(kernel, compiled, hidden.device)
     kl, ce = _LinearKL.apply(hidden, weight, teacher_hidden.detach(), teacher_weight.detach(),
-                             _no_labels(hidden) if labels is None else labels, chunk_rows, compiled)
+                             _no_labels(hidden) if labels is None else labels, chunk_rows, terms)
     return kl, (None if labels is None else ce)
 
 
