@@ -1,7 +1,8 @@
 """What a prefill attention backend costs the first time it sees a sequence length: `hyla.ops.chunk_attention`'s
 causal attention (the engine's prefill of a NoPE layer) at a few nearby lengths, each called twice, in a fresh
 process per backend. cuDNN's SDPA builds an execution plan per shape; if that costs tenths of a second, every new
-prompt length in an evaluation pays it (RULER's 64K prompts differ by a few tokens), where flash's kernel does not.
+prompt length in an evaluation pays it (RULER's 64K prompts differ by a few tokens), where flash's kernel does not;
+`cudnn-padded` pads each length to a bucket, so that nearby lengths share one plan.
 
     python bench/attention_first_call.py --lengths 65408,65406,65403,65408 --out DIR   # on a CUDA machine
 
@@ -58,7 +59,7 @@ def markdown(rows: list[dict], command: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="65408,65406,65403,65408")
-    parser.add_argument("--backends", default="cudnn,flash")
+    parser.add_argument("--backends", default="cudnn,cudnn-padded,flash")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--heads", type=int, default=9)

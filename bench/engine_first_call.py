@@ -5,7 +5,8 @@ Variants (each the device's shipped settings, `hyla.inference.settings.tuned_set
 `shipped` (as they are), `eager-prefill` (compile_prefill off), `eager` (compile_prefill and compile_decode off;
 the decode step is still graph-captured on CUDA), `flash-prefill` (the prefill's attention through flash's kernel
 instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens), `eager-flash-prefill`
-(both). Each variant's run
+(both), `eager-cudnn-padded-prefill` (the prefill uncompiled, cuDNN on lengths padded to a bucket: one plan for
+nearby prompt lengths). Each variant's run
 writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
 `--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
@@ -37,6 +38,7 @@ VARIANTS = {
     "eager": {"compile_prefill": False, "compile_decode": False},
     "flash-prefill": {"attention_backend": "flash"},
     "eager-flash-prefill": {"compile_prefill": False, "attention_backend": "flash"},
+    "eager-cudnn-padded-prefill": {"compile_prefill": False, "attention_backend": "cudnn-padded"},
 }
 ROW_FIELDS = ("seconds", "first_batch_s", "reserve_s", "engine_build_s", "first_prefill_s", "graph_capture_s",
               "first_decode_s", "prefill_s", "decode_s", "calls", "engines_built")

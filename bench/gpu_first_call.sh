@@ -24,7 +24,8 @@
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 NUM=${NUM:-25}
-VARIANTS=${VARIANTS:-shipped,eager-prefill,eager,flash-prefill,eager-flash-prefill}  # step 2's; COLD=shipped: step 1's
+# step 2's variants (COLD, default shipped: step 1's)
+VARIANTS=${VARIANTS:-shipped,eager-prefill,eager,flash-prefill,eager-flash-prefill,eager-cudnn-padded-prefill}
 HF=${HF:-1}          # step 3
 ATTENTION=${ATTENTION:-1}  # step 0
 BUDGET_S=${BUDGET_S:-420}

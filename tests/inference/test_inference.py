@@ -1,12 +1,14 @@
 """The fast inference path (static cache, chunked prefill, single-token decode, ragged batches) against the model's own
 forward, its attention pieces against the written-out softmax reference, and its settings. CPU, pure torch."""
 
+import math
+
 import pytest
 import torch
 
 from hyla import HypeNetConfig, HypeNetForCausalLM, InferenceOptions
 from hyla.inference import InferenceEngine
-from hyla.ops.chunk_attention import attention_with_lse, chunk_attention
+from hyla.ops.chunk_attention import attention_with_lse, attention_with_lse_reference, chunk_attention
 from hyla.ops.decode_attention import decode_attention_reference
 from hyla.ops.attention import softmax_attention_reference
 
@@ -342,6 +344,44 @@ def test_chunk_attention_merges_prefix_and_diagonal_exactly(start):
         q, keys[:, :, visible].transpose(1, 2), values[:, :, visible].transpose(1, 2), scale=0.3
     )
     assert rel(out, ref) <= TOL
+
+
+def test_bucket_lengths_add_at_most_a_sixteenth_and_cover_nearby_lengths():
+    from hyla.ops.chunk_attention import bucket_length
+
+    for length in [1, 5, 127, 128, 129, 1000, 4095, 4097, 65403, 65536, 65537, 300_001]:
+        bucket = bucket_length(length)
+        assert length <= bucket and bucket == bucket_length(bucket) and bucket % 128 == 0
+        assert bucket - length < max(128, 2 ** (math.ceil(math.log2(length)) - 4))
+        assert length <= 1024 or bucket - length < length / 8
+    assert {bucket_length(n) for n in (61441, 65403, 65406, 65408, 65536)} == {65536}  # RULER's 64K prompts: one
+
+
+@pytest.mark.parametrize("causal,queries,keys_", [(True, 37, 37), (True, 128, 128), (False, 37, 300), (False, 5, 7)])
+def test_attention_padded_to_a_bucket_equals_the_unpadded_on_the_real_rows(causal, queries, keys_):
+    """cudnn-padded's padding (`padded_to_bucket`), through the float64 reference: the real queries' outputs and
+    log-sum-exps equal those of the unpadded problem (causal: the zero keys past the end are masked for them;
+    otherwise only the queries are padded), and the kernel saw bucketed lengths."""
+    from hyla.ops.chunk_attention import bucket_length, padded_to_bucket
+
+    gen = torch.Generator().manual_seed(queries)
+    q = torch.randn(2, 3, queries, 8, generator=gen, dtype=torch.float64)
+    k = torch.randn(2, 3, keys_, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(2, 3, keys_, 8, generator=gen, dtype=torch.float64)
+    seen = []
+
+    def run(q_, k_, v_):
+        seen.append((q_.shape[2], k_.shape[2]))
+        return attention_with_lse_reference(q_, k_, v_, causal=causal, scale=0.3)
+
+    out, lse = padded_to_bucket(q, k, v, causal=causal, run=run)
+    want, want_lse = attention_with_lse_reference(q, k, v, causal=causal, scale=0.3)
+    assert seen == [(bucket_length(queries), bucket_length(keys_) if causal else keys_)]
+    assert out.shape == want.shape and lse.shape == want_lse.shape
+    assert rel(out, want) <= TOL and rel(lse, want_lse) <= TOL
+    if causal:
+        with pytest.raises(ValueError, match="square"):
+            padded_to_bucket(q, k[:, :, :-1], v[:, :, :-1], causal=True, run=run)
 
 
 def test_attention_with_lse_rejects_unknown_backend():

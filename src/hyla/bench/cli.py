@@ -60,7 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     expert = _engine_options(model)
     expert.add_argument("--prefill-chunk", type=_count, default=None,
                         help="tokens per engine prefill call (default: the engine settings')")
-    expert.add_argument("--attention-backend", default=None, choices=("auto", "cudnn", "flash", "torch"),
+    expert.add_argument("--attention-backend", default=None,
+                        choices=("auto", "cudnn", "cudnn-padded", "flash", "torch"),
                         help="the engine's prefill attention kernel (auto: cuDNN on CUDA; default: the engine "
                              "settings')")
     _common(model)

@@ -6,15 +6,24 @@ square, top-left causal = bottom-right causal). Each part runs through a fused k
 log-sum-exp (`gpu.py`), and the two are merged exactly. That keeps both parts on kernels that need no mask: cuDNN's,
 measured at 508-618 TFLOP/s on the reference GPU against ~317 for flash (docs/method.md, "Reference GPU"); SDPA's
 public entry offers a bottom-right causal mask only through flash. `reference.py` is the pure-torch form.
+
+cuDNN builds an execution plan for every new shape (tens of milliseconds at 64K, more than the attention itself:
+`bench/attention_first_call.py`), and prompts rarely share a length. `cudnn-padded` runs cuDNN on lengths rounded up
+to a bucket (`bucket_length`), zeros past the end: in the causal square the padded keys come after every real
+query's and stay invisible to it, the padded queries' rows are dropped, so prompts of nearby lengths share one plan
+for the price of a little more work (at 64K at most 1/16).
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+import torch.nn.functional as F
 
 from hyla.ops.chunk_attention.reference import attention_with_lse_reference, merge_attention
 
-ATTENTION_BACKENDS = ("cudnn", "flash", "torch")
+ATTENTION_BACKENDS = ("cudnn", "cudnn-padded", "flash", "torch")
 # Keep every tensor a kernel sees under 2^30 elements: 32-bit offsets inside fused kernels (1M tokens x 16 heads x
 # 128 dims is exactly 2^31).
 _MAX_ELEMENTS = 2**30
@@ -34,6 +43,32 @@ def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dt
         raise ValueError(f"attention_backend {requested!r} needs a CUDA model in float16 or bfloat16, not "
                          f"{dtype} on {device.type}; use auto or torch")
     return requested
+
+
+def bucket_length(length: int) -> int:
+    """`length` rounded up to a multiple of 1/16 of the power of two above it, or of 128 where that is more: beyond
+    1,024 tokens less than 1/8 more positions (at 64K under 1/16), and every length from 61,441 to 65,536 becomes
+    65,536."""
+    step = max(128, 2 ** max(0, math.ceil(math.log2(max(length, 1))) - 4))
+    return -(-length // step) * step
+
+
+def padded_to_bucket(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool, run):
+    """run(q, k, v) -> (output, lse) on q (and, causal, k and v) padded with zeros along the sequence to
+    `bucket_length`, cut back to the real queries' rows. causal: a square (q and k of one length) whose padded keys
+    every real query's mask hides; otherwise a rectangle of queries over earlier keys, where only the queries are
+    padded. q, k, v: [B, H, T, D]."""
+    length = q.shape[2]
+    if causal and k.shape[2] != length:
+        raise ValueError(f"causal attention pads a square: {length} queries over {k.shape[2]} keys")
+    extra = bucket_length(length) - length
+    if extra == 0:
+        return run(q, k, v)
+    q = F.pad(q, (0, 0, 0, extra))
+    if causal:
+        k, v = F.pad(k, (0, 0, 0, extra)), F.pad(v, (0, 0, 0, extra))
+    output, lse = run(q, k, v)
+    return output[:, :, :length], lse[:, :, :length]
 
 
 def attention_with_lse(
@@ -58,6 +93,14 @@ def attention_with_lse(
         q_part = q[:, heads]
         if backend == "torch":
             out, lse = attention_with_lse_reference(q_part, k_part, v_part, causal=causal, scale=scale)
+        elif backend == "cudnn-padded":
+            from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
+
+            def cudnn(q_, k_, v_):
+                return fused_attention_with_lse(q_.contiguous(), k_.contiguous(), v_.contiguous(), causal=causal,
+                                                scale=scale, backend="cudnn")
+
+            out, lse = padded_to_bucket(q_part, k_part, v_part, causal=causal, run=cudnn)
         else:
             from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
 
@@ -86,5 +129,5 @@ def chunk_attention(
     return output.transpose(1, 2)
 
 
-__all__ = ["ATTENTION_BACKENDS", "attention_with_lse", "attention_with_lse_reference", "chunk_attention",
-           "merge_attention", "pick_attention_backend"]
+__all__ = ["ATTENTION_BACKENDS", "attention_with_lse", "attention_with_lse_reference", "bucket_length",
+           "chunk_attention", "merge_attention", "padded_to_bucket", "pick_attention_backend"]
