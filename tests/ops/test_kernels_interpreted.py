@@ -258,7 +258,7 @@ def test_kl_kernel_matches_its_reference(bf16_rounds_to_nearest, rows, vocab, dt
     """KL sum, cross-entropy sum and gradient of `kl_terms_triton` against `_kl_terms` in float64 on the same values,
     within `_kl_kernel_bounds`."""
     from hyla.ops.linear_loss.chunked import _kl_terms
-    from hyla.ops.linear_loss.triton_kl import kl_terms_triton
+    from hyla.ops.linear_loss.gpu import kl_terms_triton
 
     gen = torch.Generator().manual_seed(vocab)
     student, teacher = (_kl_logits(rows, vocab, dtype, kind, gen) for _ in range(2))

@@ -9,7 +9,7 @@ The implementations:
 - `hyla-chunked`: `hyla.ops.linear_loss`, the training's default (the KL with the labels, whose cross-entropy the
   stage reports as a metric).
 - `hyla-triton`: the same with the KL's per-chunk arithmetic in hyla's Triton kernel (`kernel="triton"`,
-  `hyla.ops.linear_loss.triton_kl`: two reads of the logits where the compiled default makes three); on CUDA, for the
+  `hyla.ops.linear_loss.gpu`: two reads of the logits where the compiled default makes three); on CUDA, for the
   KL only (the cross-entropy case skips it).
 - `liger`: Liger Kernel's fused linear losses, on CUDA where `liger_kernel` imports. KL: `LigerFusedLinearJSD` with
   `jsd_beta=0`, which its JSD kernel computes as the forward KL sum_v P (log P - log Q) with P the teacher's and Q the

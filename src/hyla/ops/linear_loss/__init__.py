@@ -1,6 +1,6 @@
 """The LM head fused with its training loss (KL to a teacher, cross-entropy): the plain formulas
 (`reference`), the chunked version that never materialises [tokens, vocabulary] logits (`chunked`), and the KL's
-per-chunk arithmetic as a Triton kernel (`triton_kl`, not imported here: `import hyla` never imports triton)."""
+per-chunk arithmetic as a Triton kernel (`gpu.py`, not imported here: `import hyla` never imports triton)."""
 
 from hyla.ops.linear_loss.chunked import (
     KL_KERNELS,

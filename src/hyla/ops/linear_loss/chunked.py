@@ -5,7 +5,7 @@ head does), its loss terms in float32, and at once the gradients with respect to
 weight (the loss is a scalar, so the backward pass only scales them). One [chunk, V] logits tensor per model is alive
 at a time. The float32 arithmetic of a chunk is one plain-torch function, compiled on CUDA so that it runs as a few
 fused kernels instead of a dozen passes over [chunk, V]. The KL's arithmetic can instead run as hyla's Triton
-kernel (`kernel="triton"`, `hyla.ops.linear_loss.triton_kl`), which reads the logits twice where the compiled
+kernel (`kernel="triton"`, `hyla.ops.linear_loss.gpu`), which reads the logits twice where the compiled
 function reads them three times; `_kl_terms` is its reference.
 
 Shapes as in `hyla.ops.linear_loss.reference`: hidden [N, H], weight [V, H], labels [N] (-100 ignored).
@@ -81,7 +81,7 @@ def _kl_terms_for(kernel: str, compiled: bool, device: torch.device):
     # Triton's interpreter runs the kernel on CPU tensors: the tests' way to check it without a GPU.
     if device.type != "cuda" and not (device.type == "cpu" and os.environ.get("TRITON_INTERPRET") == "1"):
         raise ValueError(f'the KL kernel "triton" runs on CUDA, not {device.type}; use kernel="torch"')
-    from hyla.ops.linear_loss.triton_kl import kl_terms_triton
+    from hyla.ops.linear_loss.gpu import kl_terms_triton
 
     return kl_terms_triton
 
@@ -195,7 +195,7 @@ def linear_kl_divergence_chunked(
     kernel: str = "torch",
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`linear_kl_divergence_reference` in row chunks. kernel: each chunk's float32 arithmetic as plain torch
-    ("torch", the default) or as hyla's Triton kernel ("triton": CUDA only; `hyla.ops.linear_loss.triton_kl`).
+    ("torch", the default) or as hyla's Triton kernel ("triton": CUDA only; `hyla.ops.linear_loss.gpu`).
     compiled: the "torch" arithmetic through torch.compile (default: on CUDA)."""
     chunk_rows = chunk_rows or default_chunk_rows(weight.shape[0])
     compiled = hidden.is_cuda if compiled is None else compiled
