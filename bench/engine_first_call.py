@@ -7,7 +7,8 @@ the decode step is still graph-captured on CUDA), `flash-prefill` (the prefill's
 instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens), `eager-flash-prefill`
 (both), `eager-cudnn-padded-prefill` (the prefill uncompiled, cuDNN on lengths padded to a bucket: one plan for
 nearby prompt lengths). Each variant's run
-writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill, decode-graph capture, first decode) from the rest;
+writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill,
+decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
 `--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
 the timed runs, which cProfile would slow) and `first-call-profile.txt` lists its top functions by cumulative time
@@ -19,7 +20,8 @@ Run on the GPU machine holding a converted model and its NIAH samples cache (a f
         --tasks SK2 --lengths 64K --num-samples 25 --profile --out $OUT/first-call
 
 Writes OUT/first-call.{json,md}, OUT/<variant>/results.json and (with --profile) OUT/profile/results.json,
-OUT/first-call.prof and OUT/first-call-profile.txt. `--device cpu` runs the same on a CPU (the tests do, on a tiny model).
+OUT/first-call.prof and OUT/first-call-profile.txt. `--device cpu` runs the same on a CPU (the tests do, on a tiny
+model).
 """
 
 from __future__ import annotations

@@ -185,8 +185,9 @@ class GenerationSession:
             settings, notes = self.settings, []
             if settings is None:
                 tuned = tuned_settings(self.model.device)
-                settings, notes = fit_to_model(tuned.for_evaluation(self.model) if self.evaluation else tuned, self.model,
-                                               batch_size, self._options())
+                if self.evaluation:
+                    tuned = tuned.for_evaluation(self.model)
+                settings, notes = fit_to_model(tuned, self.model, batch_size, self._options())
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
                                      settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes
