@@ -239,8 +239,9 @@ def loss_function(loss: str, implementation: str):
             return lambda x: kl(x.hidden, x.teacher_hidden, x.weight, x.teacher_weight)
         ce = FusedLinearCrossEntropyLoss(ignore_index=-100, reduction="mean")
         return lambda x: ce(x.hidden.unsqueeze(0), x.labels.unsqueeze(0), x.weight)
-    if not_computed(loss, implementation):
-        raise ValueError(f"{implementation} {not_computed(loss, implementation)}")
+    reason = not_computed(loss, implementation)
+    if reason:
+        raise ValueError(f"{implementation} {reason}")
     raise ValueError(f"unknown implementation {implementation!r}; known: {', '.join(IMPLEMENTATIONS)}")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from hyla.ops.chunk_attention import fused_kernels_run
 from hyla.ops.decode_attention import KERNELS as DECODE_ATTENTION_KERNELS
 from hyla.ops.decode_attention import DecodeKernelConfig, triton_available
 from hyla.ops.lightning_step import BLOCK_V, NUM_WARPS
@@ -89,7 +90,7 @@ class EngineSettings:
         """These settings for an evaluation of `model`: `evaluation`'s fields replaced, named in `name`; a fused
         prefill attention kernel among them only where the model can run it (float16/bfloat16 on CUDA)."""
         evaluation = dict(self.evaluation)
-        fused = model is None or (model.device.type == "cuda" and model.dtype in (torch.float16, torch.bfloat16))
+        fused = model is None or fused_kernels_run(model.device, model.dtype)
         if evaluation.get("attention_backend", "auto") not in ("auto", "torch") and not fused:
             evaluation.pop("attention_backend")
         if not evaluation:

@@ -29,17 +29,21 @@ ATTENTION_BACKENDS = ("cudnn", "cudnn-padded", "flash", "torch")
 _MAX_ELEMENTS = 2**30
 
 
+def fused_kernels_run(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether cuDNN's and flash's fused kernels run a model on `device` in `dtype` (float16/bfloat16 on CUDA)."""
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+
+
 def pick_attention_backend(requested: str, device: torch.device, dtype: torch.dtype) -> str:
     """The prefill attention kernel for `requested` ("auto" or one of ATTENTION_BACKENDS) on `device` in `dtype`.
 
     cuDNN's and flash's fused kernels take float16/bfloat16 only: "auto" picks cuDNN there and the pure-torch path
     otherwise (CPU, or a float32/float64 model on CUDA); asking for a fused kernel it cannot run is an error."""
     if requested == "auto":
-        fused = device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-        return "cudnn" if fused else "torch"
+        return "cudnn" if fused_kernels_run(device, dtype) else "torch"
     if requested not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend must be auto or one of {', '.join(ATTENTION_BACKENDS)}")
-    if requested != "torch" and (device.type != "cuda" or dtype not in (torch.float16, torch.bfloat16)):
+    if requested != "torch" and not fused_kernels_run(device, dtype):
         raise ValueError(f"attention_backend {requested!r} needs a CUDA model in float16 or bfloat16, not "
                          f"{dtype} on {device.type}; use auto or torch")
     return requested
@@ -84,6 +88,14 @@ def attention_with_lse(
     longest = max(q.shape[2], k.shape[2])
     while kv_per_call > 1 and q.shape[0] * kv_per_call * group * longest * q.shape[3] > _MAX_ELEMENTS:
         kv_per_call //= 2
+    padded = backend == "cudnn-padded"
+    if backend != "torch":
+        from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
+
+        def fused(q_, k_, v_):
+            return fused_attention_with_lse(q_.contiguous(), k_.contiguous(), v_.contiguous(), causal=causal,
+                                            scale=scale, backend="cudnn" if padded else backend)
+
     outputs, lses = [], []
     for first in range(0, num_kv_heads, kv_per_call):
         kv = slice(first, first + kv_per_call)
@@ -93,19 +105,9 @@ def attention_with_lse(
         q_part = q[:, heads]
         if backend == "torch":
             out, lse = attention_with_lse_reference(q_part, k_part, v_part, causal=causal, scale=scale)
-        elif backend == "cudnn-padded":
-            from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
-
-            def cudnn(q_, k_, v_):
-                return fused_attention_with_lse(q_.contiguous(), k_.contiguous(), v_.contiguous(), causal=causal,
-                                                scale=scale, backend="cudnn")
-
-            out, lse = padded_to_bucket(q_part, k_part, v_part, causal=causal, run=cudnn)
         else:
-            from hyla.ops.chunk_attention.gpu import fused_attention_with_lse
-
-            out, lse = fused_attention_with_lse(q_part.contiguous(), k_part.contiguous(), v_part.contiguous(),
-                                                causal=causal, scale=scale, backend=backend)
+            out, lse = (padded_to_bucket(q_part, k_part, v_part, causal=causal, run=fused) if padded
+                        else fused(q_part, k_part, v_part))
         outputs.append(out)
         lses.append(lse)
     return torch.cat(outputs, dim=1), torch.cat(lses, dim=1)
@@ -130,4 +132,4 @@ def chunk_attention(
 
 
 __all__ = ["ATTENTION_BACKENDS", "attention_with_lse", "attention_with_lse_reference", "bucket_length",
-           "chunk_attention", "merge_attention", "padded_to_bucket", "pick_attention_backend"]
+           "chunk_attention", "fused_kernels_run", "merge_attention", "padded_to_bucket", "pick_attention_backend"]
