@@ -36,7 +36,11 @@ def no_teacher_load(monkeypatch):
     ("distil.lr=1e-4", "unknown setting 'distil.lr' (did you mean 'distill.lr'?)"),
     ("selection.method=3,9", "the teacher's layers are 0-3"),
     ("selection.k=5", "selection.k 5 is more than the teacher's 4 layers"),
-], ids=["lr-text", "batch-0", "seq-negative", "schedule", "k-float", "typo", "layers", "k-too-large"])
+    ("distill.kl_kernel=triton", "distill.kl_kernel=triton runs on CUDA, and this device is cpu"),
+    ("finetune.kl_kernel=triton", "finetune.kl_kernel: the KL is stage 2's loss; set it for distill"),
+    ("distill.kl_kernel=trit", "distill.kl_kernel must be one of torch, triton"),
+], ids=["lr-text", "batch-0", "seq-negative", "schedule", "k-float", "typo", "layers", "k-too-large", "kl-kernel-cpu",
+        "kl-kernel-stage", "kl-kernel-name"])
 def test_bad_settings_are_refused_before_the_teacher_loads_and_leave_nothing(tiny_teacher, tmp_path, capsys,
                                                                              no_teacher_load, setting, message):
     out = tmp_path / "run"

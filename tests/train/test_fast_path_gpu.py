@@ -1,6 +1,6 @@
 """The training fast path on CUDA against the eager reference: 30 steps of each conversion stage both ways, from
 one seed and on the same batches, at SmolLM2-135M's widths (6 layers); and the fast path with the hybrid's
-activations in bf16 against the fast path."""
+activations in bf16, and with the KL's Triton kernel, against the fast path."""
 
 import pytest
 import torch
@@ -78,3 +78,23 @@ def test_bf16_activations_follow_the_fast_path_loss_curve(case):
     assert ((bf16 - fast).abs() / fast.abs()).max() <= CURVE_RTOL, (fast.tolist(), bf16.tolist())
     if case.stage == "distill":
         assert bf16[-1] < bf16[0]  # it learns
+
+
+# `fast-triton-kl` is `fast` with the fused KL's chunks through hyla's Triton kernel (`distill.kl_kernel`): the same
+# float32 formulas, the row's log-sum-exps taken online in one read; on CPU through Triton's interpreter the loss
+# and gradients agree with the default's within 1e-5 relative (2^-8 for gradients rounded to bf16 under autocast:
+# tests/ops/test_kernels_interpreted.py). So the first step agrees within FIRST_STEP_RTOL, and the curves within
+# CURVE_RTOL as updates compound rounding differences; a wrong gradient or a missed term moves them by far more.
+def test_the_triton_kl_follows_the_fast_path_loss_curve():
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(LlamaConfig(**dict(SMOLLM2_135M, num_hidden_layers=6))).cuda().eval()
+    plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
+    settings = TrainBenchSettings(steps=STEPS, warmup=0, profile=False, losses=False)
+    runs = {path: measure_case(Case("distill", 4, 1024), path, teacher, plan, (1, 4), settings)
+            for path in ("fast", "fast-triton-kl")}
+    assert runs["fast-triton-kl"]["kl_kernel"] == "triton" and runs["fast"]["kl_kernel"] == "torch"
+    fast, triton = (torch.tensor(runs[path]["losses"], dtype=torch.float64) for path in runs)
+    assert torch.isfinite(triton).all()
+    assert abs(triton[0] - fast[0]) <= FIRST_STEP_RTOL * abs(fast[0])
+    assert ((triton - fast).abs() / fast.abs()).max() <= CURVE_RTOL, (fast.tolist(), triton.tolist())
+    assert triton[-1] < triton[0]  # it learns

@@ -39,6 +39,7 @@ class PathSettings(NamedTuple):
     teacher_bf16: bool | None
     batched_twins: bool = False
     bf16_activations: bool = False
+    kl_kernel: str = "torch"  # distill.kl_kernel
 
 
 # `eager` is the reference: every fast-path part off, the default teacher. The named variants pin their settings:
@@ -52,6 +53,8 @@ class PathSettings(NamedTuple):
 # fast-batched[-bf16-teacher]: stage 1's batched twins (align.batched_twins); align cases only.
 # fast-bf16-activations: the default on CUDA (whole blocks, bf16 teacher) with the trained hybrid's activations in
 #   bf16 (distill.bf16_activations, finetune.bf16_activations); distill and finetune cases only.
+# fast-triton-kl: the default on CUDA with the fused KL's chunks through hyla's Triton kernel (distill.kl_kernel);
+#   fast-bf16-activations-triton-kl: both; distill cases only, CUDA only.
 PATH_SETTINGS = {
     "eager": PathSettings(False, None),
     "fast": PathSettings(None, None),
@@ -62,6 +65,8 @@ PATH_SETTINGS = {
     "fast-batched": PathSettings(False, False, batched_twins=True),
     "fast-batched-bf16-teacher": PathSettings(False, True, batched_twins=True),
     "fast-bf16-activations": PathSettings(True, True, bf16_activations=True),
+    "fast-triton-kl": PathSettings(True, True, kl_kernel="triton"),
+    "fast-bf16-activations-triton-kl": PathSettings(True, True, bf16_activations=True, kl_kernel="triton"),
 }
 PATHS = tuple(PATH_SETTINGS)
 BATCHED_PATHS = tuple(path for path, settings in PATH_SETTINGS.items() if settings.batched_twins)
@@ -71,9 +76,11 @@ HYBRID_STAGES = ("distill", "finetune")  # the stages that train the whole hybri
 
 def path_measures_stage(path: str, stage: str) -> bool:
     """Whether `path` is timed in `stage`: the batched twins are stage 1's; the bf16 activations the hybrid's (stages
-    2-3); a bf16 teacher by name needs a teacher (stages 1-2: a float32 one pinned is no teacher in stage 3
-    either)."""
+    2-3); the KL's kernel stage 2's; a bf16 teacher by name needs a teacher (stages 1-2: a float32 one pinned is no
+    teacher in stage 3 either)."""
     settings = PATH_SETTINGS[path]
+    if settings.kl_kernel != "torch":
+        return stage == "distill"
     if settings.batched_twins:
         return stage == "align"
     if settings.bf16_activations:
@@ -217,10 +224,10 @@ class _Built:
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
            compile: bool = False, batched: bool = False, teacher_bf16: bool = False,
-           whole_twins: bool = False, bf16_activations: bool = False) -> _Built:
+           whole_twins: bool = False, bf16_activations: bool = False, kl_kernel: str = "torch") -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
-    chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16` and
-    `bf16_activations`: the stage's settings of those names."""
+    chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16`,
+    `bf16_activations` and `kl_kernel`: the stage's settings of those names."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
@@ -244,7 +251,7 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
                             **plan.student_options()).to(device).float()
     use_autocast_activations(student, bf16_activations)
     if case.stage == "distill":
-        loss_fn = functools.partial(distill_loss, fused=fused_loss)
+        loss_fn = functools.partial(distill_loss, fused=fused_loss, kernel=kl_kernel)
         return _Built(StudentWithTeacher(student, teacher), loss_fn, list(student.model.layers),
                       list(teacher.model.layers), training_flops_per_token("distill", student, case.seq_len, teacher))
     return _Built(StudentWithTeacher(student, None), functools.partial(finetune_loss, fused=fused_loss),
@@ -260,7 +267,8 @@ def _fast_path(path: str, stage: str, device: torch.device):
     if path == "eager":
         return EAGER, teacher_bf16
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
-                             device=device, whole_blocks=settings.whole_blocks), teacher_bf16
+                             device=device, whole_blocks=settings.whole_blocks,
+                             kl_kernel=settings.kl_kernel if stage == "distill" else "torch"), teacher_bf16
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
@@ -301,7 +309,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
                    batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks,
-                   bf16_activations=bf16_activations)
+                   bf16_activations=bf16_activations, kl_kernel=fast.kl_kernel)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
@@ -337,7 +345,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     rate = peak_flops(device)
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
               "fast_path": fast.as_dict(), "whole_blocks": fast.whole_blocks, "teacher_bf16": teacher_bf16,
-              "bf16_activations": bf16_activations,
+              "bf16_activations": bf16_activations, "kl_kernel": fast.kl_kernel,
               "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,
@@ -456,6 +464,10 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("hyla bench train: no CUDA device here; use --device cpu (with --toy for a quick check)")
+    off_device = [path for path in settings.paths if PATH_SETTINGS[path].kl_kernel != "torch"]
+    if off_device and device.type != "cuda":
+        raise ValueError(f"paths {', '.join(off_device)} run the KL's Triton kernel, on CUDA only; this device is "
+                         f"{device.type}")
     hf_teacher = _teacher(settings, device)
     attention_layers = _attention_layers(settings, hf_teacher.config.num_hidden_layers)
     plan = apply_overrides(make_plan("quick", sum(p.numel() for p in hf_teacher.parameters())),

@@ -183,10 +183,12 @@ def _flat(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.reshape(-1, tensor.shape[-1]) if tensor.dim() > 2 else tensor.reshape(-1)
 
 
-def distill_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False) -> tuple[torch.Tensor, dict]:
+def distill_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False,
+                 kernel: str = "torch") -> tuple[torch.Tensor, dict]:
     """KL(teacher || student) over every token; the student's cross-entropy as a metric. fused: the LM heads and the
-    loss in row chunks (`hyla.ops.linear_loss`), no [tokens, vocabulary] logits; otherwise the logits of both models
-    are materialised and the loss taken over them (the reference path)."""
+    loss in row chunks (`hyla.ops.linear_loss`), no [tokens, vocabulary] logits, each chunk's arithmetic through
+    `kernel` ("torch" or "triton", `linear_kl_divergence_chunked`); otherwise the logits of both models are
+    materialised and the loss taken over them (the reference path)."""
     teacher, student = model.teacher[0], model.student
     ids = batch["input_ids"]
     if not fused:
@@ -199,7 +201,7 @@ def distill_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False)
         teacher_hidden = teacher.model(ids, use_cache=False).last_hidden_state
     hidden = student.model(ids, use_cache=False).last_hidden_state
     loss, ce = linear_kl_divergence_chunked(_flat(hidden), student.lm_head.weight, _flat(teacher_hidden),
-                                            teacher.lm_head.weight, _flat(batch["labels"]))
+                                            teacher.lm_head.weight, _flat(batch["labels"]), kernel=kernel)
     return loss, {"student_ce": ce}
 
 

@@ -20,7 +20,7 @@ from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_differences, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
-from hyla.train.fast import resolve_teacher_bf16
+from hyla.train.fast import check_kl_kernel, resolve_teacher_bf16
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -214,6 +214,7 @@ def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
     teacher_config = load_teacher_config(request.teacher)
     check_full_attention(teacher_config, request.teacher)
     check_plan_for_teacher(early, teacher_config.num_hidden_layers)
+    check_kl_kernel(early.distill.kl_kernel, device=env.device, setting="distill.kl_kernel")
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
     plan, request = resolve_plan(request, num_params, env.device)

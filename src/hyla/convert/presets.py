@@ -22,6 +22,8 @@ DATA_PARALLEL_MODES = ("auto", "ddp", "fsdp", "fsdp-no-reshard")
 # The mixers the layers not kept as attention may have (`model.rnn_mixer`): the keys of
 # hyla.models.transfer.TWIN_BUILDERS, not imported from there for the same reason (a test keeps them equal).
 RNN_MIXERS = ("lightning", "gla", "gdn", "swa")
+# The fused KL's kernels (`StageBudget.kl_kernel`): hyla.ops.linear_loss.KL_KERNELS, for the same reason.
+KL_KERNELS = ("torch", "triton")
 # Mixers whose twins are the teacher's own attention: nothing to align, stage 1 only measures them.
 UNALIGNED_MIXERS = ("swa",)
 
@@ -66,6 +68,10 @@ class StageBudget:
     # no effect on CPU, which trains without autocast. Off until measured on a GPU (`hyla bench train --paths
     # fast,fast-bf16-activations`).
     bf16_activations: bool = False
+    # Stage 2: the fused KL's per-chunk arithmetic, "torch" (compiled torch) or "triton" (hyla's kernel,
+    # hyla.ops.linear_loss.gpu: each logit read twice instead of three times; CUDA and the fused loss only). Speed
+    # only (float rounding). "torch" until `hyla bench train --paths fast,fast-triton-kl` measures the other faster.
+    kl_kernel: str = "torch"
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
@@ -103,7 +109,7 @@ class StageBudget:
 # What a stage's `freeze` may keep fixed (hyla.convert.distill.freeze).
 FREEZE_PARTS = ("none", "attention", "attention-layers")
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel", "batched_twins", "whole_blocks")
+              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel")
 
 
 @dataclass
@@ -423,7 +429,7 @@ RULES: dict[str, Rule] = {
     # a = 1 would divide by log(1) = 0 (HypeNetConfig.attention_logit_scaling_a must be > 1); None is "off".
     "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
     "logit_scaling_a": greater_than(1),  # a stage's (distill, finetune): as the candidates
-    "freeze": one_of_or_close(*FREEZE_PARTS),
+    "freeze": one_of_or_close(*FREEZE_PARTS), "kl_kernel": one_of_or_close(*KL_KERNELS),
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
@@ -459,6 +465,12 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).logit_scaling_a is not None:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")
+    for name in ("align", "attn_align", "finetune"):
+        if getattr(plan, name).kl_kernel != "torch":
+            raise ValueError(f"{name}.kl_kernel: the KL is stage 2's loss; set it for distill")
+    if plan.distill.kl_kernel != "torch" and plan.distill.fused_loss is False:
+        raise ValueError(f"distill.kl_kernel={plan.distill.kl_kernel} is a kernel of the fused LM head + loss, and "
+                         f"distill.fused_loss=false takes the whole logits; leave distill.kl_kernel at torch")
     _check_mixer_options(plan.model)
     _check_recall_options(plan.scaling)
     if plan.finetune_skipped and plan.data.long_sources:

@@ -163,7 +163,7 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
-                             device=run.env.device, whole_blocks=budget.whole_blocks)
+                             device=run.env.device, whole_blocks=budget.whole_blocks, kl_kernel=budget.kl_kernel)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -390,7 +390,10 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
         run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget)
-    summary = train_budget(run, stage.path, stage.name, pair, functools.partial(loss_fn, fused=fast.fused_loss),
+    loss = functools.partial(loss_fn, fused=fast.fused_loss)
+    if not cross_entropy:  # the KL's kernel (stage 2)
+        loss = functools.partial(loss, kernel=fast.kl_kernel)
+    summary = train_budget(run, stage.path, stage.name, pair, loss,
                            budget, list(student.model.layers), root=student,
                            frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
                            vocab_size=student.config.vocab_size if cross_entropy else None, corpus=corpus,

@@ -19,6 +19,9 @@ class FastPath:
     # a compiled block (one graph per block instead of pieces around fla's call), and with `compile` in stage 1 each
     # twin compiled with its loss (hyla.ops.lightning.chunk_kernel_as_custom_op). Same kernels.
     whole_blocks: bool = False
+    # The fused KL's per-chunk arithmetic (stage 2, with `fused_loss`): "torch" (compiled torch) or "triton" (hyla's
+    # kernel, `hyla.ops.linear_loss.gpu`: each logit read twice instead of three times; CUDA only).
+    kl_kernel: str = "torch"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -29,7 +32,8 @@ class FastPath:
 
         micro = "the most that fit" if self.micro_batch_size is None else str(self.micro_batch_size)
         blocks = "off" if not self.compile else "whole (Lightning as a custom op)" if self.whole_blocks else "split"
-        return (f"compiled blocks {blocks}, fused LM head + loss {on(self.fused_loss)}, fused AdamW "
+        kernel = f" (KL kernel {self.kl_kernel})" if self.fused_loss and self.kl_kernel != "torch" else ""
+        return (f"compiled blocks {blocks}, fused LM head + loss {on(self.fused_loss)}{kernel}, fused AdamW "
                 f"{on(self.fused_optimizer)}, micro-batch {micro} sequences")
 
 
@@ -38,24 +42,46 @@ EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_b
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
                       micro_batch_size: int | None, device: torch.device,
-                      whole_blocks: bool | None = None) -> FastPath:
+                      whole_blocks: bool | None = None, kl_kernel: str = "torch") -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
     forward, where the LM head's weight is the gathered one under FSDP2). `whole_blocks` (None: on wherever the
     blocks are compiled; uncompiled, the custom op runs the same kernels eagerly): measured on an H200
-    (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation."""
+    (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation. `kl_kernel`: see
+    `check_kl_kernel`."""
     cuda = device.type == "cuda"
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
     compile = cuda if compile is None else compile
+    fused_loss = True if fused_loss is None else fused_loss
+    check_kl_kernel(kl_kernel, fused_loss=fused_loss, device=device)
     return FastPath(
         compile=compile,
-        fused_loss=True if fused_loss is None else fused_loss,
+        fused_loss=fused_loss,
         fused_optimizer=cuda if fused_optimizer is None else fused_optimizer,
         micro_batch_size=micro_batch_size,
         whole_blocks=compile if whole_blocks is None else whole_blocks,
+        kl_kernel=kl_kernel,
     )
+
+
+def check_kl_kernel(kl_kernel: str, *, fused_loss: bool = True, device: torch.device | None = None,
+                    setting: str = "kl_kernel") -> None:
+    """ValueError unless `kl_kernel` is one of the fused KL's kernels (`hyla.ops.linear_loss.KL_KERNELS`) that can
+    run here: "triton" is a kernel of the fused loss (`fused_loss`) and runs on CUDA (`device`, None: unchecked)."""
+    from hyla.ops.linear_loss import KL_KERNELS
+
+    if kl_kernel not in KL_KERNELS:
+        raise ValueError(f"{setting}: unknown KL kernel {kl_kernel!r}; choose one of {', '.join(KL_KERNELS)}")
+    if kl_kernel == "torch":
+        return
+    if not fused_loss:
+        raise ValueError(f"{setting}={kl_kernel} is a kernel of the fused LM head + loss, which is off here (the "
+                         f"unfused loss takes the whole logits); leave {setting} at torch")
+    if device is not None and device.type != "cuda":
+        raise ValueError(f"{setting}={kl_kernel} runs on CUDA, and this device is {device.type}; leave {setting} at "
+                         f"torch")
 
 
 def resolve_teacher_bf16(teacher_bf16: bool | None, device: torch.device) -> bool:

@@ -1,0 +1,85 @@
+"""`distill.kl_kernel`: the fused KL's per-chunk kernel as a stage setting (speed only), resolved into the fast path,
+passed by the distillation loss to the chunked loss, and timed by `hyla bench train --paths fast-triton-kl`. The
+kernel's numbers against the default's: tests/ops/test_kernels_interpreted.py (CPU, Triton's interpreter) and
+tests/train/test_fast_path_gpu.py (30 steps on CUDA)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hyla.bench.train import PATHS, TrainBenchSettings, path_measures_stage, run_train_bench
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
+from hyla.convert.presets import KL_KERNELS, apply_overrides, check_plan, make_plan
+from hyla.convert.stages import settings_hash
+from hyla.train.fast import check_kl_kernel, resolve_fast_path
+
+
+def test_the_plans_kernels_are_the_ops():
+    from hyla.ops.linear_loss import KL_KERNELS as OPS_KERNELS
+
+    assert KL_KERNELS == OPS_KERNELS
+
+
+def test_the_kernel_is_a_speed_setting_of_stage_2_only():
+    plan = make_plan("smoke", 0)
+    chosen = check_plan(apply_overrides(make_plan("smoke", 0), ["distill.kl_kernel=triton"]))
+    assert chosen.distill.kl_kernel == "triton" and plan.distill.kl_kernel == "torch"
+    # float rounding only: a run resumed with the other kernel keeps its stage
+    assert settings_hash(chosen.distill.settings()) == settings_hash(plan.distill.settings())
+    for stage in ("align", "finetune"):
+        with pytest.raises(ValueError, match=f"{stage}.kl_kernel: the KL is stage 2's loss"):
+            check_plan(apply_overrides(make_plan("smoke", 0), [f"{stage}.kl_kernel=triton"]))
+    with pytest.raises(ValueError, match="distill.fused_loss=false takes the whole logits"):
+        check_plan(apply_overrides(make_plan("smoke", 0), ["distill.kl_kernel=triton", "distill.fused_loss=false"]))
+
+
+def test_the_fast_path_carries_the_kernel_where_it_can_run():
+    def resolve(device, **kwargs):
+        return resolve_fast_path(compile=None, fused_loss=kwargs.pop("fused_loss", None), fused_optimizer=None,
+                                 micro_batch_size=None, device=torch.device(device), **kwargs)
+
+    assert resolve("cuda").kl_kernel == "torch" and "KL kernel" not in resolve("cuda").describe()
+    triton = resolve("cuda", kl_kernel="triton")
+    assert triton.kl_kernel == "triton" and "(KL kernel triton)" in triton.describe()
+    assert triton.as_dict()["kl_kernel"] == "triton"  # in the stage's manifest
+    with pytest.raises(ValueError, match="kl_kernel=triton runs on CUDA, and this device is cpu"):
+        resolve("cpu", kl_kernel="triton")
+    with pytest.raises(ValueError, match="is a kernel of the fused LM head"):
+        resolve("cuda", kl_kernel="triton", fused_loss=False)
+    with pytest.raises(ValueError, match="unknown KL kernel 'cuda'"):
+        check_kl_kernel("cuda")
+
+
+def test_the_distillation_loss_hands_its_kernel_to_the_chunked_loss(monkeypatch):
+    import hyla.convert.distill as distill
+
+    seen = []
+    real = distill.linear_kl_divergence_chunked
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("kernel"))
+        return real(*args, **{**kwargs, "kernel": "torch"})
+
+    monkeypatch.setattr(distill, "linear_kl_divergence_chunked", spy)
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                           num_attention_heads=4, num_key_value_heads=2)).eval()
+    pair = StudentWithTeacher(build_student(teacher, [1], None), teacher)
+    ids = torch.randint(0, 64, (2, 9))
+    batch = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+    plain, _ = distill_loss(pair, batch, fused=True)
+    chosen, _ = functools.partial(distill_loss, fused=True, kernel="triton")(pair, batch)
+    assert seen == ["torch", "triton"] and torch.equal(plain, chosen)
+
+
+def test_bench_train_times_the_kernel_in_distillation_on_cuda_only():
+    assert {"fast-triton-kl", "fast-bf16-activations-triton-kl"} <= set(PATHS)
+    for path in ("fast-triton-kl", "fast-bf16-activations-triton-kl"):
+        assert [stage for stage in ("align", "distill", "finetune") if path_measures_stage(path, stage)] == ["distill"]
+    settings = TrainBenchSettings(paths=("fast", "fast-triton-kl"), toy=True, device="cpu", steps=1, warmup=0)
+    with pytest.raises(ValueError, match="paths fast-triton-kl run the KL's Triton kernel, on CUDA only"):
+        run_train_bench(settings)  # before the teacher is built
