@@ -24,14 +24,14 @@ def raise_recompile_limits(limit: int = 256) -> None:
             setattr(torch._dynamo.config, name, max(limit, getattr(torch._dynamo.config, name)))
 
 
-def compile_blocks(blocks: Iterable[torch.nn.Module]) -> int:
+def compile_blocks(blocks: Iterable[torch.nn.Module], mode: str = "default") -> int:
     """torch.compile each block in place (`nn.Module.compile`: parameter names, state dicts and checkpoints stay as
-    they are). What dynamo cannot trace (a custom kernel's Python wrapper, say) runs eagerly between compiled
-    regions. Returns the number of blocks compiled."""
+    they are), in torch.compile's `mode`. What dynamo cannot trace (a custom kernel's Python wrapper, say) runs
+    eagerly between compiled regions. Returns the number of blocks compiled."""
     raise_recompile_limits()
     blocks = list(blocks)
     for block in blocks:
-        block.compile()
+        block.compile(**({} if mode == "default" else {"mode": mode}))
     return len(blocks)
 
 

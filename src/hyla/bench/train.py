@@ -40,6 +40,7 @@ class PathSettings(NamedTuple):
     batched_twins: bool = False
     bf16_activations: bool = False
     kl_kernel: str = "torch"  # distill.kl_kernel
+    compile_mode: str = "default"  # distill.compile_mode, finetune.compile_mode
 
 
 # `eager` is the reference: every fast-path part off, the default teacher. The named variants pin their settings:
@@ -55,6 +56,9 @@ class PathSettings(NamedTuple):
 #   bf16 (distill.bf16_activations, finetune.bf16_activations); distill and finetune cases only.
 # fast-triton-kl: the default on CUDA with the fused KL's chunks through hyla's Triton kernel (distill.kl_kernel);
 #   fast-bf16-activations-triton-kl: both; distill cases only, CUDA only.
+# fast-max-autotune: the default on CUDA with the blocks compiled in mode max-autotune-no-cudagraphs
+#   (distill.compile_mode, finetune.compile_mode); fast-bf16-activations-triton-kl-max-autotune: every candidate
+#   together (in distillation; the KL's kernel is stage 2's); distill and finetune cases only.
 PATH_SETTINGS = {
     "eager": PathSettings(False, None),
     "fast": PathSettings(None, None),
@@ -67,6 +71,9 @@ PATH_SETTINGS = {
     "fast-bf16-activations": PathSettings(True, True, bf16_activations=True),
     "fast-triton-kl": PathSettings(True, True, kl_kernel="triton"),
     "fast-bf16-activations-triton-kl": PathSettings(True, True, bf16_activations=True, kl_kernel="triton"),
+    "fast-max-autotune": PathSettings(True, True, compile_mode="max-autotune-no-cudagraphs"),
+    "fast-bf16-activations-triton-kl-max-autotune": PathSettings(True, True, bf16_activations=True, kl_kernel="triton",
+                                                                 compile_mode="max-autotune-no-cudagraphs"),
 }
 PATHS = tuple(PATH_SETTINGS)
 BATCHED_PATHS = tuple(path for path, settings in PATH_SETTINGS.items() if settings.batched_twins)
@@ -81,6 +88,8 @@ def path_measures_stage(path: str, stage: str) -> bool:
     settings = PATH_SETTINGS[path]
     if settings.kl_kernel != "torch":
         return stage == "distill"
+    if settings.compile_mode != "default":
+        return stage in HYBRID_STAGES
     if settings.batched_twins:
         return stage == "align"
     if settings.bf16_activations:
@@ -268,7 +277,8 @@ def _fast_path(path: str, stage: str, device: torch.device):
         return EAGER, teacher_bf16
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
                              device=device, whole_blocks=settings.whole_blocks,
-                             kl_kernel=settings.kl_kernel if stage == "distill" else "torch"), teacher_bf16
+                             kl_kernel=settings.kl_kernel if stage == "distill" else "torch",
+                             compile_mode=settings.compile_mode if stage in HYBRID_STAGES else "default"), teacher_bf16
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
@@ -314,7 +324,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
         trained = built.blocks if built.alignment is None or built.alignment.compile_twins else []
-        compile_blocks([*trained, *built.frozen_blocks])
+        compile_blocks([*trained, *built.frozen_blocks], mode=fast.compile_mode)
     built.model.train()
     budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=min(budget.warmup_steps, 1),
@@ -345,7 +355,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     rate = peak_flops(device)
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
               "fast_path": fast.as_dict(), "whole_blocks": fast.whole_blocks, "teacher_bf16": teacher_bf16,
-              "bf16_activations": bf16_activations, "kl_kernel": fast.kl_kernel,
+              "bf16_activations": bf16_activations, "kl_kernel": fast.kl_kernel, "compile_mode": fast.compile_mode,
               "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,

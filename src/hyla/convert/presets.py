@@ -24,6 +24,8 @@ DATA_PARALLEL_MODES = ("auto", "ddp", "fsdp", "fsdp-no-reshard")
 RNN_MIXERS = ("lightning", "gla", "gdn", "swa")
 # The fused KL's kernels (`StageBudget.kl_kernel`): hyla.ops.linear_loss.KL_KERNELS, for the same reason.
 KL_KERNELS = ("torch", "triton")
+# torch.compile's modes for the trained blocks (`StageBudget.compile_mode`): hyla.inference.settings.COMPILE_MODES.
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Mixers whose twins are the teacher's own attention: nothing to align, stage 1 only measures them.
 UNALIGNED_MIXERS = ("swa",)
 
@@ -72,6 +74,11 @@ class StageBudget:
     # hyla.ops.linear_loss.gpu: each logit read twice instead of three times; CUDA and the fused loss only). Speed
     # only (float rounding). "torch" until `hyla bench train --paths fast,fast-triton-kl` measures the other faster.
     kl_kernel: str = "torch"
+    # Stages 2-3: torch.compile's mode for the hybrid's and the frozen teacher's blocks on the fast path: "default",
+    # or "max-autotune-no-cudagraphs" (inductor times its own matrix-product kernels against cuBLAS for each shape
+    # at the first step and may fuse the elementwise work around them; minutes of compiling, kept in inductor's disk
+    # cache). Speed only. "default" until `hyla bench train --paths fast,fast-max-autotune` measures the other faster.
+    compile_mode: str = "default"
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
@@ -109,7 +116,7 @@ class StageBudget:
 # What a stage's `freeze` may keep fixed (hyla.convert.distill.freeze).
 FREEZE_PARTS = ("none", "attention", "attention-layers")
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel")
+              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode")
 
 
 @dataclass
@@ -430,6 +437,7 @@ RULES: dict[str, Rule] = {
     "scaling.candidates": each(greater_than(1)), "scaling.length": at_least(2), "scaling.num_docs": at_least(1),
     "logit_scaling_a": greater_than(1),  # a stage's (distill, finetune): as the candidates
     "freeze": one_of_or_close(*FREEZE_PARTS), "kl_kernel": one_of_or_close(*KL_KERNELS),
+    "compile_mode": one_of_or_close(*COMPILE_MODES),
     # Empty lists switch the scaling stage's NIAH off (`[]` or `--set scaling.niah_lengths=`).
     "scaling.niah_lengths": each(at_least(1), allow_empty=True), "scaling.niah_tasks": each(_niah_task),
     "scaling.niah_samples": at_least(0), "scaling.niah_max_new_tokens": at_least(1),
@@ -462,6 +470,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).freeze != "none":
             raise ValueError(f"{name}.freeze: the alignment trains the twins (or the attention layers) alone; set it "
                              f"for distill or finetune")
+        if getattr(plan, name).compile_mode != "default":
+            raise ValueError(f"{name}.compile_mode: the alignment compiles each twin with its loss in the default "
+                             f"mode; set it for distill or finetune")
         if getattr(plan, name).logit_scaling_a is not None:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")

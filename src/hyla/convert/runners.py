@@ -163,7 +163,8 @@ def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
-                             device=run.env.device, whole_blocks=budget.whole_blocks, kl_kernel=budget.kl_kernel)
+                             device=run.env.device, whole_blocks=budget.whole_blocks, kl_kernel=budget.kl_kernel,
+                             compile_mode=budget.compile_mode)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -197,7 +198,7 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
         teacher_blocks = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
         run.log(f"[{name}] torch.compile: the loss function, whole{teacher_blocks}")
     elif fast.compile:
-        count = compile_blocks([*blocks, *frozen_blocks])
+        count = compile_blocks([*blocks, *frozen_blocks], mode=fast.compile_mode)
         run.log(f"[{name}] torch.compile: {count} blocks")
     if budget.checkpoint_activations:
         run.log(f"[{name}] activation checkpointing: {checkpoint_activations(root or model)} blocks")

@@ -22,6 +22,8 @@ class FastPath:
     # The fused KL's per-chunk arithmetic (stage 2, with `fused_loss`): "torch" (compiled torch) or "triton" (hyla's
     # kernel, `hyla.ops.linear_loss.gpu`: each logit read twice instead of three times; CUDA only).
     kl_kernel: str = "torch"
+    # torch.compile's mode for the blocks ("default" or "max-autotune-no-cudagraphs"; stages 2-3).
+    compile_mode: str = "default"
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -32,17 +34,22 @@ class FastPath:
 
         micro = "the most that fit" if self.micro_batch_size is None else str(self.micro_batch_size)
         blocks = "off" if not self.compile else "whole (Lightning as a custom op)" if self.whole_blocks else "split"
+        if self.compile and self.compile_mode != "default":
+            blocks += f", mode {self.compile_mode}"
         kernel = f" (KL kernel {self.kl_kernel})" if self.fused_loss and self.kl_kernel != "torch" else ""
         return (f"compiled blocks {blocks}, fused LM head + loss {on(self.fused_loss)}{kernel}, fused AdamW "
                 f"{on(self.fused_optimizer)}, micro-batch {micro} sequences")
 
 
+# torch.compile's modes for the compiled blocks (`FastPath.compile_mode`); CUDA graphs stay off (the step is not one).
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None)
 
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
                       micro_batch_size: int | None, device: torch.device,
-                      whole_blocks: bool | None = None, kl_kernel: str = "torch") -> FastPath:
+                      whole_blocks: bool | None = None, kl_kernel: str = "torch",
+                      compile_mode: str = "default") -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
@@ -56,6 +63,8 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
     compile = cuda if compile is None else compile
     fused_loss = True if fused_loss is None else fused_loss
     check_kl_kernel(kl_kernel, fused_loss=fused_loss, device=device)
+    if compile_mode not in COMPILE_MODES:
+        raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
     return FastPath(
         compile=compile,
         fused_loss=fused_loss,
@@ -63,6 +72,7 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
         micro_batch_size=micro_batch_size,
         whole_blocks=compile if whole_blocks is None else whole_blocks,
         kl_kernel=kl_kernel,
+        compile_mode=compile_mode,
     )
 
 

@@ -1,7 +1,9 @@
-"""`distill.kl_kernel`: the fused KL's per-chunk kernel as a stage setting (speed only), resolved into the fast path,
-passed by the distillation loss to the chunked loss, and timed by `hyla bench train --paths fast-triton-kl`. The
-kernel's numbers against the default's: tests/ops/test_kernels_interpreted.py (CPU, Triton's interpreter) and
-tests/train/test_fast_path_gpu.py (30 steps on CUDA)."""
+"""Two speed settings of the training fast path, each a candidate `hyla bench train` times before it may become a
+default: `distill.kl_kernel` (the fused KL's per-chunk kernel), resolved into the fast path, passed by the
+distillation loss to the chunked loss, timed by `--paths fast-triton-kl`; and `distill.compile_mode` /
+`finetune.compile_mode` (torch.compile's mode for the blocks), passed to each block's compile, timed by `--paths
+fast-max-autotune`. The kernel's numbers against the default's: tests/ops/test_kernels_interpreted.py (CPU, Triton's
+interpreter) and tests/train/test_fast_path_gpu.py (30 steps on CUDA)."""
 
 from __future__ import annotations
 
@@ -13,15 +15,19 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyla.bench.train import PATHS, TrainBenchSettings, path_measures_stage, run_train_bench
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
-from hyla.convert.presets import KL_KERNELS, apply_overrides, check_plan, make_plan
+from hyla.compile import compile_blocks
+from hyla.convert.presets import COMPILE_MODES, KL_KERNELS, apply_overrides, check_plan, make_plan
 from hyla.convert.stages import settings_hash
+from hyla.train.fast import COMPILE_MODES as FAST_PATH_MODES
 from hyla.train.fast import check_kl_kernel, resolve_fast_path
 
 
-def test_the_plans_kernels_are_the_ops():
+def test_the_plans_kernels_and_modes_are_the_ops_and_the_fast_paths():
+    from hyla.inference.settings import COMPILE_MODES as ENGINE_MODES
     from hyla.ops.linear_loss import KL_KERNELS as OPS_KERNELS
 
     assert KL_KERNELS == OPS_KERNELS
+    assert COMPILE_MODES == FAST_PATH_MODES == ENGINE_MODES
 
 
 def test_the_kernel_is_a_speed_setting_of_stage_2_only():
@@ -83,3 +89,35 @@ def test_bench_train_times_the_kernel_in_distillation_on_cuda_only():
     settings = TrainBenchSettings(paths=("fast", "fast-triton-kl"), toy=True, device="cpu", steps=1, warmup=0)
     with pytest.raises(ValueError, match="paths fast-triton-kl run the KL's Triton kernel, on CUDA only"):
         run_train_bench(settings)  # before the teacher is built
+
+
+def test_the_compile_mode_is_a_speed_setting_of_stages_2_and_3_given_to_each_block(monkeypatch):
+    mode = "max-autotune-no-cudagraphs"
+    plan = make_plan("smoke", 0)
+    chosen = check_plan(apply_overrides(make_plan("smoke", 0), [f"distill.compile_mode={mode}",
+                                                                f"finetune.compile_mode={mode}"]))
+    assert chosen.distill.compile_mode == chosen.finetune.compile_mode == mode
+    for stage in ("distill", "finetune"):
+        assert settings_hash(getattr(chosen, stage).settings()) == settings_hash(getattr(plan, stage).settings())
+    with pytest.raises(ValueError, match="align.compile_mode: the alignment compiles each twin with its loss"):
+        check_plan(apply_overrides(make_plan("smoke", 0), [f"align.compile_mode={mode}"]))
+    with pytest.raises(ValueError, match="distill.compile_mode must be one of default, max-autotune-no-cudagraphs"):
+        check_plan(apply_overrides(make_plan("smoke", 0), ["distill.compile_mode=reduce-overhead"]))
+    fast = resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                             device=torch.device("cuda"), compile_mode=mode)
+    assert fast.compile_mode == mode and f"mode {mode}" in fast.describe()
+    with pytest.raises(ValueError, match="compile_mode must be one of"):
+        resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                          device=torch.device("cuda"), compile_mode="max-autotune")
+
+    calls = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **kwargs: calls.append(kwargs))
+    assert compile_blocks([torch.nn.Linear(2, 2)] * 2, mode=mode) == 2 and calls == [{"mode": mode}] * 2
+    calls.clear()
+    compile_blocks([torch.nn.Linear(2, 2)])
+    assert calls == [{}]  # the default mode: torch.compile's own default, as before
+    for path in ("fast-max-autotune",):
+        assert [stage for stage in ("align", "distill", "finetune") if path_measures_stage(path, stage)] == \
+            ["distill", "finetune"]
+    assert path_measures_stage("fast-bf16-activations-triton-kl-max-autotune", "distill")
+    assert not path_measures_stage("fast-bf16-activations-triton-kl-max-autotune", "finetune")
