@@ -6,7 +6,10 @@ Variants (each the device's shipped settings, `hyla.inference.settings.tuned_set
 the decode step is still graph-captured on CUDA), `flash-prefill` (the prefill's attention through flash's kernel
 instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a few tokens), `eager-flash-prefill`
 (both), `eager-cudnn-padded-prefill` (the prefill uncompiled, cuDNN on lengths padded to a bucket: one plan for
-nearby prompt lengths). Each variant's run
+nearby prompt lengths), `eager-flash` (nothing compiled: the decode step's blocks neither, the step still
+graph-captured; prefill through flash), `eager-flash-batch8` (the same, 8 prompts a batch: `hyla eval niah
+--batch-size 8`, each row prefilled at its own length, the decode steps shared; other variants take --batch-size).
+Each variant's run
 writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill,
 decode-graph capture, first decode) from the rest;
 this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
@@ -41,15 +44,20 @@ VARIANTS = {
     "flash-prefill": {"attention_backend": "flash"},
     "eager-flash-prefill": {"compile_prefill": False, "attention_backend": "flash"},
     "eager-cudnn-padded-prefill": {"compile_prefill": False, "attention_backend": "cudnn-padded"},
+    "eager-flash": {"compile_prefill": False, "compile_decode": False, "attention_backend": "flash"},
+    "eager-flash-batch8": {"compile_prefill": False, "compile_decode": False, "attention_backend": "flash",
+                           "batch_size": 8},
 }
 ROW_FIELDS = ("seconds", "first_batch_s", "reserve_s", "engine_build_s", "first_prefill_s", "graph_capture_s",
               "first_decode_s", "prefill_s", "decode_s", "calls", "engines_built")
 
 
 def variant_settings(device: str, changes: dict) -> dict:
-    """The file form of the device's shipped engine settings with `changes` (also above batch 1)."""
+    """The file form of the device's shipped engine settings with `changes` (also above batch 1; a variant's
+    `batch_size` is the evaluation's, not a setting)."""
     from hyla.inference.settings import tuned_settings, with_fields
 
+    changes = {name: value for name, value in changes.items() if name != "batch_size"}
     settings = tuned_settings(device)
     payload = with_fields(settings, changes).to_json()
     payload["batched"] = {name: value for name, value in payload["batched"].items() if name not in changes}
@@ -59,10 +67,11 @@ def variant_settings(device: str, changes: dict) -> dict:
     return payload
 
 
-def niah_command(args, out: Path, settings_file: Path) -> list[str]:
+def niah_command(args, out: Path, settings_file: Path, batch_size: int | None = None) -> list[str]:
     return ["-m", "hyla.cli", "eval", "niah", "--model", args.model, "--out", str(out), "--device", args.device,
             "--dtype", args.dtype, "--tasks", args.tasks, "--lengths", args.lengths, "--num-samples",
-            str(args.num_samples), "--batch-size", str(args.batch_size), "--max-new-tokens", str(args.max_new_tokens),
+            str(args.num_samples), "--batch-size", str(batch_size or args.batch_size), "--max-new-tokens",
+            str(args.max_new_tokens),
             "--generation", "engine", "--engine-settings", str(settings_file),
             *(["--samples-cache", args.samples_cache] if args.samples_cache else [])]
 
@@ -141,7 +150,8 @@ def main(argv=None) -> int:
     for variant in variants:
         settings_file = out / f"{variant}.settings.json"
         settings_file.write_text(json.dumps(variant_settings(args.device, VARIANTS[variant]), indent=1))
-        command = [sys.executable, *niah_command(args, out / variant, settings_file)]
+        command = [sys.executable, *niah_command(args, out / variant, settings_file,
+                                                 VARIANTS[variant].get("batch_size"))]
         print(f"== {variant}: {' '.join(command)}", flush=True)
         started = time.perf_counter()
         finished = subprocess.run(command)
@@ -154,7 +164,8 @@ def main(argv=None) -> int:
     if args.profile:
         profiled = argparse.Namespace(**{**vars(args), "num_samples": min(2, args.num_samples)})
         command = [sys.executable, "-m", "cProfile", "-o", str(out / "first-call.prof"),
-                   *niah_command(profiled, out / "profile", out / f"{variants[0]}.settings.json")]
+                   *niah_command(profiled, out / "profile", out / f"{variants[0]}.settings.json",
+                                 VARIANTS[variants[0]].get("batch_size"))]
         print(f"== profile: {' '.join(command)}", flush=True)
         if subprocess.run(command).returncode == 0:
             (out / "first-call-profile.txt").write_text(profile_text(out / "first-call.prof"))

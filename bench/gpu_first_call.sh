@@ -5,8 +5,12 @@
 # tokenizer, with SK2 prompts at 64K from a samples cache built beforehand (`hyla eval niah-samples`).
 #   0. bench/attention_first_call.py: cuDNN's and flash's prefill attention at nearby 64K lengths, first and second
 #      call each (does every new prompt length pay a cuDNN plan?) (attention/), unless ATTENTION=0;
-#   1. a cold run (fresh machine, the COLD variant, default shipped, 2 prompts): what a user's first evaluation
+#   1. a cold run (fresh machine, the COLD variant, default eager-flash-prefill: what `hyla eval niah` runs on an
+#      H200 today, the shipped settings with their `evaluation` fields; 2 prompts): what a user's first evaluation
 #      costs; it fills the compile caches the timed runs then read, as a conversion's machine has them (cold/);
+#   1b. bench/first_prefill_probe.py, unless PROBE=0: in one process the engine (the device's evaluation settings)
+#      prefills 256, 256, then 64K-long prompts of three lengths, each timed alone, the first short and the first
+#      long one profiled: a per-process cost lands on the first 256, a size-bound one on the first 64K (probe/);
 #   2. bench/engine_first_call.py, NUM prompts: each of VARIANTS (default: all of the script's) in a fresh process,
 #      + the first variant under cProfile on 2 prompts unless PROFILE= (first-call/);
 #   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json), unless HF=0:
@@ -19,13 +23,13 @@
 # TEACHER.gguf --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K --num-samples 25`).
 # At most 8 files come back from a call: everything is written under /tmp/first-call-out and packed at the end
 # (also when BUDGET_S, default 420 s, runs out: each step runs under what is left of it) into $OUT/all.tar.xz, with
-# the tables beside it (cold-first-call.md, first-call-first-call.md, first-call-first-call-profile.txt,
+# the tables beside it (attention-attention-first-call.md, cold-first-call.md, probe-first-prefill.md, first-call-first-call.md, first-call-first-call-profile.txt,
 # loss-loss.md). Give the device call a limit ~60 s above BUDGET_S: a call cut by its own limit packs nothing.
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 NUM=${NUM:-25}
 # step 2's variants (COLD, default shipped: step 1's)
-VARIANTS=${VARIANTS:-shipped,eager-prefill,eager,flash-prefill,eager-flash-prefill,eager-cudnn-padded-prefill}
+VARIANTS=${VARIANTS:-eager-flash-prefill,eager-cudnn-padded-prefill,eager-flash,eager-flash-batch8}
 HF=${HF:-1}          # step 3
 ATTENTION=${ATTENTION:-1}  # step 0
 BUDGET_S=${BUDGET_S:-420}
@@ -43,7 +47,7 @@ quiet() { grep -v -E "Warning|warnings.warn" | tail -n "$1"; }
 left() { echo $((BUDGET_S - SECONDS > 5 ? BUDGET_S - SECONDS : 5)); }
 pack() {
   find $work -name "heatmap*.png" -delete
-  for f in attention/attention-first-call.md cold/first-call.md first-call/first-call.md first-call/first-call-profile.txt loss/loss.md; do
+  for f in attention/attention-first-call.md cold/first-call.md probe/first-prefill.md first-call/first-call.md first-call/first-call-profile.txt loss/loss.md; do
     [ -f "$work/$f" ] && cp "$work/$f" "$OUT/$(echo "$f" | tr / -)"
   done
   tar -cJf "$OUT/all.tar.xz" -C $work . && log "packed $(du -sh "$OUT/all.tar.xz" | cut -f1)"
@@ -56,7 +60,11 @@ if [ "$ATTENTION" = 1 ]; then
 fi
 cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
 log "1. cold run"
-timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants "${COLD:-shipped}" --out $work/cold 2>&1 | quiet 3
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants "${COLD:-eager-flash-prefill}" --out $work/cold 2>&1 | quiet 3
+if [ "${PROBE:-1}" = 1 ]; then
+  log "1b. first-prefill probe"
+  timeout "$(left)" python3 bench/first_prefill_probe.py --model /tmp/rm --profile --out $work/probe 2>&1 | quiet 12
+fi
 log "2. first call, $NUM prompts"
 timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples "$NUM" --variants "$VARIANTS" ${PROFILE---profile} --out $work/first-call 2>&1 | quiet 8
 cat $work/first-call/first-call.md 2>/dev/null | head -n 20

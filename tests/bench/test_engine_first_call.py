@@ -32,6 +32,20 @@ def test_each_variant_is_the_shipped_settings_with_its_changes(first_call):
             assert getattr(settings, name) == changes.get(name, getattr(shipped, name)), (variant, name)
 
 
+def test_a_variants_batch_size_is_the_evaluations_not_a_setting(first_call, tmp_path):
+    import argparse
+
+    assert "batch_size" not in first_call.variant_settings("cpu", first_call.VARIANTS["eager-flash-batch8"])["engine"]
+    args = argparse.Namespace(model="m", device="cpu", dtype="float32", tasks="SK2", lengths="64K", num_samples=25,
+                              batch_size=1, max_new_tokens=64, samples_cache=None)
+
+    def batch_size(command):
+        return command[command.index("--batch-size") + 1]
+
+    assert batch_size(first_call.niah_command(args, tmp_path, tmp_path / "s.json", 8)) == "8"
+    assert batch_size(first_call.niah_command(args, tmp_path, tmp_path / "s.json")) == "1"
+
+
 def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_path, smollm2_tokenizer):
     import torch
 

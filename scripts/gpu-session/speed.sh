@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 23 on one H200, a device call per part (the plan: docs/log/2026-12-05-speed-sitting-s.md). Run from the
+# repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench"] (fla's wheel and Liger's).
+#   train:    `hyla bench loss` (hyla's KL chunks through torch and through hyla's Triton kernel, fla's and Liger's
+#             losses), then `hyla bench train` on distillation at 16x4096: the default against the bf16 activations,
+#             the KL's Triton kernel, and both (~5 minutes);
+#   autotune: `hyla bench train` on distillation: the default against the blocks compiled in mode
+#             max-autotune-no-cudagraphs, alone and with the other two candidates (compiling takes minutes: each
+#             measurement is saved as it ends, under $OUT, so a call cut by its limit keeps those before);
+#   tests:    the GPU tests of the candidates and of the evaluation settings: the KL kernel's loss curve, the
+#             fused losses, cuDNN on bucketed lengths, the evaluation settings against float32.
+# Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
+set -uo pipefail
+: "${OUT:?set OUT to the folder that comes back}"
+part=${1:?usage: speed.sh train|autotune|tests}
+BUDGET_S=${BUDGET_S:-540}
+site=/tmp/site
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
+  .gpu-inputs/bench/*.whl || exit 1
+export PYTHONPATH=$site:$PWD/src PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=/tmp/pycache
+log() { echo "[$(date +%T) +$SECONDS s] $*"; }
+left() { echo $((BUDGET_S - SECONDS > 5 ? BUDGET_S - SECONDS : 5)); }
+quiet() { grep -v -E "Warning|warnings.warn" | tail -n "$1"; }
+distill=(--cases distill:16x4096 --no-losses)
+case $part in
+  train)
+    log "hyla bench loss"
+    timeout "$(left)" python3 -m hyla.cli bench loss --out "$OUT/loss" 2>&1 | quiet 20
+    log "hyla bench train: bf16 activations and the KL's Triton kernel"
+    timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/train" \
+      --paths fast,fast-bf16-activations,fast-triton-kl,fast-bf16-activations-triton-kl 2>&1 | quiet 30
+    ;;
+  autotune)
+    log "hyla bench train: max-autotune"
+    timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/autotune" \
+      --paths fast,fast-max-autotune,fast-bf16-activations-triton-kl-max-autotune 2>&1 | quiet 30
+    ;;
+  tests)
+    log "GPU tests"
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_linear_loss_gpu.py \
+      tests/inference/test_generate_gpu.py 2>&1 | tail -n 8
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/inference/test_inference_gpu.py \
+      -k fused_chunk_attention 2>&1 | tail -n 5
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/train/test_fast_path_gpu.py \
+      -k "triton_kl" 2>&1 | tail -n 5
+    ;;
+  *) echo "error: unknown part $part (train, autotune, tests)"; exit 2 ;;
+esac
+log done
