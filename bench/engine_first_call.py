@@ -8,7 +8,8 @@ instead of cuDNN's, which plans per shape: RULER's prompts differ in length by a
 (both), `eager-cudnn-padded-prefill` (the prefill uncompiled, cuDNN on lengths padded to a bucket: one plan for
 nearby prompt lengths), `eager-flash` (nothing compiled: the decode step's blocks neither, the step still
 graph-captured; prefill through flash), `eager-flash-batch8` (the same, 8 prompts a batch: `hyla eval niah
---batch-size 8`, each row prefilled at its own length, the decode steps shared; other variants take --batch-size).
+--batch-size 8`, each row prefilled at its own length, the decode steps shared; other variants take --batch-size),
+`eager-cudnn-padded[-batch8]` (the same through cuDNN on bucketed lengths).
 Each variant's run
 writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill,
 decode-graph capture, first decode) from the rest;
@@ -47,6 +48,9 @@ VARIANTS = {
     "eager-flash": {"compile_prefill": False, "compile_decode": False, "attention_backend": "flash"},
     "eager-flash-batch8": {"compile_prefill": False, "compile_decode": False, "attention_backend": "flash",
                            "batch_size": 8},
+    "eager-cudnn-padded": {"compile_prefill": False, "compile_decode": False, "attention_backend": "cudnn-padded"},
+    "eager-cudnn-padded-batch8": {"compile_prefill": False, "compile_decode": False,
+                                  "attention_backend": "cudnn-padded", "batch_size": 8},
 }
 ROW_FIELDS = ("seconds", "first_batch_s", "reserve_s", "engine_build_s", "first_prefill_s", "graph_capture_s",
               "first_decode_s", "prefill_s", "decode_s", "calls", "engines_built")

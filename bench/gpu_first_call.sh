@@ -29,7 +29,7 @@ set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
 NUM=${NUM:-25}
 # step 2's variants (COLD, default shipped: step 1's)
-VARIANTS=${VARIANTS:-eager-flash-prefill,eager-cudnn-padded-prefill,eager-flash,eager-flash-batch8}
+VARIANTS=${VARIANTS:-eager-flash-prefill,eager-flash,eager-cudnn-padded,eager-cudnn-padded-batch8}
 HF=${HF:-1}          # step 3
 ATTENTION=${ATTENTION:-1}  # step 0
 BUDGET_S=${BUDGET_S:-420}
