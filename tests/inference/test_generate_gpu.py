@@ -149,11 +149,10 @@ def test_tuned_settings_of_this_gpu_run_the_converted_shape():
     assert session.stats.new_tokens == 32 and session.stats.decode_tokens_per_s() > 0
 
 
-def test_an_evaluations_settings_prefill_as_close_to_float32_as_the_shipped_ones():
-    """bf16: the settings an evaluation runs (the tuned ones with their `evaluation` fields: on an H200 the prefill
-    uncompiled, through flash's attention) give last-position logits as close to the float32 model's as the shipped
-    settings do (both round to bf16 differently, so each is compared with float32, not with the other), and the
-    evaluation's session generates on them."""
+def _prefill_errors_against_float32(candidates: dict) -> tuple[dict, HypeNetForCausalLM]:
+    """Relative error of the last-position logits of an 8,190-token prefill of the converted shape in bf16 against
+    the float32 model's, under the shipped settings and under each of `candidates` (name: settings, or a function
+    of the bf16 model giving them); returns the errors and the bf16 model."""
     from hyla.inference import InferenceEngine
     from hyla.inference.settings import fit_to_model, tuned_settings
 
@@ -166,18 +165,46 @@ def test_an_evaluations_settings_prefill_as_close_to_float32_as_the_shipped_ones
     ids = prompt(8190, seed=7)
     with torch.no_grad():
         want = reference(ids).logits[:, -1].float()
-    shipped = tuned_settings("cuda")
     errors = {}
-    for name, settings in (("shipped", shipped), ("evaluation", shipped.for_evaluation(bf16))):
+    for name, settings in {"shipped": tuned_settings("cuda"), **candidates}.items():
+        settings = settings(bf16) if callable(settings) else settings
         fitted, _ = fit_to_model(settings, bf16, 1)
         engine = InferenceEngine(bf16, batch_size=1, max_length=8192, settings=fitted)
         with torch.no_grad():
             errors[name] = rel(engine.prefill(ids).float(), want)
         del engine
     assert errors["shipped"] < 0.05, errors
+    return errors, bf16
+
+
+def test_an_evaluations_settings_prefill_as_close_to_float32_as_the_shipped_ones():
+    """bf16: the settings an evaluation runs (the tuned ones with their `evaluation` fields: on an H200 the prefill
+    uncompiled, through flash's attention) give last-position logits as close to the float32 model's as the shipped
+    settings do (both round to bf16 differently, so each is compared with float32, not with the other), and the
+    evaluation's session generates on them."""
+    from hyla.inference.settings import tuned_settings
+
+    errors, bf16 = _prefill_errors_against_float32({"evaluation": tuned_settings("cuda").for_evaluation})
+    ids = prompt(8190, seed=7)
     assert errors["evaluation"] <= 1.5 * errors["shipped"] + 1e-3, errors
     session = GenerationSession(bf16, evaluation=True)
     out = session.generate(ids, max_new_tokens=8)
     assert out.shape == (1, 8190 + 8)
     if "H200" in torch.cuda.get_device_name():
         assert session.engine.settings.attention_backend == "flash" and not session.engine.settings.compile_prefill
+
+
+@pytest.mark.parametrize("backend", ["flash", "cudnn-padded"])
+def test_the_uncompiled_evaluation_candidates_prefill_as_close_to_float32_as_the_shipped_ones(backend):
+    """The candidates for an evaluation's settings (bench/engine_first_call.py's eager-flash and eager-cudnn-padded:
+    nothing compiled, the prefill's attention through flash or through cuDNN on the length rounded up to its bucket)
+    pass the same bound as the evaluation's settings, and generate."""
+    from hyla.inference.settings import tuned_settings, with_fields
+
+    candidate = with_fields(tuned_settings("cuda"), {"compile_prefill": False, "compile_decode": False,
+                                                     "attention_backend": backend})
+    errors, bf16 = _prefill_errors_against_float32({backend: candidate})
+    assert errors[backend] <= 1.5 * errors["shipped"] + 1e-3, errors
+    session = GenerationSession(bf16, settings=candidate)
+    out = session.generate(prompt(8190, seed=7), max_new_tokens=8)
+    assert out.shape == (1, 8190 + 8) and session.engine.attention_backend == backend
