@@ -163,10 +163,12 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     plan = make_plan("smoke", 1_000_000)
     compiled = apply_overrides(make_plan("smoke", 1_000_000),
                                ["align.compile=true", "distill.compile=true", "finetune.compile=true",
-                                "distill.fused_loss=false", "distill.micro_batch_size=1",
+                                "finetune.fused_loss=false", "distill.micro_batch_size=1",
                                 "finetune.fused_optimizer=true", "distill.data_parallel=fsdp",
                                 "align.data_parallel=ddp", "align.batched_twins=true",
-                                "align.whole_blocks=false", "distill.whole_blocks=true"])
+                                "align.whole_blocks=false", "distill.whole_blocks=true", "distill.kl_kernel=triton",
+                                "distill.compile_mode=max-autotune-no-cudagraphs",
+                                "finetune.compile_mode=max-autotune-no-cudagraphs"])
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
@@ -176,7 +178,7 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     # student's rounding, its attention logits or what trains; `hyla convert` resolves an unset teacher_bf16 for its
     # device before hashing).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-                  "data_parallel", "batched_twins", "whole_blocks")
+                  "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode")
     off_by_default = ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a", "freeze")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}
