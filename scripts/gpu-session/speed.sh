@@ -8,11 +8,13 @@
 #             max-autotune-no-cudagraphs, alone and with the other two candidates (compiling takes minutes: each
 #             measurement is saved as it ends, under $OUT, so a call cut by its limit keeps those before);
 #   tests:    the GPU tests of the candidates and of the evaluation settings: the KL kernel's loss curve, the
-#             fused losses, cuDNN on bucketed lengths, the evaluation settings against float32.
+#             fused losses, cuDNN on bucketed lengths, the evaluation settings against float32;
+#   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
+#             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|tests}
+part=${1:?usage: speed.sh train|autotune|tests|eme}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -46,6 +48,12 @@ case $part in
     timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/train/test_fast_path_gpu.py \
       -k "triton_kl" 2>&1 | tail -n 5
     ;;
-  *) echo "error: unknown part $part (train, autotune, tests)"; exit 2 ;;
+  eme)
+    log "hyla bench generate: inference modes at 64K"
+    timeout "$(left)" python3 -m hyla.cli bench generate --lengths 64K --num-prompts 4 --batch-sizes 1 --paths engine \
+      --rnn-mixer lightning,gla,gdn --variants direct,swla,swla+log --decode-step fused-projections \
+      --out "$OUT/generate" 2>&1 | quiet 30
+    ;;
+  *) echo "error: unknown part $part (train, autotune, tests, eme)"; exit 2 ;;
 esac
 log done
