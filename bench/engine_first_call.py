@@ -13,8 +13,9 @@ graph-captured; prefill through flash), `eager-flash-batch8` (the same, 8 prompt
 Each variant's run
 writes its `results.json`, whose `generation` record splits the first batch (engine build, first prefill,
 decode-graph capture, first decode) from the rest;
-this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. With
-`--profile`, one more process after them runs the first variant's settings on 2 prompts under cProfile (apart from
+this script puts them side by side with the seconds a prompt after the first, and the end-to-end seconds. A variant
+whose run fails gets a row saying so, and the others still run (the script then exits 1). With `--profile`, one
+more process after them runs the settings of the first variant that ran on 2 prompts under cProfile (apart from
 the timed runs, which cProfile would slow) and `first-call-profile.txt` lists its top functions by cumulative time
 (dynamo's tracing, inductor's cache loads, cuDNN's and Triton's first calls tell themselves apart there).
 
@@ -118,6 +119,9 @@ def markdown(rows: list[dict], command: str) -> str:
              "s a prompt after the first | engines | score | process s |",
              "|---|---|---|---|---|---|---|---|"]
     for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['variant']} | {row['error']} | | | | | | {number(row['process_s'], 1)} |")
+            continue
         parts = " / ".join(number(row[name]) for name in ("engine_build_s", "first_prefill_s", "graph_capture_s",
                                                            "first_decode_s"))
         lines.append(f"| {row['variant']} | {number(row['seconds'])} | {number(row['first_batch_s'])} | {parts} | "
@@ -160,16 +164,20 @@ def main(argv=None) -> int:
         started = time.perf_counter()
         finished = subprocess.run(command)
         wall_s = time.perf_counter() - started
-        if finished.returncode != 0:
+        if finished.returncode != 0:  # the other variants still run: one failing setting leaves the rest measured
             print(f"{variant}: hyla eval niah exited {finished.returncode}", file=sys.stderr)
-            return finished.returncode
+            rows.append({"variant": variant, "process_s": wall_s, "error": f"hyla eval niah exited "
+                         f"{finished.returncode} (its output: {out / variant})"})
+            continue
         rows.append(row_of(variant, json.loads((out / variant / "results.json").read_text()), wall_s))
         print(json.dumps({k: v for k, v in rows[-1].items() if k != "compile"}), flush=True)
-    if args.profile:
+    measured = [row for row in rows if "error" not in row]
+    if args.profile and measured:
+        first = measured[0]["variant"]  # the first variant that ran
         profiled = argparse.Namespace(**{**vars(args), "num_samples": min(2, args.num_samples)})
         command = [sys.executable, "-m", "cProfile", "-o", str(out / "first-call.prof"),
-                   *niah_command(profiled, out / "profile", out / f"{variants[0]}.settings.json",
-                                 VARIANTS[variants[0]].get("batch_size"))]
+                   *niah_command(profiled, out / "profile", out / f"{first}.settings.json",
+                                 VARIANTS[first].get("batch_size"))]
         print(f"== profile: {' '.join(command)}", flush=True)
         if subprocess.run(command).returncode == 0:
             (out / "first-call-profile.txt").write_text(profile_text(out / "first-call.prof"))
@@ -177,7 +185,7 @@ def main(argv=None) -> int:
     (out / "first-call.json").write_text(json.dumps({"command": command, "rows": rows}, indent=1))
     (out / "first-call.md").write_text(markdown(rows, command))
     print(markdown(rows, command))
-    return 0
+    return 1 if len(measured) < len(rows) else 0
 
 
 if __name__ == "__main__":

@@ -95,3 +95,32 @@ def test_an_unknown_variant_or_model_is_one_error_before_any_run(first_call, tmp
         first_call.main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert "no model at" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_failing_variant_is_a_row_and_the_others_still_run(first_call, tmp_path, smollm2_tokenizer):
+    """cuDNN's kernels take a CUDA model in bf16/fp16: on this CPU `eager-cudnn-padded` fails at once; the next
+    variant runs, the profile takes its settings, and the script exits 1."""
+    import torch
+
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
+        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id)
+    model = tmp_path / "model"
+    HypeNetForCausalLM(config).save_pretrained(model)
+    smollm2_tokenizer.save_pretrained(model)
+    out = tmp_path / "first-call"
+    code = first_call.main(["--model", str(model), "--out", str(out), "--device", "cpu", "--dtype", "float32",
+                            "--tasks", "SK1", "--lengths", "256", "--num-samples", "2", "--max-new-tokens", "2",
+                            "--variants", "eager-cudnn-padded,eager", "--profile"])
+    assert code == 1
+    rows = json.loads((out / "first-call.json").read_text())["rows"]
+    assert [row["variant"] for row in rows] == ["eager-cudnn-padded", "eager"]
+    assert "exited 2" in rows[0]["error"] and rows[1]["calls"] == 2
+    assert "| eager-cudnn-padded | hyla eval niah exited 2" in (out / "first-call.md").read_text()
+    profiled = json.loads((out / "profile" / "results.json").read_text())["generation"]
+    assert "compile_decode=False" in profiled["engine"]["settings"]  # eager's settings, not the failed variant's
+
