@@ -224,3 +224,26 @@ def test_a_whole_blocks_path_after_the_fast_path_compiles_whole_blocks(monkeypat
     assert whole["compiled"] == {"graphs": 3, "graph_breaks": 0}
     assert whole["losses"][0] == pytest.approx(fast["losses"][0], rel=1e-5)
     torch._dynamo.reset()
+
+
+def test_a_path_that_fails_is_a_row_and_the_other_paths_are_measured(tmp_path, monkeypatch, capsys):
+    """A fault in one path (a kernel, a compile) leaves the paths after it measured; the row names the error, and
+    the command exits 1 once every file is written (running out of memory is a measurement: exit 0)."""
+    import hyla.bench.train as bench
+
+    real = bench.measure_case
+
+    def failing(case, path, *args, **kwargs):
+        if path == "fast-bf16-teacher":
+            raise RuntimeError("a kernel failed\nmore lines")
+        return real(case, path, *args, **kwargs)
+
+    monkeypatch.setattr(bench, "measure_case", failing)
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--steps", "1", "--warmup", "0", "--no-losses",
+                 "--no-profile", "--cases", "distill:2x128", "--paths", "fast-bf16-teacher,fast",
+                 "--out", str(tmp_path)]) == 1
+    cases = json.loads((tmp_path / "train.json").read_text())["cases"]
+    assert [case["path"] for case in cases] == ["fast-bf16-teacher", "fast"]
+    assert cases[0]["error"] == "RuntimeError: a kernel failed" and cases[1]["tok_per_s"] > 0
+    assert "| fast-bf16-teacher | RuntimeError: a kernel failed |" in (tmp_path / "train.md").read_text()
+    assert "failed: distill fast-bf16-teacher" in capsys.readouterr().err

@@ -525,7 +525,12 @@ def run_train(args: argparse.Namespace) -> int:
     (out / "train.md").write_text(markdown)
     print(markdown)
     print(f"wrote {out / 'train.json'}, {out / 'train.md'} and {out / 'train.png'}")
-    return 0
+    # A path that ran out of memory is a measurement (it does not fit); one that failed otherwise is a fault.
+    failed = [f"{case['stage']} {case['path']}" for case in results["cases"]
+              if "error" in case and not case["error"].startswith("out of memory")]
+    if failed:
+        print(f"hyla bench train: failed: {', '.join(failed)} (the error in each row)", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def run_data_parallel(args: argparse.Namespace) -> int:

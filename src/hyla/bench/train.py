@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import statistics
 import time
+import traceback
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -496,6 +497,11 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
             except torch.OutOfMemoryError as err:
                 results["cases"].append({"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len,
                                          "path": path, "error": f"out of memory: {str(err).splitlines()[0]}"})
+            except Exception as err:  # a path that fails (a kernel, a compile) leaves the others measured
+                traceback.print_exc()
+                first_line = (str(err).splitlines() or [""])[0]
+                results["cases"].append({"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len,
+                                         "path": path, "error": f"{type(err).__name__}: {first_line}"[:300]})
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             save(results)
