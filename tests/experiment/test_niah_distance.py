@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hyla.experiment import report
-from hyla.experiment.niah_distance import BINS, bin_of, by_distance
+from hyla.experiment.niah_distance import BINS, bin_of, by_distance, by_length_and_depth
 
 REPO = Path(__file__).resolve().parents[2]
 SITTING_N = REPO / "docs" / "results" / "smollm2-135m" / "halo-sitting-n" / "results.tar.xz"
@@ -33,6 +33,14 @@ def test_bins_by_hand():
     assert position["0-1K"] == [1.5, 2] and position["8-16K"] == [0.0, 1] and position["16-32K"] == [1.0, 1]
     with pytest.raises(ValueError, match="measure"):
         by_distance(records, measure="depth")
+
+
+def test_length_and_depth_cells_by_hand():
+    records = [{**record(30, 1.0), "length": 16384}, {**record(30, 0.0), "length": 16384},
+               {**record(30, 1.0), "length": 32768}, {**record(70, 0.5, task="SK3"), "length": 16384},
+               {"task": "SK2", "depth_percent": 10, "score": 1.0}]  # no length: left out
+    cells = by_length_and_depth(records)
+    assert cells == {"SK2": {(16384, 30): [1.0, 2], (32768, 30): [1.0, 1]}, "SK3": {(16384, 70): [0.5, 1]}}
 
 
 def test_the_report_tables_each_models_answers_by_distance(tmp_path):

@@ -39,3 +39,20 @@ def by_distance(records: list[dict], *, measure: str = "distance") -> dict[str, 
         cell[0] += record["score"]
         cell[1] += 1
     return {task: dict(by_bin) for task, by_bin in sorted(cells.items())}
+
+
+def by_length_and_depth(records: list[dict]) -> dict[str, dict[tuple[int, float], list[float]]]:
+    """{task: {(length, depth_percent): [summed score, prompts]}} of NIAH records (their `length` cell and
+    `depth_percent`): where a score by distance or position pools lengths, this keeps each prompt's cell. RULER builds
+    every length's haystack from the same essays in the same order, so one position holds the same text at every
+    length: a failure tied to the text at a position shows in each length's row at the depths that put the needle
+    there, one tied to the distance to the question along a diagonal. Records without the fields are left out."""
+    cells: dict[str, dict[tuple[int, float], list[float]]] = defaultdict(dict)
+    for record in records:
+        if "depth_percent" not in record or "length" not in record:
+            continue
+        cell = cells[record["task"]].setdefault((int(record["length"]), record["depth_percent"]), [0.0, 0])
+        cell[0] += record["score"]
+        cell[1] += 1
+    return {task: dict(sorted(by_cell.items())) for task, by_cell in sorted(cells.items())}
+
