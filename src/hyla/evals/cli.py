@@ -110,6 +110,7 @@ def _register_niah(verbs: Any) -> None:
     niah_parser.add_argument("--samples-cache", type=Path, default=None, metavar="DIR",
                              help="keep the prompts in DIR and read them back in later evaluations with the same "
                                   "tokenizer (a teacher's and its hybrid's); they are built as without it")
+    _add_haystack_offset(niah_parser)
     _add_generation_options(niah_parser)
     niah_parser.set_defaults(handler=_handle_niah)
 
@@ -127,7 +128,14 @@ def _register_niah_samples(verbs: Any) -> None:
     samples.add_argument("--tokens-to-generate", type=int, default=128,
                          help="generation budget counted in each length (RULER: 128)")
     samples.add_argument("--seed", type=int, default=42)
+    _add_haystack_offset(samples)
     samples.set_defaults(handler=_handle_niah_samples)
+
+
+def _add_haystack_offset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--haystack-offset", type=int, default=0, metavar="WORDS",
+                        help="a diagnostic outside RULER's prompts: essay haystacks (SK2, SK3, MK1, MV, MQ) start "
+                             "WORDS words into the essays, the needles and depths unchanged (default 0: RULER's)")
 
 
 def _handle_niah_samples(args: argparse.Namespace) -> int:
@@ -140,6 +148,7 @@ def _handle_niah_samples(args: argparse.Namespace) -> int:
 
     if args.num_samples < 1:
         raise ValueError(f"--num-samples must be at least 1, got {args.num_samples}")
+    _check_haystack_offset(args)
     tasks = _checked_niah_tasks(args.tasks)
     tokenizer = load_tokenizer(args.tokenizer)
     if tokenizer_fingerprint(tokenizer) is None:
@@ -149,12 +158,29 @@ def _handle_niah_samples(args: argparse.Namespace) -> int:
         for length in args.lengths:
             started, before = time.perf_counter(), set(args.samples_cache.glob("*.npz"))
             samples = cached_samples(args.samples_cache, tokenizer, task, length, args.num_samples, args.seed,
-                                     num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate)
+                                     num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate,
+                                     haystack_offset=args.haystack_offset)
             how = "built" if set(args.samples_cache.glob("*.npz")) - before else "read"
             print(f"{task} {length}: {len(samples)} samples {how} in {time.perf_counter() - started:.1f} s",
                   flush=True)
     print(f"samples cache: {args.samples_cache}")
     return 0
+
+
+def _check_haystack_offset(args: argparse.Namespace) -> None:
+    """--haystack-offset: at least 0, and only where NIAH prompts are built here from the essays."""
+    if args.haystack_offset < 0:
+        raise ValueError(f"--haystack-offset must be >= 0 words, got {args.haystack_offset}")
+    if not args.haystack_offset:
+        return
+    if getattr(args, "from_jsonl", None) is not None:
+        raise ValueError("--haystack-offset builds prompts; a --from-jsonl file holds its own")
+    from hyla.evals.niah_samples import TASKS, get_task
+
+    tasks = [get_task(task) for task in args.tasks or list(TASKS)]
+    if not any(task.type_haystack == "essay" for task in tasks):
+        raise ValueError(f"--haystack-offset moves the essay haystack, and none of "
+                         f"{', '.join(task.name for task in tasks)} has one (SK2, SK3, MK1, MV and MQ do)")
 
 
 def _checked_niah_tasks(tasks: list[str] | None) -> list[str]:
@@ -262,7 +288,8 @@ def _handle_niah(args: argparse.Namespace) -> int:
     from hyla.evals.runner import print_settings, save_jsonl
 
     names = ["tasks", "lengths", "num_samples", "num_depths", "max_new_tokens", "tokens_to_generate"]
-    names += ["from_jsonl", "task_name", "generation", "engine_settings", "samples_cache"]
+    names += ["from_jsonl", "task_name", "generation", "engine_settings", "samples_cache", "haystack_offset"]
+    _check_haystack_offset(args)
     if args.from_jsonl is None:
         _checked_niah_tasks(args.tasks)  # fail on missing data before spending time loading the model
     if args.from_jsonl is not None and args.model is None:
@@ -281,7 +308,8 @@ def _handle_niah(args: argparse.Namespace) -> int:
         result = niah.evaluate_niah(
             model, tokenizer, args.tasks or list(niah.TASKS), args.lengths, args.num_samples,
             num_depths=args.num_depths, tokens_to_generate=args.tokens_to_generate, seed=args.seed,
-            keep_inputs=args.save_predictions, samples_cache=args.samples_cache, **common,
+            keep_inputs=args.save_predictions, samples_cache=args.samples_cache, haystack_offset=args.haystack_offset,
+            **common,
         )
     if args.save_predictions:
         save_jsonl(out_dir / "predictions.jsonl", result["records"])

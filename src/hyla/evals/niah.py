@@ -179,6 +179,7 @@ def evaluate_niah(
     keep_inputs: bool = False,
     generation: str | Generation | None = None,
     samples_cache: str | Path | None = None,
+    haystack_offset: int = 0,
 ) -> dict[str, Any]:
     """Run the NIAH tasks at each length; returns `{"summary", "overall", "tasks", "records", "generation"}`
     (`generation`: the path it took and its time, `Generation.describe`). samples_cache: a folder where the prompts
@@ -186,7 +187,8 @@ def evaluate_niah(
 
     Prompts are sized so that prompt + `tokens_to_generate` (RULER: 128) fits `length`; the model then generates up
     to `max_new_tokens` (default 64, see `NIAH_MAX_NEW_TOKENS`). With `keep_inputs`, each record also holds its
-    prompt (`input`) and RULER's `length_tokens`, so the records form a RULER prediction file.
+    prompt (`input`) and RULER's `length_tokens`, so the records form a RULER prediction file. haystack_offset: essay
+    haystacks start that many words into the essays (a diagnostic outside RULER's prompts; `hyla.evals.niah_samples`).
     """
     records: list[dict[str, Any]] = []
     generation = as_generation(model, generation)
@@ -196,7 +198,7 @@ def evaluate_niah(
     groups = [(get_task(task).name, length) for task in tasks for length in lengths]
     for task, length in progress(groups, desc="niah", unit="task×length"):
         samples = cached_samples(samples_cache, tokenizer, task, length, num_samples, seed, num_depths=num_depths,
-                                 tokens_to_generate=tokens_to_generate)
+                                 tokens_to_generate=tokens_to_generate, haystack_offset=haystack_offset)
         records += evaluate_samples(
             model, tokenizer, samples, batch_size=batch_size, max_new_tokens=max_new_tokens, keep_inputs=keep_inputs,
             generation=generation,

@@ -55,28 +55,31 @@ def tokenizer_fingerprint(tokenizer: Any) -> str | None:
 
 
 def samples_key(tokenizer_hash: str, task: str, length: int, seed: int, num_depths: int,
-                tokens_to_generate: int) -> str:
+                tokens_to_generate: int, haystack_offset: int = 0) -> str:
     fields = {"tokenizer": tokenizer_hash, "generator": generator_fingerprint(), "task": task, "length": length,
               "seed": seed, "num_depths": num_depths, "tokens_to_generate": tokens_to_generate}
+    if haystack_offset:  # RULER's haystack keeps the key it had
+        fields["haystack_offset"] = haystack_offset
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
 
 def cached_samples(cache_dir: str | Path | None, tokenizer: Any, task: str, length: int, num_samples: int,
-                   seed: int = 42, *, num_depths: int = 11, tokens_to_generate: int = 128) -> list[NiahSample]:
+                   seed: int = 42, *, num_depths: int = 11, tokens_to_generate: int = 128,
+                   haystack_offset: int = 0) -> list[NiahSample]:
     """`build_samples(...)`, read from `cache_dir` where an earlier evaluation left them (None: no cache), else built
     and left there."""
     tokenizer_hash = tokenizer_fingerprint(tokenizer) if cache_dir is not None else None
     if tokenizer_hash is None:
         return build_samples(tokenizer, task, length, num_samples, seed, num_depths=num_depths,
-                             tokens_to_generate=tokens_to_generate)
+                             tokens_to_generate=tokens_to_generate, haystack_offset=haystack_offset)
     path = Path(cache_dir) / (f"{task}-{length}-" + samples_key(tokenizer_hash, task, length, seed, num_depths,
-                                                                tokens_to_generate) + ".npz")
+                                                                tokens_to_generate, haystack_offset) + ".npz")
     samples = _read(path, tokenizer)
     if samples is not None and len(samples) >= num_samples:
         samples = samples[:num_samples]
     else:
         samples = build_samples(tokenizer, task, length, num_samples, seed, num_depths=num_depths,
-                                tokens_to_generate=tokens_to_generate)
+                                tokens_to_generate=tokens_to_generate, haystack_offset=haystack_offset)
         if all(sample.prompt_ids is not None for sample in samples):
             _write(path, samples)
     return samples

@@ -7,6 +7,8 @@ The reference is RULER's own generator, `long_context_eval/data/synthetic/niah.p
 - sentences are split by a regex (RULER's nltk splitter needs data that cannot be downloaded offline);
 - the haystack size is found by interpolation search on the token count rather than RULER's fixed increments, so
   prompts land closer to the target length.
+A diagnostic outside RULER: `haystack_offset` starts the essays that many words later (they wrap around), the same
+needles at the same depths with other text around them: whether misses follow the text or the position.
 As in RULER, a sample's `length` counts the prompt tokens plus the generation budget (`tokens_to_generate`).
 """
 
@@ -172,8 +174,8 @@ def _draw_needles(task: NiahTask, rng: random.Random) -> _NeedleDraw:
     return _NeedleDraw([gold[0], *rest], query, [value for i in asked for value in values[i]])
 
 
-def _essay_context(needles: list[str], depths: list[int], num_words: int) -> str:
-    sentences = split_sentences(essay_word_prefix(num_words))
+def _essay_context(needles: list[str], depths: list[int], num_words: int, offset: int = 0) -> str:
+    sentences = split_sentences(essay_word_prefix(num_words, offset))
     positions = [int(len(sentences) * depth / 100) for depth in depths]
     pieces, start = [], 0
     for position, needle in sorted(zip(positions, needles), key=lambda pair: pair[0]):
@@ -199,13 +201,15 @@ def _line_context(task: NiahTask, needles: list[str], depth: int, num_lines: int
     return "\n".join(lines)
 
 
-def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str) -> tuple[str, list[str]]:
-    """The prompt with `num_units` haystack units (essay words or lines) and its gold values; deterministic."""
+def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str,
+                  haystack_offset: int = 0) -> tuple[str, list[str]]:
+    """The prompt with `num_units` haystack units (essay words or lines) and its gold values; deterministic.
+    haystack_offset: essay haystacks start that many words into the essays (other haystacks ignore it)."""
     rng = random.Random(sample_seed)
     draw = _draw_needles(task, rng)
     if task.type_haystack == "essay":
         other_depths = rng.sample([d for d in RULER_DEPTH_GRID if d != depth], len(draw.needles) - 1)
-        context = _essay_context(draw.needles, [depth, *other_depths], num_units)
+        context = _essay_context(draw.needles, [depth, *other_depths], num_units, haystack_offset)
     else:
         context = _line_context(task, draw.needles, depth, num_units, rng)
     return prompt_template(task).format(context=context, query=draw.query), draw.answers
@@ -213,7 +217,7 @@ def render_prompt(task: NiahTask, depth: int, num_units: int, sample_seed: str) 
 
 def build_sample(
     tokenizer, task: NiahTask, length: int, depth: int, index: int, seed: int, tokens_to_generate: int,
-    guess: list[int] | None = None,
+    guess: list[int] | None = None, haystack_offset: int = 0,
 ) -> NiahSample:
     """One sample whose prompt plus `tokens_to_generate` is as close to `length` tokens as fits.
 
@@ -233,7 +237,8 @@ def build_sample(
 
         def num_tokens_for(n: int) -> int:
             if n not in counts:
-                counts[n] = prompt_tokens(tokenizer, render_prompt(task, depth, n, sample_seed)[0], backend)
+                counts[n] = prompt_tokens(tokenizer, render_prompt(task, depth, n, sample_seed, haystack_offset)[0],
+                                          backend)
             return counts[n][0]
 
         num_units = fit_num_units(
@@ -244,7 +249,7 @@ def build_sample(
         )
         if guess is not None:
             guess[:] = [num_units]
-        prompt, answers = render_prompt(task, depth, num_units, sample_seed)
+        prompt, answers = render_prompt(task, depth, num_units, sample_seed, haystack_offset)
         num_prompt_tokens = num_tokens_for(num_units)
         if best is None or num_prompt_tokens > best[0]:
             best = (num_prompt_tokens, prompt, answers, counts[num_units][1])
@@ -273,11 +278,15 @@ def build_samples(
     *,
     num_depths: int = 11,
     tokens_to_generate: int = RULER_TOKENS_TO_GENERATE,
+    haystack_offset: int = 0,
 ) -> list[NiahSample]:
     """`num_samples` prompts of `task` sized to `length` tokens of `tokenizer`, cycling over `num_depths` depths.
 
     The haystack is sized so that prompt tokens + `tokens_to_generate` ≤ `length` (RULER's definition of length).
+    haystack_offset: essay haystacks start that many words later (a diagnostic; 0 is RULER's).
     """
+    if haystack_offset < 0:
+        raise ValueError(f"haystack_offset must be >= 0 words, got {haystack_offset}")
     niah_task = get_task(task)
     if length <= tokens_to_generate:
         raise ValueError(f"length {length} must exceed the generation budget {tokens_to_generate}")
@@ -285,6 +294,6 @@ def build_samples(
     guess: list[int] = []  # each sample's search starts from the previous sample's haystack size
     return [
         build_sample(tokenizer, niah_task, length, depths[index % len(depths)], index, seed, tokens_to_generate,
-                     guess)
+                     guess, haystack_offset)
         for index in range(num_samples)
     ]
