@@ -423,6 +423,24 @@ def test_the_recipe_plans_branches_redo_their_stages_from_the_main_conversions_e
     assert _sets(plan.jobs["convert-lr"].run).finetune.lr == 1e-4 and _sets(main.run).finetune.lr == 1e-5
 
 
+def test_the_recipe_plans_offset_diagnostic_runs_a_branchs_sk2_on_moved_essays(tmp_path):
+    """offset_branches: a named branch's SK2 at 16K and 32K with --haystack-offset, otherwise its own SK2 jobs'
+    command (model, samples cache, budget); none by default."""
+    path = PLANS[[p.stem for p in PLANS].index("halo-smollm2")]
+    branches = '[{"name": "d60", "from": "distill", "args": ["--set", "distill.tokens=120e6"]}]'
+    assert not any("offset" in name for name in load_plan(path, tmp_path, overrides=[f"branches={branches}"]).jobs)
+    plan = load_plan(path, tmp_path, overrides=[f"branches={branches}", 'offset_branches=["d60"]',
+                                                "haystack_offset=4000"])
+    job = plan.jobs["niah-d60-offset-SK2"]
+    assert job.kind == "eval" and job.needs == ("convert-d60",)
+    parsed = build_parser().parse_args(list(job.run[1:]))
+    assert parsed.haystack_offset == 4000 and parsed.tasks == ["SK2"] and parsed.lengths == [16384, 32768]
+    theirs = build_parser().parse_args(list(plan.jobs["niah-d60-SK2-long"].run[1:]))
+    for name in ("model", "samples_cache", "num_samples", "max_new_tokens", "device", "dtype"):
+        assert getattr(parsed, name) == getattr(theirs, name), name
+    assert Path(parsed.out).name == "niah-d60-offset-SK2"  # the report's label: d60-offset
+
+
 def test_the_recipe_plans_branch_checks_run_at_the_start_and_refuse_a_branch_whose_args_change_a_copied_stage(
         tmp_path, capsys):
     path = PLANS[[p.stem for p in PLANS].index("halo-smollm2")]
