@@ -20,6 +20,24 @@ def first_call():
     return engine_first_call
 
 
+@pytest.fixture
+def model(tmp_path, smollm2_tokenizer):
+    """A tiny HypeNet folder (a Lightning and an attention layer) with SmolLM2's tokenizer."""
+    import torch
+
+    from hyla.models import HypeNetConfig, HypeNetForCausalLM
+
+    torch.manual_seed(0)
+    config = HypeNetConfig(
+        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
+        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id)
+    folder = tmp_path / "model"
+    HypeNetForCausalLM(config).save_pretrained(folder)
+    smollm2_tokenizer.save_pretrained(folder)
+    return folder
+
+
 def test_each_variant_is_the_shipped_settings_with_its_changes(first_call):
     from hyla.inference.settings import settings_from_json, tuned_settings
 
@@ -46,25 +64,19 @@ def test_a_variants_batch_size_is_the_evaluations_not_a_setting(first_call, tmp_
     assert batch_size(first_call.niah_command(args, tmp_path, tmp_path / "s.json")) == "1"
 
 
-def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_path, smollm2_tokenizer):
-    import torch
-
-    from hyla.models import HypeNetConfig, HypeNetForCausalLM
-
-    torch.manual_seed(0)
-    config = HypeNetConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
-        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id)
-    model = tmp_path / "model"
-    HypeNetForCausalLM(config).save_pretrained(model)
-    smollm2_tokenizer.save_pretrained(model)
-    out = tmp_path / "first-call"
+def _run(first_call, model, out, variants: str, *, prompts: int) -> tuple[int, list[dict]]:
+    """The script on CPU, SK1 at 256 tokens, `prompts` prompts and as many new tokens, with the profile; its exit
+    code and table rows."""
     code = first_call.main(["--model", str(model), "--out", str(out), "--device", "cpu", "--dtype", "float32",
-                            "--tasks", "SK1", "--lengths", "256", "--num-samples", "3", "--max-new-tokens", "3",
-                            "--variants", "shipped,eager", "--profile"])
+                            "--tasks", "SK1", "--lengths", "256", "--num-samples", str(prompts), "--max-new-tokens",
+                            str(prompts), "--variants", variants, "--profile"])
+    return code, json.loads((out / "first-call.json").read_text())["rows"]
+
+
+def test_variants_run_in_processes_of_their_own_and_are_tabled(first_call, tmp_path, model):
+    out = tmp_path / "first-call"
+    code, rows = _run(first_call, model, out, "shipped,eager", prompts=3)
     assert code == 0
-    rows = json.loads((out / "first-call.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == ["shipped", "eager"]
     for row in rows:
         ran = json.loads((out / row["variant"] / "results.json").read_text())["generation"]
@@ -97,27 +109,12 @@ def test_an_unknown_variant_or_model_is_one_error_before_any_run(first_call, tmp
     assert not (tmp_path / "o").exists()
 
 
-def test_a_failing_variant_is_a_row_and_the_others_still_run(first_call, tmp_path, smollm2_tokenizer):
+def test_a_failing_variant_is_a_row_and_the_others_still_run(first_call, tmp_path, model):
     """cuDNN's kernels take a CUDA model in bf16/fp16: on this CPU `eager-cudnn-padded` fails at once; the next
     variant runs, the profile takes its settings, and the script exits 1."""
-    import torch
-
-    from hyla.models import HypeNetConfig, HypeNetForCausalLM
-
-    torch.manual_seed(0)
-    config = HypeNetConfig(
-        vocab_size=len(smollm2_tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"],
-        pad_token_id=smollm2_tokenizer.pad_token_id, eos_token_id=smollm2_tokenizer.eos_token_id)
-    model = tmp_path / "model"
-    HypeNetForCausalLM(config).save_pretrained(model)
-    smollm2_tokenizer.save_pretrained(model)
     out = tmp_path / "first-call"
-    code = first_call.main(["--model", str(model), "--out", str(out), "--device", "cpu", "--dtype", "float32",
-                            "--tasks", "SK1", "--lengths", "256", "--num-samples", "2", "--max-new-tokens", "2",
-                            "--variants", "eager-cudnn-padded,eager", "--profile"])
+    code, rows = _run(first_call, model, out, "eager-cudnn-padded,eager", prompts=2)
     assert code == 1
-    rows = json.loads((out / "first-call.json").read_text())["rows"]
     assert [row["variant"] for row in rows] == ["eager-cudnn-padded", "eager"]
     assert "exited 2" in rows[0]["error"] and rows[1]["calls"] == 2
     assert "| eager-cudnn-padded | hyla eval niah exited 2" in (out / "first-call.md").read_text()
