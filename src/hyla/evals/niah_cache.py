@@ -58,7 +58,7 @@ def samples_key(tokenizer_hash: str, task: str, length: int, seed: int, num_dept
                 tokens_to_generate: int, haystack_offset: int = 0) -> str:
     fields = {"tokenizer": tokenizer_hash, "generator": generator_fingerprint(), "task": task, "length": length,
               "seed": seed, "num_depths": num_depths, "tokens_to_generate": tokens_to_generate}
-    if haystack_offset:  # RULER's haystack keeps the key it had
+    if haystack_offset:  # RULER's prompts (offset 0) are keyed without it
         fields["haystack_offset"] = haystack_offset
     return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:32]
 
