@@ -99,3 +99,15 @@ def test_an_evaluations_generation_asks_for_the_evaluation_settings(monkeypatch)
     generation.batch(torch.randint(1, 61, (1, 20)), torch.ones(1, 20, dtype=torch.long), max_new_tokens=2,
                      pad_token_id=0)
     assert generation.describe()["engine"]["prefill_chunk"] == 16
+
+
+def test_given_settings_take_their_batched_fields_above_batch_1():
+    """Settings given to a session (`hyla eval niah --engine-settings FILE`) are fitted to each engine's batch size as
+    the tuned ones are: a file whose batch-1 step is triton-fused decodes a batch of 3 on its `batched` step (before,
+    the engine refused it: 'decode_step='triton-fused' decodes one sequence')."""
+    given = EngineSettings(decode_step="triton-fused", batched=(("decode_step", "fused-projections"),), name="file")
+    session = GenerationSession(tiny_model(), settings=given)
+    out = session.generate(torch.randint(1, 61, (3, 24)), max_new_tokens=2)
+    assert out.shape == (3, 26) and session.engine.settings.decode_step == "fused-projections"
+    session.generate(torch.randint(1, 61, (1, 24)), max_new_tokens=2)  # batch 1 reuses the engine's 3 rows
+    assert session.engine.batch_size == 3

@@ -135,7 +135,8 @@ def _eos_ids(eos_token_id) -> list[int]:
 class GenerationSession:
     """Generation on the engine for one model, reusing the engine while batch size and buffer fit. settings: the
     engine's (None: the tuned settings of the model's device; for an evaluation, `evaluation=True`, with their
-    `evaluation` fields: `EngineSettings.for_evaluation`); inference_options: how the model runs (None: the model's
+    `evaluation` fields: `EngineSettings.for_evaluation`), fitted to each engine's batch size and the model
+    (`hyla.inference.settings.fit_to_model`); inference_options: how the model runs (None: the model's
     own, as they are when each engine is built); overrides: EngineSettings fields on top."""
 
     def __init__(self, model, *, settings: EngineSettings | None = None, inference_options=None,
@@ -182,12 +183,14 @@ class GenerationSession:
             if self.model.device.type == "cuda":
                 torch.cuda.empty_cache()
             started = time.perf_counter()
-            settings, notes = self.settings, []
+            settings = self.settings
             if settings is None:
-                tuned = tuned_settings(self.model.device)
+                settings = tuned_settings(self.model.device)
                 if self.evaluation:
-                    tuned = tuned.for_evaluation(self.model)
-                settings, notes = fit_to_model(tuned, self.model, batch_size, self._options())
+                    settings = settings.for_evaluation(self.model)
+            # given or tuned, a settings' `batched` fields apply above batch 1 (a file's batch-1 triton-fused step
+            # would otherwise refuse an evaluation's batch of 8), and what the model cannot run falls back
+            settings, notes = fit_to_model(settings, self.model, batch_size, self._options())
             engine = InferenceEngine(self.model, batch_size=batch_size, max_length=_buffer_length(needed),
                                      settings=settings, inference_options=self._options(), **self.overrides)
             engine.notes = notes
