@@ -7,8 +7,9 @@
 #   autotune: `hyla bench train` on distillation: the default against the blocks compiled in mode
 #             max-autotune-no-cudagraphs, alone and with the other two candidates (compiling takes minutes: each
 #             measurement is saved as it ends, under $OUT, so a call cut by its limit keeps those before);
-#   tests:    the GPU tests of the candidates and of the evaluation settings: the KL kernel's loss curve, the
-#             fused losses, cuDNN on bucketed lengths, the evaluation settings against float32;
+#   tests:    the GPU tests of the candidates and of the evaluation settings: the KL kernel's loss curve (first:
+#             it decides distill.kl_kernel's default), the evaluation settings against float32, the fused losses
+#             and the engine's generation, cuDNN on bucketed lengths;
 #   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
@@ -40,13 +41,16 @@ case $part in
       --paths fast,fast-max-autotune,fast-bf16-activations-triton-kl-max-autotune 2>&1 | quiet 30
     ;;
   tests)
+    # the test that decides a default first (sitting S ran it last and its budget ran out before it)
     log "GPU tests"
-    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_linear_loss_gpu.py \
-      tests/inference/test_generate_gpu.py 2>&1 | tail -n 8
-    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/inference/test_inference_gpu.py \
-      -k fused_chunk_attention 2>&1 | tail -n 5
     timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/train/test_fast_path_gpu.py \
       -k "triton_kl" 2>&1 | tail -n 5
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/inference/test_generate_gpu.py \
+      -k "prefill_as_close" 2>&1 | tail -n 8
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/ops/test_linear_loss_gpu.py \
+      tests/inference/test_generate_gpu.py -k "not prefill_as_close" 2>&1 | tail -n 8
+    timeout "$(left)" python3 -m pytest -m gpu -q -p no:cacheprovider tests/inference/test_inference_gpu.py \
+      -k fused_chunk_attention 2>&1 | tail -n 5
     ;;
   eme)
     log "hyla bench generate: inference modes at 64K"
