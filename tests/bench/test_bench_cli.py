@@ -97,7 +97,8 @@ def help_sections(capsys, *argv: str) -> dict[str, str]:
 @pytest.mark.parametrize("verb,options", [
     ("model", ["--prefill-chunk", "--attention-backend", "--decode-step", "--matvec", "--no-compile",
                "--compile-mode", "--compile-prefill", "--no-pdl"]),
-    ("profile", ["--decode-step", "--matvec", "--no-compile", "--compile-mode", "--compile-prefill", "--no-pdl"]),
+    ("profile", ["--attention-backend", "--decode-step", "--matvec", "--no-compile", "--compile-mode",
+                 "--compile-prefill", "--no-pdl"]),
     ("generate", ["--decode-step"]),
 ])
 def test_bench_options_that_override_the_engine_settings_are_listed_as_expert_options(capsys, verb, options):
@@ -338,11 +339,11 @@ def test_bench_profile_toy_writes_results(tmp_path):
     assert matrix_products(result["rows"]) - matrix_products(fused["rows"]) == 4 * layers
 
 
-def prefill_profile(tmp_path, *extra: str) -> dict:
+def prefill_profile(tmp_path, *extra: str, system: str = "hypenet") -> dict:
     assert main(["bench", "profile", "--phase", "prefill", "--toy", "--device", "cpu", "--dtype", "float32",
                  "--context", "48", "--chunk", "16", "--steps", "1", "--top", "1000", "--out", str(tmp_path),
-                 *extra]) == 0
-    name = "hypenet-compiled" if "--compile-prefill" in extra else "hypenet"
+                 "--system", system, *extra]) == 0
+    name = system + ("-compiled" if "--compile-prefill" in extra else "")
     assert "Prefill chunk profile" in (tmp_path / f"profile-{name}-prefill16-48-b1.md").read_text()
     return json.loads((tmp_path / f"profile-{name}-prefill16-48-b1.json").read_text())
 
@@ -357,6 +358,19 @@ def test_bench_profile_prefill_chunk_toy(tmp_path):
     kinds = result["us_per_step_by_kind"]
     assert sum(kinds.values()) == pytest.approx(sum(row["us_per_step"] for row in result["rows"]))
     assert kinds["matmul"] > 0
+
+
+def test_bench_profile_prefills_the_converted_shape_on_the_attention_backend_it_is_given(tmp_path):
+    """`--system converted-135m` (what `hyla eval niah` prefills on a converted SmolLM2-135M), its toy sizes here:
+    the chunk's FLOPs are that shape's, and `--attention-backend` reaches the engine."""
+    from hyla.bench.shapes import converted_135m_config
+
+    result = prefill_profile(tmp_path, "--attention-backend", "torch", system="converted-135m")
+    shape = ModelShape.of(model.build_hypenet(converted_135m_config(toy=True), device=torch.device("cpu"),
+                                              dtype=torch.float32))
+    assert result["flops_per_step"] == shape.prefill_flops(64) - shape.prefill_flops(48)
+    assert result["settings"]["attention_backend"] == "torch" and result["engine"]["attention_backend"] == "torch"
+    assert result["shape"]["num_attention_layers"] == shape.num_attention_layers
 
 
 @pytest.mark.slow

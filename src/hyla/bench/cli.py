@@ -60,15 +60,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     expert = _engine_options(model)
     expert.add_argument("--prefill-chunk", type=_count, default=None,
                         help="tokens per engine prefill call (default: the engine settings')")
-    expert.add_argument("--attention-backend", default=None,
-                        choices=("auto", "cudnn", "cudnn-padded", "flash", "torch"),
-                        help="the engine's prefill attention kernel (auto: cuDNN on CUDA; default: the engine "
-                             "settings')")
     _common(model)
     model.set_defaults(handler=run_model)
     profile = verbs.add_parser("profile", help="one decode step or one prefill chunk, kernel by kernel "
                                                "(torch.profiler), beside its floor")
-    profile.add_argument("--system", default="hypenet", choices=("hypenet", "qwen3-engine"))
+    profile.add_argument("--system", default="hypenet", choices=("hypenet", "qwen3-engine", "converted-135m"),
+                         help="converted-135m: the shape hyla converts SmolLM2-135M to (random weights): what "
+                              "`hyla eval niah` prefills")
     profile.add_argument("--phase", default="decode", choices=("decode", "prefill"),
                          help="decode: one token after CONTEXT cached positions; prefill: one chunk of CHUNK tokens "
                               "after CONTEXT cached positions")
@@ -279,6 +277,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
                              "(4 products a block instead of 8); triton-fused: hyla's fused kernels (batch 1)")
     expert.add_argument("--matvec", choices=MATVEC_KERNELS,
                         help="the products of --decode-step fused-projections: cuBLAS or hyla's Triton kernel")
+    expert.add_argument("--attention-backend", default=None,
+                        choices=("auto", "cudnn", "cudnn-padded", "flash", "torch"),
+                        help="the engine's prefill attention kernel (auto: cuDNN on CUDA; default: the engine "
+                             "settings')")
     expert.add_argument("--no-compile", action="store_true", help="graph-capture the decode step uncompiled")
     expert.add_argument("--compile-mode", choices=COMPILE_MODES_CLI,
                         help="torch.compile mode of the decode blocks (max-autotune-no-cudagraphs: inductor times "
@@ -296,7 +298,8 @@ def engine_overrides(args: argparse.Namespace) -> dict:
     """ModelSettings / ProfileSettings fields of `_engine_options` (None: the settings file's value)."""
     return {"engine_settings": args.engine_settings, "decode_step": args.decode_step, "matvec": args.matvec,
             "compile_decode": False if args.no_compile else None, "compile_mode": args.compile_mode,
-            "compile_prefill": args.compile_prefill, "launch_pdl": False if args.no_pdl else None}
+            "compile_prefill": args.compile_prefill, "launch_pdl": False if args.no_pdl else None,
+            "attention_backend": args.attention_backend}
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -449,7 +452,7 @@ def run_model(args: argparse.Namespace) -> int:
         large_batch_contexts=(defaults.large_batch_contexts if args.large_batch_contexts is None
                               else args.large_batch_contexts),
         decode_steps=args.decode_steps, repeats=args.repeats, long_prefill_repeats=args.long_prefill_repeats,
-        prefill_chunk=args.prefill_chunk, attention_backend=args.attention_backend, **engine_overrides(args),
+        prefill_chunk=args.prefill_chunk, **engine_overrides(args),
         toy=args.toy, device=args.device, check_length=40 if args.toy else defaults.check_length,
     )
     out = Path(args.out)

@@ -1,6 +1,7 @@
 """`hyla bench profile`: where one decode step's or one prefill chunk's time goes, kernel by kernel.
 
-Decode: the engine's decode step (graph-captured on CUDA, eager on CPU) of `hypenet` or `qwen3-engine`, batch B, over
+Decode: the engine's decode step (graph-captured on CUDA, eager on CPU) of `hypenet`, `qwen3-engine` or
+`converted-135m` (the shape hyla converts SmolLM2-135M to, what `hyla eval niah` runs on), batch B, over
 a synthetic cache of `context` positions, beside the bytes-per-token floor. Prefill: one chunk of `chunk` tokens
 appended after `context` synthetic cached positions (the last chunk of a `context + chunk` prompt), beside the FLOP
 floor of that chunk (the prefill FLOPs of `context + chunk` tokens minus those of `context`). Either is recorded by
@@ -22,7 +23,7 @@ from hyla.bench import shapes
 from hyla.bench.floors import MATMUL_RATE, ModelShape
 from hyla.bench.model import MARGIN, _random_ids, build_engine, build_hypenet, decode_at
 
-PROFILED_SYSTEMS = ("hypenet", "qwen3-engine")
+PROFILED_SYSTEMS = ("hypenet", "qwen3-engine", "converted-135m")
 PHASES = ("decode", "prefill")
 # Kinds of kernel, by name (first match wins); the rest is "other".
 KERNEL_KINDS = (
@@ -51,6 +52,7 @@ class ProfileSettings:
     compile_prefill: bool | None = None
     compile_mode: str | None = None
     launch_pdl: bool | None = None
+    attention_backend: str | None = None
     toy: bool = False
     device: str = "cuda"
     dtype: str = "bfloat16"
@@ -71,6 +73,8 @@ def _build(settings: ProfileSettings, device: torch.device, dtype: torch.dtype):
     if settings.system == "qwen3-engine":
         # Random weights: no HF model needed for timing (the model benchmark checks this network against HF's).
         return build_hypenet(shapes.qwen3_engine_config(toy=settings.toy), device=device, dtype=dtype)
+    if settings.system == "converted-135m":
+        return build_hypenet(shapes.converted_135m_config(toy=settings.toy), device=device, dtype=dtype)
     raise ValueError(f"unknown system {settings.system!r}; choose from {', '.join(PROFILED_SYSTEMS)}")
 
 
