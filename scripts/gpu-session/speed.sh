@@ -12,10 +12,12 @@
 #             and the engine's generation, cuDNN on bucketed lengths;
 #   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
+#   prefill:  where a 64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, as
+#             evaluations run it (uncompiled, flash) and with cuDNN on bucketed lengths (issue 24: ~2x its floor).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|tests|eme}
+part=${1:?usage: speed.sh train|autotune|tests|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -58,6 +60,14 @@ case $part in
       --rnn-mixer lightning,gla,gdn --variants direct,swla,swla+log --decode-step fused-projections \
       --out "$OUT/generate" 2>&1 | quiet 30
     ;;
-  *) echo "error: unknown part $part (train, autotune, tests, eme)"; exit 2 ;;
+  prefill)
+    for backend in flash cudnn-padded; do
+      log "hyla bench profile: one 64K prefill of the converted shape, prefill uncompiled, $backend"
+      timeout "$(left)" python3 -m hyla.cli bench profile --system converted-135m --phase prefill --context 1 \
+        --chunk 65535 --no-compile-prefill --attention-backend $backend --steps 3 --out "$OUT/prefill-$backend" 2>&1 | \
+        quiet 24
+    done
+    ;;
+  *) echo "error: unknown part $part (train, autotune, tests, eme, prefill)"; exit 2 ;;
 esac
 log done
