@@ -63,8 +63,8 @@ case $part in
   prefill)
     for backend in flash cudnn-padded; do
       log "hyla bench profile: one 64K prefill of the converted shape, prefill uncompiled, $backend"
-      timeout "$(left)" python3 -m hyla.cli bench profile --system converted-135m --phase prefill --context 1 \
-        --chunk 65535 --no-compile-prefill --attention-backend $backend --steps 3 --out "$OUT/prefill-$backend" 2>&1 | \
+      timeout "$(left)" python3 -m hyla.cli bench profile --system converted-135m --phase prefill --context 0 \
+        --chunk 65536 --no-compile-prefill --attention-backend $backend --steps 3 --out "$OUT/prefill-$backend" 2>&1 | \
         quiet 24
     done
     ;;

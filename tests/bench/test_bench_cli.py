@@ -360,15 +360,20 @@ def test_bench_profile_prefill_chunk_toy(tmp_path):
     assert kinds["matmul"] > 0
 
 
-def test_bench_profile_prefills_the_converted_shape_on_the_attention_backend_it_is_given(tmp_path):
-    """`--system converted-135m` (what `hyla eval niah` prefills on a converted SmolLM2-135M), its toy sizes here:
-    the chunk's FLOPs are that shape's, and `--attention-backend` reaches the engine."""
+def test_bench_profile_prefills_a_whole_prompt_of_the_converted_shape_on_the_attention_backend_it_is_given(
+        tmp_path):
+    """`--system converted-135m` (what `hyla eval niah` prefills on a converted SmolLM2-135M), its toy sizes here,
+    `--context 0`: a whole prompt, as an evaluation prefills it (no cached prefix to attend to and merge); the
+    chunk's FLOPs are that shape's, and `--attention-backend` reaches the engine."""
     from hyla.bench.shapes import converted_135m_config
 
-    result = prefill_profile(tmp_path, "--attention-backend", "torch", system="converted-135m")
+    assert main(["bench", "profile", "--phase", "prefill", "--toy", "--device", "cpu", "--dtype", "float32",
+                 "--context", "0", "--chunk", "16", "--steps", "1", "--top", "1000", "--out", str(tmp_path),
+                 "--system", "converted-135m", "--attention-backend", "torch"]) == 0
+    result = json.loads((tmp_path / "profile-converted-135m-prefill16-0-b1.json").read_text())
     shape = ModelShape.of(model.build_hypenet(converted_135m_config(toy=True), device=torch.device("cpu"),
                                               dtype=torch.float32))
-    assert result["flops_per_step"] == shape.prefill_flops(64) - shape.prefill_flops(48)
+    assert result["flops_per_step"] == shape.prefill_flops(16) > 0
     assert result["settings"]["attention_backend"] == "torch" and result["engine"]["attention_backend"] == "torch"
     assert result["shape"]["num_attention_layers"] == shape.num_attention_layers
 

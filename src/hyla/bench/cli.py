@@ -70,7 +70,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     profile.add_argument("--phase", default="decode", choices=("decode", "prefill"),
                          help="decode: one token after CONTEXT cached positions; prefill: one chunk of CHUNK tokens "
                               "after CONTEXT cached positions")
-    profile.add_argument("--context", type=_count, default=2**19, help="cached positions (default 512K)")
+    profile.add_argument("--context", type=_count, default=2**19,
+                         help="cached positions (default 512K; --phase prefill takes 0: a whole prompt)")
     profile.add_argument("--chunk", type=_count, default=2**16, help="prefill chunk length (--phase prefill)")
     profile.add_argument("--batch", type=int, default=1)
     profile.add_argument("--steps", type=int, default=None,

@@ -59,8 +59,10 @@ class ProfileSettings:
     top: int = 40
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch < 1 or self.context < 1 or self.chunk < 1:
-            raise ValueError("steps, batch, context and chunk must be >= 1")
+        if self.steps < 1 or self.batch < 1 or self.chunk < 1:
+            raise ValueError("steps, batch and chunk must be >= 1")
+        if self.context < (1 if self.phase == "decode" else 0):
+            raise ValueError("context must be >= 1 for a decode step, >= 0 for a prefill chunk (0: a whole prompt)")
         if self.phase not in PHASES:
             raise ValueError(f"unknown phase {self.phase!r}; choose from {', '.join(PHASES)}")
         if self.system not in PROFILED_SYSTEMS:
