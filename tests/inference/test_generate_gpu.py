@@ -154,9 +154,9 @@ def _prefill_errors_against_float32(candidates: dict) -> tuple[dict, HypeNetForC
     the float32 model's, under the shipped settings and under each of `candidates` (name: settings, or a function
     of the bf16 model giving them); returns the errors and the bf16 model. The shipped settings must be about as
     close as the bf16 model's own forward (`plain`, no engine): bf16's rounding alone puts this random-weight model
-    ~5% from float32 (4.9% over 8,190 random tokens on a CPU, 5.7% over 2,048; the shipped settings measured 5.35% on
-    an H200, 2026-12-05, against a fixed bound of 0.05 written before any run): the bound is relative to what bf16
-    does by itself."""
+    ~5% from float32 on a CPU (`python bench/bf16_logits_error_cpu.py`: 4.9% over 8,190 random tokens, 5.7% over
+    2,048); on an H200 the shipped settings measured 5.35% (2026-12-05) against a fixed bound of 0.05 written before
+    any run. The bound is relative to what bf16 does by itself."""
     from hyla.inference import InferenceEngine
     from hyla.inference.settings import fit_to_model, tuned_settings
 
