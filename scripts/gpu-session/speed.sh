@@ -13,7 +13,7 @@
 #   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
 #   prefill:  where a 64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, as
-#             evaluations run it (uncompiled, flash) and with cuDNN on bucketed lengths (issue 24: ~2x its floor).
+#             evaluations run it (uncompiled, flash) and with cuDNN on bucketed lengths (issue 24: 2.3-2.6x its floor).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
