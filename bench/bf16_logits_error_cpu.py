@@ -40,7 +40,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="2048,8190", help="comma list of prompt lengths")
     args = parser.parse_args(argv)
-    for row in relative_errors([int(n) for n in args.lengths.split(",")]):
+    try:
+        lengths = [int(n) for n in args.lengths.split(",")]
+    except ValueError:
+        parser.error(f"--lengths: expected a comma list of token counts, got {args.lengths!r}")
+    if min(lengths) < 1:
+        parser.error(f"--lengths: each length must be >= 1, got {args.lengths!r}")
+    for row in relative_errors(lengths):
         print(f"{row['length']:>6} tokens: bf16 vs float32 last-position logits, relative error "
               f"{row['relative_error']:.4f} ({row['seconds']:.0f} s)")
     return 0
