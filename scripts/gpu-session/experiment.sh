@@ -63,7 +63,7 @@
 set -uo pipefail
 keep=/root/keep
 run=$keep/run
-mode=${1:?usage: experiment.sh part1|stash|start|restart|patch|wait|hyla ARGS}
+mode=${1:?usage: experiment.sh part1|stash|start|restart|patch|wait|args|hyla ARGS}
 plan=${PLAN:-configs/experiments/smollm2.json}
 wait_s=${WAIT_S:-540}
 export PYTHONUNBUFFERED=1 PYTHONPATH=$keep/site:$keep/repo/src
@@ -164,21 +164,31 @@ collect() {
   fi
 }
 
-# The plan's arguments for this machine's inputs: the GGUF as its teacher or tokenizer, the unpacked text.
-plan_arguments() {
-  python3 - "$keep/repo/$plan" "$keep" <<'PY'
+# The plan's arguments for this machine's inputs: the GGUF as its teacher or tokenizer, the unpacked text. On a GPU
+# of less than 100 GiB (an H100's 79 GiB) a plan's `warm_engine` is switched off: in sitting P (H100) its
+# warm-niah job ran out of memory beside the distillation (49 GiB) and part1's warm-up (26 GiB), and a warm-up that
+# starts first could as well take the memory from the conversion. PLAN_ARGS, which come after, can set it again.
+plan_arguments() {  # $1: the plan file
+  local gpu_mib
+  gpu_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -n 1)
+  python3 - "$1" "$keep" "${gpu_mib:-0}" <<'PY'
 import json, sys
 variables, keep = json.load(open(sys.argv[1])).get("variables", {}), sys.argv[2]
 sets = {"teacher": f"{keep}/smol.gguf", "tokenizer": f"{keep}/smol.gguf", "text": f"{keep}/text",
         "text_cache": f"{keep}/textcache"}
-print(" ".join(f"--set {name}={value}" for name, value in sets.items() if name in variables))
+arguments = [f"--set {name}={value}" for name, value in sets.items() if name in variables]
+gpu_mib = int(sys.argv[3].strip() or 0)
+if "warm_engine" in variables and 0 < gpu_mib < 100 * 1024:
+    arguments.append("--set warm_engine=false")
+    print(f"warm_engine=false: this GPU has {gpu_mib} MiB (< 100 GiB), too little beside the training", file=sys.stderr)
+print(" ".join(arguments))
 PY
 }
 
 launch() {
   mkdir -p $run || exit 1
   local args
-  args="$(plan_arguments) ${PLAN_ARGS:-}"
+  args="$(plan_arguments "$keep/repo/$plan") ${PLAN_ARGS:-}"
   if [ -n "${DISTILL_SECONDS:-}" ]; then  # distillation tokens from part1's measured throughput at this shape
     [ -f $keep/probe.json ] || { echo "error: DISTILL_SECONDS needs part1's probe.json (run part1 with PROBE=1)";
                                  exit 2; }
@@ -216,6 +226,9 @@ copy_repository() {
 }
 
 case $mode in
+args)  # what `start` would pass to `hyla experiment run` after the plan, on this machine (no GPU: as on a big one)
+  echo "$(plan_arguments "$plan") ${PLAN_ARGS:-}"
+  ;;
 part1)
   # .gpu-inputs/a (the text of the plans with a corpus job) is optional: recipe plans read .gpu-inputs/c1, c2 instead.
   # Each step's seconds are printed (sitting K's second part1 took 185 s where the first took 11, on fresh machines).
@@ -307,5 +320,5 @@ wait)
   [ -d $run ] || { echo "error: no run on this machine (it was given back); start again"; exit 2; }
   collect
   ;;
-*) echo "usage: experiment.sh part1|stash|start|restart|patch|wait|hyla ARGS" >&2; exit 2 ;;
+*) echo "usage: experiment.sh part1|stash|start|restart|patch|wait|args|hyla ARGS" >&2; exit 2 ;;
 esac

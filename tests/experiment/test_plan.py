@@ -154,3 +154,21 @@ def test_only_keeps_the_jobs_named_and_what_they_need(tmp_path, write_plan):
     assert plan.jobs["csr-main"].after == ("convert",)
     with pytest.raises(PlanError, match="no job matches 'nothing'"):
         keep_only(plan, ["nothing"])
+
+
+def test_only_passes_over_a_job_its_when_left_out_and_still_refuses_a_typo(tmp_path, write_plan, capsys):
+    # Sitting P's --only named the warm-up jobs; with warm_engine=false (an H100) they are not in the plan.
+    path = write_plan([job("convert"), job("csr-main", needs=["convert"]),
+                       {"name": "warm-${candidate}", "when": "${warm}", "matrix": {"candidate": ["a5000"]},
+                        "run": ["python", "-c", "${candidate}"]}],
+                      variables={"warm": True})
+    assert list(keep_only(load_plan(path, tmp_path), ["csr-main", "warm-a5000"]).jobs) == [
+        "convert", "csr-main", "warm-a5000"]
+    plan = load_plan(path, tmp_path, overrides=["warm=false"])
+    assert plan.left_out == ("warm-a5000",)
+    assert list(keep_only(plan, ["csr-main", "warm-a5000"]).jobs) == ["convert", "csr-main"]
+    assert "--only: warm-a5000 names only jobs this plan's settings leave out" in capsys.readouterr().err
+    with pytest.raises(PlanError, match="no job matches 'warm-a500'"):
+        keep_only(plan, ["csr-main", "warm-a500"])
+    with pytest.raises(PlanError, match="every pattern names only jobs this plan's settings leave out"):
+        keep_only(plan, ["warm-*"])

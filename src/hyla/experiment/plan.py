@@ -104,6 +104,7 @@ class Plan:
     env: dict[str, str]
     jobs: dict[str, Job]  # in the file's order (the order jobs start in when several are ready)
     report: dict[str, Any] = field(default_factory=dict)
+    left_out: tuple[str, ...] = ()  # the names of jobs a `when` left out of this plan (`--only` may name them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "description": self.description, "source": self.source, "profile": self.profile,
@@ -147,12 +148,14 @@ def load_plan(path: str | Path, run_dir: str | Path, *, profile: str | None = No
     built_in = {"run": str(Path(run_dir).resolve()), "plan_dir": str(path.resolve().parent),
                 "python": sys.executable}
     variables = _resolve_variables(declared, _parse_overrides(overrides, declared, where), built_in, where)
-    jobs = _expand_jobs(raw["jobs"], variables, where)
+    left_out: list[str] = []
+    jobs = _expand_jobs(raw["jobs"], variables, where, left_out)
     _check_graph(jobs, where)
     env = _string_map(raw.get("env", {}), f"{where}: env")
     return Plan(name=str(raw.get("name", path.stem)), description=str(raw.get("description", "")), source=where,
                 profile=profile, variables=variables, parallel=settings["parallel"],
-                train_slots=settings["train_slots"], env=env, jobs=jobs, report=dict(raw.get("report", {})))
+                train_slots=settings["train_slots"], env=env, jobs=jobs, report=dict(raw.get("report", {})),
+                left_out=tuple(left_out))
 
 
 def _check_keys(table: dict, allowed: set[str], where: str) -> None:
@@ -319,7 +322,8 @@ def _lookup_in(variables: dict, binding: dict):
     return lookup
 
 
-def _expand_jobs(entries: list, variables: dict, where: str) -> dict[str, Job]:
+def _expand_jobs(entries: list, variables: dict, where: str, left_out: list[str] | None = None) -> dict[str, Job]:
+    """The plan's jobs, each matrix combination one job; the names of those a `when` leaves out go to `left_out`."""
     jobs: dict[str, Job] = {}
     for index, entry in enumerate(entries):
         label = f"{where}: job {index + 1}" + (f" ({entry.get('name')})" if isinstance(entry, dict) else "")
@@ -338,6 +342,8 @@ def _expand_jobs(entries: list, variables: dict, where: str) -> dict[str, Job]:
         for binding in _matrix(entry.get("matrix"), label, plain):
             binding = {axis: bind(value, plain, f"{label}: matrix") for axis, value in binding.items()}
             if not _wanted(entry, _lookup_in(variables, binding), label):
+                if left_out is not None:
+                    left_out.append(substitute(str(entry["name"]), _lookup_in(variables, binding), label))
                 continue
             job = _expand_one(entry, actions[0], kind, _lookup_in(variables, binding), label)
             if job.name in jobs:
@@ -474,9 +480,21 @@ def _check_graph(jobs: dict[str, Job], where: str) -> None:
 
 def keep_only(plan: Plan, patterns: list[str]) -> Plan:
     """The plan reduced to the jobs `patterns` pick and what they need and are checked by, transitively (their
-    `after` orderings are kept among the jobs that stay)."""
+    `after` orderings are kept among the jobs that stay). A pattern that picks only jobs a `when` left out of the plan
+    (say `warm-*` with `warm_engine=false`) is passed over with a note on stderr; one that picks nothing is an
+    error."""
+    import sys
+
+    passed_over = [pattern for pattern in patterns
+                   if not any(fnmatch.fnmatchcase(name, pattern) for name in plan.jobs)
+                   and any(fnmatch.fnmatchcase(name, pattern) for name in plan.left_out)]
+    for pattern in passed_over:
+        print(f"--only: {pattern} names only jobs this plan's settings leave out (their `when`): passed over",
+              file=sys.stderr)
     wanted: set[str] = set()
-    stack = match_names(patterns, plan.jobs, "--only")
+    stack = match_names([pattern for pattern in patterns if pattern not in passed_over], plan.jobs, "--only")
+    if not stack:
+        raise PlanError("--only: every pattern names only jobs this plan's settings leave out")
     while stack:
         name = stack.pop()
         if name not in wanted:
