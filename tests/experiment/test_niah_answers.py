@@ -15,7 +15,11 @@ NUMBER, UUID = "8346069", "e59bb261-a71b-4691-b710-140d2c9248e8"
     (" 834.", NUMBER, "other"),  # too short to be a 7-digit value's miscopy
     (" the special magic number for merciful-synonym mentioned in the provided text.", NUMBER, "restates"),
     (': "The special magic number for legal-disposition is: "', NUMBER, "restates"),
-    (" pathetic-councilor.\nThe special magic number for", NUMBER, "other"),
+    (" pathetic-councilor.\nThe special magic number for", NUMBER, "key"),  # the question's key, not its value
+    (" x-rated-choosing.\nThe grass is green.", NUMBER, "key"),  # sitting P's SK1 misses at 64K
+    (" needed.\nThe grass is green.", NUMBER, "other"),  # one word: not a key's shape
+    (" Pathetic-Councilor.", NUMBER, "other"),  # RULER's keys are lower case
+    (" pathetic-", NUMBER, "other"),  # a hyphen with no second word
     (" hidden within the following text. The special magic uuid for", UUID, "echo"),
     (": e59bb261-a71b-4691-b710-140d2c9248e8. April", UUID, "needle_shaped"),
     (" e59bb261a71b", UUID, "other"),  # no hyphen after 8 hex digits: not a UUID's start
@@ -63,14 +67,20 @@ def test_the_report_tables_each_models_misses_by_kind(tmp_path):
          "pred": " the special magic number for x mentioned in the provided text.", "score": 0.0},
         {"task": "SK2", "length": 16384, "depth_percent": 10, "index": 1, "outputs": [NUMBER], "pred": " no.",
          "score": 0.0},
+        {"task": "SK2", "length": 16384, "depth_percent": 20, "index": 2, "outputs": [NUMBER],
+         "pred": " hard-iridescence.\nThe grass is green.", "score": 0.0},
     ]
     write_result(tmp_path, "niah-main-SK2-short", {"kind": "niah", "records": records,
                                                    "tasks": {"SK2": {"by_length": {"4096": 0.5, "16384": 0.0}}}})
     write_result(tmp_path, "niah-other-SK2-short", {"kind": "niah", "records": records[:1],
                                                     "tasks": {"SK2": {"by_length": {"4096": 1.0}}}})
     evals = report.collect_evals(tmp_path)
-    assert evals["niah_misses"] == {"main": {"SK2": {"misses": 3, "needle_shaped": 1, "restates": 1, "echo": 0,
-                                                     "other": 1}}}
-    text = report.markdown({**evals, "plan": {}, "status": None, "conversions": {}, "alignment": {},
-                            "selection": {}, "trainings": {}})
-    assert "| main | SK2 | 3 | 1 | 1 | 0 | 1 |" in text
+    assert evals["niah_misses"] == {"main": {"SK2": {"misses": 4, "needle_shaped": 1, "key": 1, "restates": 1,
+                                                     "echo": 0, "other": 1}}}
+    empty = {"plan": {}, "status": None, "conversions": {}, "alignment": {}, "selection": {}, "trainings": {}}
+    text = report.markdown({**evals, **empty})
+    assert "| model | task | misses | needle-shaped | key | restates | echo | other |" in text
+    assert "| main | SK2 | 4 | 1 | 1 | 1 | 0 | 1 |" in text
+    # A summary written before the key kind existed: its key answers are inside "other", so no count is invented.
+    old = {"main": {"SK2": {"misses": 3, "needle_shaped": 1, "restates": 1, "echo": 0, "other": 1}}}
+    assert "| main | SK2 | 3 | 1 | - | 1 | 0 | 1 |" in report.markdown({**evals, **empty, "niah_misses": old})

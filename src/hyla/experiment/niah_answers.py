@@ -1,9 +1,10 @@
 """What a model's NIAH answers are, cell by cell: right; needle-shaped (the answer begins with a value of the needle's
-kind: a number of 4 or more digits, or 8 hex digits and a hyphen for a UUID); a restatement of the question ("the
-special magic number for KEY mentioned in the provided text"); an echo of the prompt's first sentence ("hidden
-within the following text", RULER's opening line continued); or other text. And how many of the needle's characters
-an answer copies before its first wrong one. A miss that is needle-shaped found the needle and miscopied it; a
-restatement or an echo never reached it.
+kind: a number of 4 or more digits, or 8 hex digits and a hyphen for a UUID); a key (words joined by hyphens, the
+shape of RULER's keys: "hard-iridescence.", the question's key named where its value is asked for); a restatement
+of the question ("the special magic number for KEY mentioned in the provided text"); an echo of the prompt's first
+sentence ("hidden within the following text", RULER's opening line continued); or other text. And how many of the
+needle's characters an answer copies before its first wrong one. A miss that is needle-shaped found the needle and
+miscopied it; a key, a restatement or an echo never reached it.
 
 An answer is read after its leading punctuation and spaces (": 8346069", '"8346069'), as RULER's scoring also finds
 the needle anywhere in the text.
@@ -15,9 +16,10 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, fields
 
-KINDS = ("needle_shaped", "restates", "echo", "other")
+KINDS = ("needle_shaped", "key", "restates", "echo", "other")
 _UUID_START = re.compile(r"[0-9a-fA-F]{8}-")
 _NUMBER_START = re.compile(r"\d{4,}")
+_KEY_START = re.compile(r"[a-z]+(?:-[a-z]+)+(?![a-z-])")  # "hard-iridescence", "x-rated-choosing"
 _LEADING = " \t\n:\"'`*-"
 
 
@@ -36,6 +38,8 @@ def answer_kind(prediction: str, expected: str) -> str:
         return "restates"
     if lowered.startswith("hidden"):
         return "echo"
+    if _KEY_START.match(text):
+        return "key"
     return "other"
 
 
@@ -54,6 +58,7 @@ class Cell:
     prompts: int = 0
     right: int = 0
     needle_shaped: int = 0
+    key: int = 0
     restates: int = 0
     echo: int = 0
     other: int = 0

@@ -319,14 +319,16 @@ def _pairs_lines(pairs: dict) -> list[str]:
 
 
 def _misses_lines(misses: dict) -> list[str]:
-    rows = [[label, task, str(c["misses"]), *(str(c[kind]) for kind in ANSWER_KINDS)]
+    # A summary written before the key kind existed counted those answers in "other": "-" there.
+    rows = [[label, task, str(c["misses"]), *(str(c[kind]) if kind in c else "-" for kind in ANSWER_KINDS)]
             for label, by_task in misses.items() for task, c in sorted(by_task.items())]
     if not rows:
         return []
     return ["NIAH misses by kind (every length; hyla.experiment.niah_answers): needle-shaped, the answer begins with "
-            "a value of the needle's kind (a miscopy); restates, the question again; echo, the prompt's first "
-            "sentence continued.", "",
-            *_table(["model", "task", "misses", "needle-shaped", "restates", "echo", "other"], rows), ""]
+            "a value of the needle's kind (a miscopy); key, hyphen-joined words as RULER's keys are (the question's "
+            "key named instead of its value); restates, the question again; echo, the prompt's first sentence "
+            "continued.", "",
+            *_table(["model", "task", "misses", "needle-shaped", "key", "restates", "echo", "other"], rows), ""]
 
 
 def _distance_lines(distance: dict) -> list[str]:
