@@ -1,5 +1,5 @@
 """What a model's NIAH answers are, cell by cell (hyla.experiment.niah_answers): right, needle-shaped (begins with a
-value of the needle's kind), restating the question, echoing the prompt's first sentence, other; and the needle's
+value of the needle's kind), naming the question's key, restating the question, echoing the prompt's first sentence, other; and the needle's
 characters copied before the first wrong one, on average. Sitting M's SK3 rows
 (docs/log/2026-12-04-smollm2-135m-halo-sitting-m.md) come from:
 
