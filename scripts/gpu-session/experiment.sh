@@ -58,6 +58,8 @@
 # GLA's first training step once took 286 s of fla autotuning): a fresh machine's compiler and fla's autotuning fill their on-disk
 # caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
 # stage-1 first step took 148 s fresh; a warm cache's, 37 s). $keep/warm.log; every `collect` prints its last line.
+# `args` (here, before a sitting: `PLAN=... PLAN_ARGS=... bash scripts/gpu-session/experiment.sh args`) prints the
+# arguments `start` would pass after the plan: the inputs, `--set warm_engine=false` on a GPU under 100 GiB, PLAN_ARGS.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
 # `bash scripts/gpu-session/experiment.sh hyla bench train --out \$OUT/bench --cases align:128x512`).
 set -uo pipefail
