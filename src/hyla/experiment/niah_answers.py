@@ -4,7 +4,8 @@ shape of RULER's keys: "hard-iridescence.", the question's key named where its v
 of the question ("the special magic number for KEY mentioned in the provided text"); an echo of the prompt's first
 sentence ("hidden within the following text", RULER's opening line continued); or other text. And how many of the
 needle's characters an answer copies before its first wrong one. A miss that is needle-shaped found the needle and
-miscopied it; a key, a restatement or an echo never reached it.
+miscopied it; a restatement or an echo never reached it; a key copied the key's words (from the question, or from
+the needle's line just before its value) where the value was asked for.
 
 An answer is read after its leading punctuation and spaces (": 8346069", '"8346069'), as RULER's scoring also finds
 the needle anywhere in the text.

@@ -483,8 +483,6 @@ def keep_only(plan: Plan, patterns: list[str]) -> Plan:
     `after` orderings are kept among the jobs that stay). A pattern that picks only jobs a `when` left out of the plan
     (say `warm-*` with `warm_engine=false`) is passed over with a note on stderr; one that picks nothing is an
     error."""
-    import sys
-
     passed_over = [pattern for pattern in patterns
                    if not any(fnmatch.fnmatchcase(name, pattern) for name in plan.jobs)
                    and any(fnmatch.fnmatchcase(name, pattern) for name in plan.left_out)]
