@@ -483,14 +483,18 @@ def keep_only(plan: Plan, patterns: list[str]) -> Plan:
     `after` orderings are kept among the jobs that stay). A pattern that picks only jobs a `when` left out of the plan
     (say `warm-*` with `warm_engine=false`) is passed over with a note on stderr; one that picks nothing is an
     error."""
-    passed_over = [pattern for pattern in patterns
-                   if not any(fnmatch.fnmatchcase(name, pattern) for name in plan.jobs)
-                   and any(fnmatch.fnmatchcase(name, pattern) for name in plan.left_out)]
-    for pattern in passed_over:
-        print(f"--only: {pattern} names only jobs this plan's settings leave out (their `when`): passed over",
-              file=sys.stderr)
+    def picks(pattern: str, names) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for name in names)
+
+    kept = []
+    for pattern in patterns:
+        if not picks(pattern, plan.jobs) and picks(pattern, plan.left_out):
+            print(f"--only: {pattern} names only jobs this plan's settings leave out (their `when`): passed over",
+                  file=sys.stderr)
+        else:
+            kept.append(pattern)
     wanted: set[str] = set()
-    stack = match_names([pattern for pattern in patterns if pattern not in passed_over], plan.jobs, "--only")
+    stack = match_names(kept, plan.jobs, "--only")
     if not stack:
         raise PlanError("--only: every pattern names only jobs this plan's settings leave out")
     while stack:

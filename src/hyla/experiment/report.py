@@ -328,7 +328,7 @@ def _misses_lines(misses: dict) -> list[str]:
             "a value of the needle's kind (a miscopy); key, hyphen-joined words as RULER's keys are (the question's "
             "key named instead of its value); restates, the question again; echo, the prompt's first sentence "
             "continued.", "",
-            *_table(["model", "task", "misses", "needle-shaped", "key", "restates", "echo", "other"], rows), ""]
+            *_table(["model", "task", "misses", *(kind.replace("_", "-") for kind in ANSWER_KINDS)], rows), ""]
 
 
 def _distance_lines(distance: dict) -> list[str]:
