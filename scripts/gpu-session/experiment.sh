@@ -229,6 +229,7 @@ copy_repository() {
 
 case $mode in
 args)  # what `start` would pass to `hyla experiment run` after the plan, on this machine (no GPU: as on a big one)
+  [ -f "$plan" ] || { echo "error: no plan file $plan (PLAN)" >&2; exit 2; }
   echo "$(plan_arguments "$plan") ${PLAN_ARGS:-}"
   ;;
 part1)

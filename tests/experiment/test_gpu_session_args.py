@@ -51,3 +51,10 @@ def test_a_plan_without_warm_engine_gets_no_such_setting(tmp_path):
 def test_plan_args_come_last_so_they_can_switch_it_on_again(tmp_path):
     args, _ = session_args(tmp_path, RECIPE, 81559, "--set warm_engine=true")
     assert args.index("warm_engine=false") < args.index("warm_engine=true")
+
+
+def test_a_missing_plan_file_is_one_error_line(tmp_path):
+    env = {**os.environ, "PLAN": "configs/experiments/nope.json"}
+    done = subprocess.run(["bash", "scripts/gpu-session/experiment.sh", "args"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip() == "error: no plan file configs/experiments/nope.json (PLAN)"
