@@ -26,15 +26,27 @@ def write_result(run: Path, folder: str, result: dict) -> None:
 
 def test_grade_record_by_hand():
     assert niah_grading.grade_record(record(" 1234567.")) == {"exact": True, "digits_right": 1.0, "leading_4": True,
-                                                              "number_answer": True}
+                                                              "number_answer": True, "prefix_4": True}
     near = niah_grading.grade_record(record(" 1234999 and more"))
-    assert near == {"exact": False, "digits_right": pytest.approx(4 / 7), "leading_4": True, "number_answer": True}
+    assert near == {"exact": False, "digits_right": pytest.approx(4 / 7), "leading_4": True, "number_answer": True,
+                    "prefix_4": True}
     shifted = niah_grading.grade_record(record(" 9123456"))  # every digit one place off: none right by position
     assert shifted["digits_right"] == 0.0 and not shifted["leading_4"] and shifted["number_answer"]
     assert niah_grading.grade_record(record(" the key to the key")) == {
-        "exact": False, "digits_right": 0.0, "leading_4": False, "number_answer": False}
+        "exact": False, "digits_right": 0.0, "leading_4": False, "number_answer": False, "prefix_4": False}
     # Runs on past the needle: RULER's string match counts it, and the first 7 digits are the needle's.
     assert niah_grading.grade_record(record(" 12345678888"))["exact"]
+
+
+def test_a_copy_cut_short_reached_the_needle_but_holds_no_7_digit_number():
+    # Answers of the 2026-12-05 GLA hybrid: the needle's first digits, then a full stop.
+    cut = niah_grading.grade_record(record(" 175488.\nThe grass is green.", needle="1754823"))
+    assert cut == {"exact": False, "digits_right": 0.0, "leading_4": False, "number_answer": False, "prefix_4": True}
+    assert niah_grading.grade_record(record(" 1,754,8.", needle="1754823"))["prefix_4"]  # commas dropped first
+    # The first number decides: a later one does not count, nor a 3-digit start, nor other leading digits.
+    assert not niah_grading.grade_record(record(" 403. Then 1754823", needle="1754823"))["prefix_4"]
+    assert not niah_grading.grade_record(record(" 175.", needle="1754823"))["prefix_4"]
+    assert not niah_grading.grade_record(record(" 1745823", needle="1754823"))["prefix_4"]
 
 
 def test_grade_means_by_cell_and_skips_non_numeric_tasks():
@@ -53,6 +65,7 @@ def test_summary_cells_carry_the_graded_scores(tmp_path):
     cell = report.collect_evals(tmp_path)["niah"]["main"]["SK1"][4096]
     assert cell["accuracy"] == pytest.approx(1 / 3) and cell["num_samples"] == 3
     assert cell["number_answers"] == pytest.approx(2 / 3) and cell["near_misses"] == pytest.approx(2 / 3)
+    assert cell["needle_prefix"] == pytest.approx(2 / 3)
 
 
 def test_labels_name_the_model_whatever_the_task_and_span():

@@ -80,8 +80,14 @@ def _niah_cells(result: dict, niah: dict, label: str) -> None:
             if (task, length) in graded:
                 g = graded[(task, length)]
                 cell |= {"number_answers": g["number_answer"], "near_misses": g["leading_4"],
-                         "digits_right": g["digits_right"]}
+                         "digits_right": g["digits_right"], "needle_prefix": g["prefix_4"]}
             niah[label][task][length] = cell
+
+
+def _graded_cell(cell: dict) -> str:
+    # Summaries written before `needle_prefix` existed show two grades.
+    text = f"{cell['number_answers']:.2f} / {cell['near_misses']:.2f}"
+    return text + (f" / {cell['needle_prefix']:.2f}" if "needle_prefix" in cell else "")
 
 
 # The model every other one is compared with prompt by prompt (`niah_pairs`), when the run has it.
@@ -269,13 +275,15 @@ def markdown(summary: dict) -> str:
                 for label in sorted(niah) for task in sorted(niah[label])]
         lines += ["## NIAH accuracy", "", *_table(["model", "task", *map(_length, lengths)], rows), ""]
     if niah:
-        graded = [[label, task, *(f"{c['number_answers']:.2f} / {c['near_misses']:.2f}" if "number_answers" in
-                                  (c := niah[label][task].get(n, {})) else "-" for n in lengths)]
+        graded = [[label, task, *(_graded_cell(c) if "number_answers" in (c := niah[label][task].get(n, {})) else "-"
+                                  for n in lengths)]
                   for label in sorted(niah) for task in sorted(niah[label])
                   if any("number_answers" in c for c in niah[label][task].values())]
         if graded:
             lines += ["NIAH graded (SK1, SK2): answers holding a 7-digit number / with >= 4 leading digits of the "
-                      "needle", "", *_table(["model", "task", *map(_length, lengths)], graded), ""]
+                      "needle / whose first number, of any length, begins with the needle's first 4 digits (copies "
+                      "cut short count: the needle was reached)", "",
+                      *_table(["model", "task", *map(_length, lengths)], graded), ""]
         lines += _pairs_lines(summary.get("niah_pairs") or {})
         lines += _misses_lines(summary.get("niah_misses") or {})
         lines += _distance_lines(summary.get("niah_distance") or {})
