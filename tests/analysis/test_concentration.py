@@ -49,18 +49,23 @@ def jacobian_concentration(values_to_output, v: torch.Tensor, num_heads: int) ->
     return norms / norms.sum(-1, keepdim=True)
 
 
-def tiny_hypenet(seed: int) -> HypeNetForCausalLM:
-    config = HypeNetConfig(
-        vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, layer_types=["lightning", "attention"], attention_logit_scaling_a=16.0,
-        attention_qk_norm=True, attention_output_gate=True,
-    )
+def tiny_hypenet(seed: int, layer_types=("lightning", "attention"), **overrides) -> HypeNetForCausalLM:
+    """A float64 HypeNet of `layer_types` with norm weights away from 1 (and GDN decays that keep every key's c well
+    above 0: A in [0.05, 0.5] rather than fla's U(0, 16))."""
+    config = HypeNetConfig(**{
+        **dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=len(layer_types),
+               num_attention_heads=4, num_key_value_heads=2, head_dim=8, layer_types=list(layer_types),
+               attention_logit_scaling_a=16.0, attention_qk_norm=True, attention_output_gate=True),
+        **overrides,
+    })
     torch.manual_seed(seed)
     model = HypeNetForCausalLM(config).double().eval()
     with torch.no_grad():
         for name, parameter in model.named_parameters():
             if "norm" in name:
                 parameter.uniform_(0.5, 1.5)
+            if name.endswith("A_log"):
+                parameter.copy_(torch.empty_like(parameter).uniform_(0.05, 0.5).log())
     return model
 
 

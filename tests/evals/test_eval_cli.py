@@ -98,6 +98,13 @@ def test_logit_scaling_override_needs_a_model_that_has_it(capsys, tmp_path, tiny
     assert code == 2 and "needs a hyla HypeNet model" in _error_line(stderr) and "llama" in _error_line(stderr)
 
 
+def test_options_that_do_not_go_together_fail_before_the_model_loads(capsys, tmp_path):
+    for options, message in ((["--logit-scaling", "per-length"], "logit_scaling must be one of"),
+                             (["--eme-stride", "64"], "eme_stride needs eme_window")):
+        code, _, stderr = _run(capsys, "ppl", "--model", tmp_path / "never-loaded", "--out", tmp_path, *options)
+        assert code == 2 and message in _error_line(stderr)
+
+
 def test_apply_inference_overrides_sets_the_models_options_and_leaves_its_config():
     from hyla import InferenceOptions
 

@@ -4,7 +4,8 @@ A forward pre-hook on every mixer module recomputes, from the module's own input
 receives, and hands them to a callback before the next layer runs: only one layer's q/k is alive at a time, so the
 memory stays that of a plain forward pass.
 - HypeNet mixers: the hook calls the layer's own `project(hidden_states, context)` (norms, RoPE, logit scaling and
-  padding mask exactly as in `forward`).
+  padding mask exactly as in `forward`), and for GLA and GDN its own `token_inputs` (the per-token gates and β of
+  its op); the call's inference options give the window of RoPE attention and SWA and SWLA's windows (EME).
 - Hugging Face decoders (Llama, Mistral, Qwen2, Qwen3): the hook re-runs the projection math of their attention
   `forward` from its `hidden_states` and `position_embeddings` (q_proj/k_proj, q_norm/k_norm when present, and the
   model file's own `apply_rotary_pos_emb`), with the module's `scaling` and `sliding_window`.
@@ -16,13 +17,15 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
 
 from hyla.analysis.concentration import HeadInputs
 from hyla.layers.attention import Attention
+from hyla.layers.context import MixerContext
+from hyla.layers.gdn import GatedDeltaNet
+from hyla.layers.gla import GatedLinearAttention
 from hyla.layers.lightning import LightningAttention
 
 # (mixer module, positional args, keyword args of its forward) -> HeadInputs
@@ -35,23 +38,49 @@ def register_mixer(mixer_class: type, capture: MixerCapture) -> None:
     CAPTURES[mixer_class] = capture
 
 
-def _hypenet_mixer_inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, Any]:
+def _hypenet_mixer_inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor, MixerContext]:
     hidden_states = args[0] if args else kwargs["hidden_states"]
     context = args[1] if len(args) > 1 else kwargs["context"]
     return hidden_states, context
 
 
+def _swla(context: MixerContext) -> dict[str, int | None]:
+    """The SWLA windows a linear mixer runs with under this call's options (`run_linear_op`): none without EME."""
+    return {"swla_window": context.options.eme_window, "swla_stride": context.options.swla_stride}
+
+
 def capture_lightning(module: LightningAttention, args: tuple, kwargs: dict) -> HeadInputs:
-    q, k, _ = module.project(*_hypenet_mixer_inputs(args, kwargs))
-    return HeadInputs("decay", q, k, scale=module.head_dim**-0.5, log_decay=module.log_decay(q.device))
+    hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
+    q, k, _ = module.project(hidden_states, context)
+    return HeadInputs("decay", q, k, scale=module.head_dim**-0.5, log_decay=module.log_decay(q.device),
+                      **_swla(context))
+
+
+def capture_gla(module: GatedLinearAttention, args: tuple, kwargs: dict) -> HeadInputs:
+    hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
+    q, k, _ = module.project(hidden_states, context)
+    gates = module.token_inputs(hidden_states, context)
+    return HeadInputs("gated", q, k, scale=module.head_dim**-0.5, log_gates=gates["g"], **_swla(context))
+
+
+def capture_gdn(module: GatedDeltaNet, args: tuple, kwargs: dict) -> HeadInputs:
+    hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
+    q, k, _ = module.project(hidden_states, context)
+    gates = module.token_inputs(hidden_states, context)
+    return HeadInputs("delta", q, k, scale=module.head_dim**-0.5, log_gates=gates["g"], beta=gates["beta"],
+                      **_swla(context))
 
 
 def capture_attention(module: Attention, args: tuple, kwargs: dict) -> HeadInputs:
-    q, k, _ = module.project(*_hypenet_mixer_inputs(args, kwargs))
-    return HeadInputs("softmax", q, k, scale=module.head_dim**-0.5)
+    """NoPE and RoPE attention and SWA (a subclass): the window is the layer's own under the call's options."""
+    hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
+    q, k, _ = module.project(hidden_states, context)
+    return HeadInputs("softmax", q, k, scale=module.head_dim**-0.5, window=module.window(context.options))
 
 
 register_mixer(LightningAttention, capture_lightning)
+register_mixer(GatedLinearAttention, capture_gla)
+register_mixer(GatedDeltaNet, capture_gdn)
 register_mixer(Attention, capture_attention)
 
 
@@ -80,14 +109,23 @@ def _is_hf_attention(module: nn.Module) -> bool:
     )
 
 
+# What kind of head each HypeNet layer type has, for the plots (seed 003 Fig. 12(b), 21(b) set recurrent heads apart
+# from NoPE attention heads); a teacher's attention is RoPE attention.
+HEAD_KINDS = {"lightning": "recurrent", "gla": "recurrent", "gdn": "recurrent", "attention": "NoPE attention",
+              "attention_rope": "RoPE attention", "swa": "RoPE attention"}
+TEACHER_HEAD_KIND = "RoPE attention"
+
+
 @dataclass
 class MixerLayer:
-    """One decoder layer's mixer: its index, its type (HypeNet `layer_types`, else the HF config's), the module."""
+    """One decoder layer's mixer: its index, its type (HypeNet `layer_types`, else the HF config's), the module, its
+    capture and its head kind (a value of `HEAD_KINDS`, or the layer type where it has none)."""
 
     index: int
     layer_type: str
     module: nn.Module
     capture: MixerCapture
+    head_kind: str
 
 
 def _capture_for(module: nn.Module) -> MixerCapture:
@@ -117,7 +155,8 @@ def mixer_layers(model: nn.Module) -> list[MixerLayer]:
         if module is None:
             raise ValueError(f"decoder layer {index} of {type(model).__name__} has neither .mixer nor .self_attn")
         layer_type = getattr(block, "layer_type", None) or (config_types[index] if config_types else "attention")
-        layers.append(MixerLayer(index, layer_type, module, _capture_for(module)))
+        head_kind = HEAD_KINDS.get(layer_type, layer_type) if hasattr(block, "mixer") else TEACHER_HEAD_KIND
+        layers.append(MixerLayer(index, layer_type, module, _capture_for(module), head_kind))
     return layers
 
 

@@ -1,7 +1,8 @@
 """`hyla analyze {entropy,hitrate,displacement}`: thin handlers over `hyla.analysis.run`.
 
 Models are HF folders (HypeNet or a teacher), .gguf files or teacher aliases (smollm2-135m); each command writes
-`results.json` and PNG plots into `--out`.
+`results.json` and PNG plots into `--out`. `entropy` and `hitrate` take the inference options of `hyla eval niah`
+(logit scaling, EME), parsed by the same code (`hyla.evals.cli.add_inference_options`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 from typing import Any
+
+from hyla.evals.cli import add_inference_options, inference_overrides
 
 _DEFAULT_OUT_ROOT = Path("runs") / "analysis"
 
@@ -36,6 +39,7 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--normalizer", choices=("length", "visible"), default="length",
                         help="entropy divided by log L (length) or by log(t+1), the keys query t sees (visible)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_inference_options(parser)
 
 
 def register(subparsers: Any) -> None:
@@ -74,6 +78,14 @@ def _probe_settings(args: argparse.Namespace):
                          num_depths=args.num_depths, text_file=getattr(args, "text_file", None))
 
 
+def _inference_options(args: argparse.Namespace):
+    """The options' InferenceOptions (None when none is given); values that do not go together fail here, as one
+    error line, before any model work."""
+    from hyla.evals.overrides import inference_options_of
+
+    return inference_options_of(**inference_overrides(args))
+
+
 def _report(results: dict, out: Path) -> None:
     print(f"hyla analyze: {len(results['heads'])} head records in {results['runtime_s']} s; wrote {out}")
     for group, means in results["summary"].items():
@@ -85,6 +97,7 @@ def _handle_entropy(args: argparse.Namespace) -> int:
 
     out = _out(args, "entropy", args.model)
     results = run_entropy(args.model, out, _probe_settings(args), tokenizer=args.tokenizer,
+                          inference_options=_inference_options(args),
                           num_query_positions=args.num_query_positions, block_size=args.block_size,
                           normalizer=args.normalizer, dtype=args.dtype, device=args.device,
                           progress=not args.no_progress)
@@ -97,6 +110,7 @@ def _handle_hitrate(args: argparse.Namespace) -> int:
 
     out = _out(args, "hitrate", args.model)
     results = run_hitrate(args.model, out, _probe_settings(args), tokenizer=args.tokenizer, top_k=args.top_k,
+                          inference_options=_inference_options(args),
                           normalizer=args.normalizer, dtype=args.dtype, device=args.device,
                           progress=not args.no_progress)
     _report(results, out)

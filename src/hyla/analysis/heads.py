@@ -47,6 +47,7 @@ class LayerStatistics:
 
     index: int
     layer_type: str
+    head_kind: str
     entropy: torch.Tensor | None = None
     answer_entropy: torch.Tensor | None = None
     hit_rate: torch.Tensor | None = None
@@ -73,7 +74,7 @@ def _layer_statistics(
     block_size: int,
     normalizer: str,
 ) -> LayerStatistics:
-    statistics = LayerStatistics(layer.index, layer.layer_type)
+    statistics = LayerStatistics(layer.index, layer.layer_type, layer.head_kind)
     length = inputs.length
     if query_positions is not None:
         entropies = [
@@ -133,7 +134,8 @@ def _mean_std(values: list[torch.Tensor]) -> tuple[list[float], list[float]]:
 def head_records(per_probe: list[list[LayerStatistics]]) -> list[dict]:
     """One record per (layer, head) with the means (and standard deviations) over probes and positions.
 
-    `group` is the head group used for averages: the layer type, as every head of a HypeNet layer has the same mixer.
+    `group` is the head group used for averages: the layer type, as every head of a HypeNet layer has the same mixer;
+    `head_kind` says whether the head is recurrent, NoPE or RoPE attention (`hyla.analysis.capture.HEAD_KINDS`).
     """
     records = []
     for layer_index, layer in enumerate(per_probe[0]):
@@ -144,7 +146,8 @@ def head_records(per_probe: list[list[LayerStatistics]]) -> list[dict]:
                 columns[name] = _mean_std([getattr(statistics, name) for statistics in layers])
         num_heads = len(next(iter(columns.values()))[0])
         for head in range(num_heads):
-            record = {"layer": layer.index, "head": head, "layer_type": layer.layer_type, "group": layer.layer_type}
+            record = {"layer": layer.index, "head": head, "layer_type": layer.layer_type, "group": layer.layer_type,
+                      "head_kind": layer.head_kind}
             for name, (means, stds) in columns.items():
                 record[name], record[f"{name}_std"] = means[head], stds[head]
             if layer.hit_rate is not None:

@@ -1,5 +1,6 @@
-"""Plots of the analyses (PNG, written atomically): heads as points coloured by layer type, as in seed 003's
-Fig. 12(b) and 21(b); entropy by head and by position; displacement by layer."""
+"""Plots of the analyses (PNG, written atomically): heads as points coloured by layer type and shaped by head kind
+(recurrent, NoPE or RoPE attention), as in seed 003's Fig. 12(b) and 21(b); entropy by head and by position;
+displacement by layer."""
 
 from __future__ import annotations
 
@@ -11,6 +12,10 @@ from hyla.outputs import new_figure, save_figure
 _LAYER_TYPE_COLORS = {"attention": "tab:blue", "lightning": "tab:orange", "full_attention": "tab:blue",
                       "sliding_attention": "tab:green", "gla": "tab:red", "gdn": "tab:purple", "swa": "tab:green"}
 _OTHER_COLORS = ("tab:brown", "tab:pink", "tab:olive", "tab:cyan", "tab:gray")
+# A marker per head kind (`hyla.analysis.capture.HEAD_KINDS`), so that recurrent and NoPE heads stand apart whatever
+# the colours; other kinds get a diamond.
+HEAD_KIND_MARKERS = {"recurrent": "o", "NoPE attention": "^", "RoPE attention": "s"}
+_OTHER_MARKER = "D"
 
 
 def _color(layer_type: str, others: list[str]) -> str:
@@ -29,12 +34,16 @@ def _by_type(records: list[dict]) -> dict[str, list[dict]]:
 
 
 def plot_entropy_vs_hit_rate(records: list[dict], *, top_k: int, title: str, path: Path) -> None:
-    """Every head a point: normalized entropy at the answer position vs top-k hit rate, coloured by layer type."""
+    """Every head a point: normalized entropy at the answer position vs top-k hit rate, coloured by layer type, its
+    marker the head kind (`HEAD_KIND_MARKERS`)."""
     figure, axes = new_figure(5.5, 4.2)
     others: list[str] = []
     for layer_type, members in _by_type(records).items():
+        kind = members[0].get("head_kind", layer_type)
+        label = f"{layer_type} ({len(members)})" if kind == layer_type else f"{layer_type}, {kind} ({len(members)})"
         axes.scatter([member["answer_entropy"] for member in members], [member["hit_rate"] for member in members],
-                     s=14, alpha=0.75, color=_color(layer_type, others), label=f"{layer_type} ({len(members)})")
+                     s=18, alpha=0.75, color=_color(layer_type, others),
+                     marker=HEAD_KIND_MARKERS.get(kind, _OTHER_MARKER), label=label)
     axes.set_xlabel("normalized entropy H~ at the answer position")
     axes.set_ylabel(f"top-{top_k} hit rate on the needle")
     axes.set_xlim(0, 1)

@@ -52,16 +52,28 @@ def _add_model_options(parser: argparse.ArgumentParser, *, required: bool = True
     parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--seed", type=int, default=42)
+    add_inference_options(parser)
+
+
+def add_inference_options(parser: argparse.ArgumentParser) -> None:
+    """The inference options of hybrid models (`_OVERRIDE_OPTIONS`), shared by `hyla eval` and `hyla analyze`;
+    `inference_overrides(args)` reads them back. Their values are checked together by
+    `hyla.evals.overrides.inference_options_of`, as one error line, not by argparse."""
     overrides = parser.add_argument_group("inference options (hyla hybrid models; the saved config is left as it is)")
     overrides.add_argument(
         "--logit-scaling-a", type=_scaling_a, default=None, metavar="A|off",
-        help="per-query logit scaling s_t = log(t+a)/log(a) with this a; 'off' evaluates without scaling",
+        help="per-query logit scaling s_t = log(t+a)/log(a) with this a; 'off' runs without scaling",
     )
-    overrides.add_argument("--logit-scaling", choices=["per_query", "per_length", "off"], default=None,
+    overrides.add_argument("--logit-scaling", default=None, metavar="per_query|per_length|off",
                            help="logit scaling mode (per_length: c(L) = log L / log L0 on NoPE attention)")
     overrides.add_argument("--logit-scaling-train-length", type=int, default=None, help="L0 of c(L)")
     overrides.add_argument("--eme-window", type=int, default=None, help="EME: SWLA / sliding window W")
     overrides.add_argument("--eme-stride", type=int, default=None, help="EME: SWLA stride S (default W // 4)")
+
+
+def inference_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The inference options of parsed arguments (None where not given), by `InferenceOptions` field name."""
+    return {name: getattr(args, name) for name in _OVERRIDE_OPTIONS}
 
 
 def _add_generation_options(parser: argparse.ArgumentParser) -> None:
@@ -251,6 +263,7 @@ def _out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, Any, dict[str, Any], Path]:
     """Print the settings, load the model with its overrides; returns (model, tokenizer, settings, out_dir)."""
+    from hyla.evals.overrides import inference_options_of
     from hyla.evals.runner import load_for_eval, print_settings
 
     common = ["model", "dtype", "device", "batch_size", "seed"]
@@ -258,7 +271,8 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     settings = _settings(args, common + list(_OVERRIDE_OPTIONS) + names)
     out_dir = _out_dir(args, kind)
     print_settings(kind, {**settings, "out": out_dir})
-    overrides = {name: getattr(args, name) for name in _OVERRIDE_OPTIONS}
+    overrides = inference_overrides(args)
+    inference_options_of(**overrides)  # values that do not go together fail before the model loads
     model, tokenizer, applied = load_for_eval(args.model, dtype=args.dtype, device=args.device, **overrides)
     return model, tokenizer, {**settings, "inference_options": applied}, out_dir
 

@@ -1,19 +1,22 @@
-"""Inference options given to an evaluation (logit scaling, EME: `hyla.InferenceOptions`).
+"""Inference options given to an evaluation or an analysis (logit scaling, EME: `hyla.InferenceOptions`).
 
 `apply_inference_overrides(model, **overrides)` is the single place where evaluation options change how a model
 runs, so the teacher and its hybrid are measured by one command with the same flags. It builds the
-`InferenceOptions` of the given options and makes them the model's inference options (`model.inference_options`,
+`InferenceOptions` of the given options (`inference_options_of`, which commands call first, to refuse bad
+combinations before loading a model) and makes them the model's inference options (`model.inference_options`,
 what its forward, `generate` and the inference engine run with); the model's config is left as it was loaded. A
 model without inference options (not a HypeNet) cannot honour them, and that is an error rather than a silent
 no-op. The names are InferenceOptions' fields; `logit_scaling_a="off"` evaluates without the scaling the model was
-saved with (logit_scaling "off").
+saved with (logit_scaling "off"). `check_options_change_layers` refuses options that change no layer of a model.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from hyla.layers.context import InferenceOptions
+from hyla.models.configuration import HEADWISE_LAYER_TYPES, LINEAR_LAYER_TYPES
 
 # override name -> what it means, for the error messages
 OVERRIDES = {
@@ -25,27 +28,61 @@ OVERRIDES = {
 }
 
 
-def apply_inference_overrides(model: Any, **overrides: Any) -> dict[str, Any]:
-    """Make the given (non-None) overrides the model's inference options; returns them (option -> value).
+# option -> (the layer types it changes, what it does to them): hyla.layers.linear_mixer.run_linear_op (SWLA),
+# Attention.window and hyla.layers.attention.query_logit_scale. "hh_swa" keeps its window under EME.
+_EFFECTS = {
+    "eme_window": ((*LINEAR_LAYER_TYPES, "attention_rope", "hh_lightning", "hh_gla", "hh_gdn"),
+                   "runs lightning, gla and gdn layers as SWLA and gives attention_rope layers a sliding window"),
+    "logit_scaling_train_length": (("attention", *HEADWISE_LAYER_TYPES), "scales the logits of NoPE attention"),
+    "logit_scaling_a": (("attention", "attention_rope", *HEADWISE_LAYER_TYPES),
+                        "scales the logits of full attention (NoPE and RoPE)"),
+}
 
-    Raises ValueError for an unknown override, a model without inference options, or values that do not go
-    together (the model is then left as it was)."""
+
+def _given(overrides: dict[str, Any]) -> dict[str, Any]:
     given = {name: value for name, value in overrides.items() if value is not None}
-    if not given:
-        return {}
     unknown = sorted(set(given) - set(OVERRIDES))
     if unknown:
         raise ValueError(f"unknown inference override(s) {unknown}; known: {', '.join(OVERRIDES)}")
-    if not hasattr(model, "inference_options"):
-        name = next(iter(given))
-        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise ValueError(f"--{name.replace('_', '-')} needs a hyla HypeNet model, for its {OVERRIDES[name]} "
-                         f"({model_type} has no inference options)")
+    return given
+
+
+def inference_options_of(**overrides: Any) -> InferenceOptions | None:
+    """The `InferenceOptions` of the given (non-None) overrides, or None when none is given. Raises ValueError for
+    an unknown override or values that do not go together."""
+    given = _given(overrides)
+    if not given:
+        return None
     if given.get("logit_scaling_a") == "off":
         del given["logit_scaling_a"]
         if given.setdefault("logit_scaling", "off") != "off":
             raise ValueError(f"--logit-scaling-a off turns the scaling off; --logit-scaling {given['logit_scaling']} "
                              "asks for it")
-    options = InferenceOptions(**given)
+    return InferenceOptions(**given)
+
+
+def apply_inference_overrides(model: Any, **overrides: Any) -> dict[str, Any]:
+    """Make the given (non-None) overrides the model's inference options; returns them (option -> value).
+
+    Raises ValueError for an unknown override, a model without inference options, or values that do not go
+    together (the model is then left as it was)."""
+    given = _given(overrides)
+    if not given:
+        return {}
+    if not hasattr(model, "inference_options"):
+        name = next(iter(given))
+        model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
+        raise ValueError(f"--{name.replace('_', '-')} needs a hyla HypeNet model, for its {OVERRIDES[name]} "
+                         f"({model_type} has no inference options)")
+    options = inference_options_of(**given)
     model.inference_options = options
     return options.changes()
+
+
+def check_options_change_layers(options: InferenceOptions, layer_types: Sequence[str], model: str) -> None:
+    """Raise one clear ValueError when an option of `options` changes no layer of a model with `layer_types`
+    (e.g. EME on a model without linear mixers or RoPE attention, c(L) on one without NoPE attention)."""
+    for name, (changed, effect) in _EFFECTS.items():
+        if getattr(options, name) is not None and not any(kind in changed for kind in layer_types):
+            raise ValueError(f"--{name.replace('_', '-')} changes no layer of {model}: it {effect}, and its layers "
+                             f"are {', '.join(sorted(set(layer_types)))}")
