@@ -309,3 +309,34 @@ def test_the_scaling_stage_table_has_a_row_per_candidate_with_the_chosen_one_mar
     assert "| main | 5000 | 3.250 | 0.500 | 0.33 | chosen |" in lines
     assert len([line for line in lines if line.startswith("| main")]) == 2
     assert report._scaling_lines({"other": {"stages": {}}}) == []
+
+
+def test_head_analyses_are_summarised_per_layer_type_and_tabled(tmp_path):
+    def head(layer, index, group, hit_rate, entropy):
+        return {"layer": layer, "head": index, "group": group, "layer_type": group, "hit_rate": hit_rate,
+                "answer_entropy": entropy}
+
+    heads = [head(0, 0, "gla", 0.0, 0.9), head(0, 1, "gla", 0.25, 0.7), head(1, 0, "attention", 0.75, 0.2),
+             head(1, 1, "attention", 0.5, 0.3), head(1, 2, "attention", 0.125, 0.6)]
+    write_result(tmp_path, "analyze-gla-4K-eme", {
+        "kind": "analysis/hitrate",
+        "settings": {"task": "SK1", "length": 4096, "num_samples": 4, "top_k": 64,
+                     "inference_options": {"eme_window": 4096, "eme_stride": 1024}},
+        # the summary as hyla.analysis.heads.group_means writes it: means over each group's heads
+        "summary": {"gla": {"num_heads": 2, "hit_rate": 0.125, "answer_entropy": 0.8},
+                    "attention": {"num_heads": 3, "hit_rate": 0.4583, "answer_entropy": 0.3667}},
+        "heads": heads})
+    evals = report.collect_evals(tmp_path)
+    assert set(evals["niah"]) == set() and set(evals["heads"]) == {"gla-4K-eme"}
+    found = evals["heads"]["gla-4K-eme"]
+    assert (found["task"], found["length"], found["num_samples"]) == ("SK1", 4096, 4)
+    attention = found["groups"]["attention"]
+    # hit rate >= 0.5 finds the needle: 0.75 and 0.5 do, 0.125 does not
+    assert attention["finding"] == 2 and attention["best"] == {"layer": 1, "head": 0, "hit_rate": 0.75}
+    assert found["groups"]["gla"]["finding"] == 0 and found["groups"]["gla"]["best"]["head"] == 1
+    summary = json.loads(json.dumps(report.summarize(tmp_path)))  # as written
+    assert summary["heads"] == evals["heads"]
+    lines = report.markdown(summary).splitlines()
+    assert "## Head analysis (`hyla analyze hitrate`)" in lines
+    assert ("| gla-4K-eme | SK1 4K x4 | eme_stride=1024, eme_window=4096 | attention | 3 | 0.46 | 0.37 | 2 | "
+            "1.0: 0.75 |") in lines

@@ -15,7 +15,7 @@ from hyla.cli import main as hyla_main
 from hyla.convert.presets import apply_overrides, make_plan
 from hyla.evals.cli import _parse_length
 from hyla.experiment.budget import convert_settings, distill_tokens
-from hyla.experiment.plan import load_plan, read_plan_file
+from hyla.experiment.plan import keep_only, load_plan, read_plan_file
 
 RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "smollm2-135m"
 REQUIRED = ["text=/data/text"]
@@ -386,6 +386,33 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
     assert plan.report["niah_table"] == "wide" and plan.train_slots == 1
     # every mixer's evaluations at once beside the next conversion
     assert plan.parallel >= 1 + sum(name.startswith("niah-lightning-") for name in plan.jobs)
+
+
+def test_the_seed003_plan_analyses_each_converted_hybrids_heads_at_two_lengths_with_and_without_eme(tmp_path):
+    from hyla.evals.cli import inference_overrides
+    from hyla.evals.overrides import inference_options_of
+
+    plan = load_plan(PLANS[[p.stem for p in PLANS].index("seed003-smollm2")], tmp_path)
+    eme = {"logit_scaling": "per_length", "logit_scaling_train_length": 4096, "eme_window": 4096, "eme_stride": 1024}
+    wanted = {"direct": {"logit_scaling": "off"}, "eme": eme, "per-query": {}}  # per-query: the model's own a
+    seen = set()
+    for name, job in plan.jobs.items():
+        if not name.startswith("analyze-"):
+            continue
+        mixer, length, mode = name.removeprefix("analyze-").split("-", 2)  # analyze-MIXER-LENGTH-MODE
+        args = build_parser().parse_args(list(job.run[1:]))
+        assert job.run[1:3] == ("analyze", "hitrate") and job.needs == (f"convert-{mixer}",)
+        assert args.model.endswith(f"/{mixer}/06-export") and args.out == tmp_path / "evals" / name  # in the report
+        assert (args.task, args.num_samples, args.device, args.dtype) == ("SK1", 4, "cuda", "bfloat16")
+        assert args.length == {"4K": 4096, "32K": 32768}[length]
+        assert inference_options_of(**inference_overrides(args)).changes() == wanted[mode], name
+        seen.add((mixer, length, mode))
+    assert seen == {(mixer, length, mode) for mixer in ("lightning", "gla", "gdn") for length in ("4K", "32K")
+                    for mode in ("direct", "eme")} | {("lightning", "4K", "per-query"), ("lightning", "32K", "per-query")}
+    # --only picks one mixer's analyses with its conversion
+    only = keep_only(plan, ["analyze-gdn-*"])
+    assert {name for name in only.jobs if name.startswith(("analyze-", "convert-"))} == {
+        "convert-gdn", "analyze-gdn-4K-direct", "analyze-gdn-4K-eme", "analyze-gdn-32K-direct", "analyze-gdn-32K-eme"}
 
 
 def test_the_recipe_plans_branches_redo_their_stages_from_the_main_conversions_earlier_ones(tmp_path):

@@ -122,14 +122,15 @@ def test_the_smoke_profile_runs_the_seed003_plan_on_cpu(tmp_path):
     run = tmp_path / "run"
     # One row of each mixer, each in another mode (the others differ only in their options: test_shipped_plans)
     evals = ["niah-lightning-per-query", "niah-gla-swla+log", "niah-gdn-log"]
+    analyses = ["analyze-gla-512-eme", "analyze-gdn-512-direct"]  # one head analysis each way
     argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke", "--set", f"text={text}",
             "--set", f"teacher={teacher}", "--set", f"text_cache={tmp_path / 'no-cache'}",
-            "--only", ",".join(["convert-*", *evals, "report"]), "--poll", "0.5"]
+            "--only", ",".join(["convert-*", *evals, *analyses, "report"]), "--poll", "0.5"]
     assert hyla_main(argv) == 0, (run / "runner.log").read_text()
     status = json.loads((run / "status.json").read_text())
     assert {name for name, job in status["jobs"].items() if job["state"] == "done"} == {
         "teacher-check", "data", "copy-gla", "copy-gdn", "convert-lightning", "convert-gla", "convert-gdn", *evals,
-        "niah-samples", "report"}
+        *analyses, "niah-samples", "report"}
     data = json.loads((run / "lightning" / "00-data" / "manifest.json").read_text())
     assert sorted(data["results"]["corpora"]) == ["main", "scaling"]  # no stage-3 corpus
     for mixer in ("lightning", "gla", "gdn"):
@@ -162,3 +163,13 @@ def test_the_smoke_profile_runs_the_seed003_plan_on_cpu(tmp_path):
     # the rows in the plan's order
     assert [row.split(" | ")[0] for row in table[2:5]] == ["| lightning-per-query", "| gla-swla+log", "| gdn-log"]
     assert "| GDN-NoPE-LH | 99 | 100 | 90 | 53 |" in lines and "| SWLA + Log | 100 | 59 | 64 |" in lines
+    # The head analyses: under EME for GLA (its options recorded), without logit scaling for GDN, each layer type.
+    assert summary["heads"]["gla-512-eme"]["options"] == {"logit_scaling": "per_length",
+                                                          "logit_scaling_train_length": 256, "eme_window": 256,
+                                                          "eme_stride": 64}
+    assert summary["heads"]["gdn-512-direct"]["options"] == {"logit_scaling": "off"}
+    for label, mixer in (("gla-512-eme", "gla"), ("gdn-512-direct", "gdn")):
+        groups = summary["heads"][label]["groups"]
+        assert set(groups) == {mixer, "attention"} and groups[mixer]["num_heads"] == 3 * groups["attention"]["num_heads"]
+        assert (run / "evals" / f"analyze-{label}" / "entropy_vs_hitrate.png").is_file()
+    assert "## Head analysis (`hyla analyze hitrate`)" in lines

@@ -53,7 +53,7 @@ def test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda(tmp_path):
     text = docs_text(tmp_path / "text")
     plan = next(path for path in PLANS if path.stem == "seed003-smollm2")
     run = tmp_path / "run"
-    evals = ["niah-gla-swla+log", "niah-gdn-swla+log"]
+    evals = ["niah-gla-swla+log", "niah-gdn-swla+log", "analyze-gla-512-eme", "analyze-gdn-512-eme"]
     variables = [f"text={text}", f"teacher={teacher}", f"text_cache={tmp_path / 'no-cache'}", "device=cuda",
                  "dtype=bfloat16"]
     argv = ["experiment", "run", str(plan), "--out", str(run), "--profile", "smoke",
@@ -70,3 +70,7 @@ def test_the_seed003_plan_converts_and_evaluates_gla_and_gdn_on_cuda(tmp_path):
         assert "[distill] fast path: compiled blocks" in log and "compiled blocks off" not in log
         results = json.loads((run / "evals" / f"niah-{mixer}-swla+log" / "results.json").read_text())
         assert results["generation_path"] == "engine", results["generation_path"]
+        # the head analysis's GLA / GDN forms on CUDA (fla's kernels in the forward), under EME
+        heads = json.loads((run / "evals" / f"analyze-{mixer}-512-eme" / "results.json").read_text())["heads"]
+        assert {record["group"] for record in heads} == {mixer, "attention"}
+        assert all(0.0 <= record["hit_rate"] <= 1.0 and 0.0 <= record["answer_entropy"] <= 1.0 for record in heads)

@@ -125,7 +125,7 @@ def collect_evals(run: Path) -> dict:
     niah: dict = defaultdict(lambda: defaultdict(dict))
     records: dict = defaultdict(list)
     options: dict = defaultdict(list)
-    csr, ppl = {}, {}
+    csr, ppl, heads = {}, {}, {}
     for path in sorted((run / "evals").glob("*/results.json")):
         result = read_json(path)
         if result is None:
@@ -147,11 +147,59 @@ def collect_evals(run: Path) -> dict:
                           "limit": result.get("settings", {}).get("limit")}
         elif result.get("kind") == "ppl":
             ppl[label] = {"summary": result["summary"], "buckets": result.get("buckets")}
+        elif result.get("kind") == "analysis/hitrate":
+            heads[label] = head_analysis(result)
     return {"niah": {k: dict(v) for k, v in niah.items()}, "niah_options": dict(options), "csr": csr, "ppl": ppl,
+            "heads": heads,
             "niah_pairs": niah_pairs(records),
             "niah_misses": niah_misses(records),
             "niah_distance": {label: cells for label, found in sorted(records.items())
                               if (cells := by_distance(found))}}
+
+
+# A head "finds" the needle when this share of its top-k keys at the answer position are the needle's value tokens,
+# on average over the prompts.
+FINDS_NEEDLE = 0.5
+
+
+def head_analysis(result: dict) -> dict:
+    """A `hyla analyze hitrate` result in brief: its prompts and options, and per head group (layer type) the heads,
+    the mean top-k hit rate and answer entropy, the heads that find the needle (>= FINDS_NEEDLE) and the best."""
+    settings = result.get("settings") or {}
+    groups = {}
+    for group, means in (result.get("summary") or {}).items():
+        members = [r for r in result.get("heads") or [] if r.get("group") == group and r.get("hit_rate") is not None]
+        best = max(members, key=lambda r: r["hit_rate"], default=None)
+        groups[group] = {"num_heads": means.get("num_heads"), "hit_rate": means.get("hit_rate"),
+                         "answer_entropy": means.get("answer_entropy"),
+                         "finding": sum(r["hit_rate"] >= FINDS_NEEDLE for r in members),
+                         "best": None if best is None else {"layer": best["layer"], "head": best["head"],
+                                                            "hit_rate": best["hit_rate"]}}
+    return {"task": settings.get("task"), "length": settings.get("length"),
+            "num_samples": settings.get("num_samples"), "top_k": settings.get("top_k"),
+            "options": settings.get("inference_options") or {}, "groups": groups}
+
+
+def _heads_lines(heads: dict) -> list[str]:
+    if not heads:
+        return []
+    rows = []
+    for label, found in sorted(heads.items()):
+        options = ", ".join(f"{k}={v}" for k, v in sorted(found["options"].items())) or "as saved"
+        for group, cell in sorted(found["groups"].items()):
+            best = cell["best"]
+            rows.append([label, f"{found['task']} {_length(found['length']) if found['length'] else '-'} "
+                                f"x{found['num_samples']}", options, group, str(cell["num_heads"]),
+                         _cell(cell["hit_rate"]), _cell(cell["answer_entropy"]), str(cell["finding"]),
+                         "-" if best is None else f"{best['layer']}.{best['head']}: {best['hit_rate']:.2f}"])
+    top_k = next((found["top_k"] for found in heads.values() if found.get("top_k")), 64)
+    return ["## Head analysis (`hyla analyze hitrate`)", "",
+            f"Each head's Jacobian concentration at the answer position: the share of its top-{top_k} keys that are "
+            f"the needle's value tokens (hit rate) and its normalized entropy, means over the group's heads and the "
+            f"prompts; heads that find the needle: hit rate >= {FINDS_NEEDLE}. Plots: each job's "
+            "entropy_vs_hitrate.png.", "",
+            *_table(["job", "prompts", "inference options", "layer type", "heads", "hit rate", "entropy",
+                     "heads that find the needle", "best head (layer.head)"], rows), ""]
 
 
 def collect_conversion(folder: Path) -> dict | None:
@@ -287,6 +335,7 @@ def markdown(summary: dict) -> str:
         lines += _pairs_lines(summary.get("niah_pairs") or {})
         lines += _misses_lines(summary.get("niah_misses") or {})
         lines += _distance_lines(summary.get("niah_distance") or {})
+    lines += _heads_lines(summary.get("heads") or {})
     if summary["csr"]:
         tasks = sorted({t for result in summary["csr"].values() for t in result["tasks"]})
         rows = [[label, _cell(result["average"], 4), *(_cell(result["tasks"].get(t, {}).get("value"), 3)
