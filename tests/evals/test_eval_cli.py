@@ -10,7 +10,8 @@ import pytest
 
 from hyla.cli import main
 from hyla.evals import haystack
-from hyla.evals.overrides import apply_inference_overrides
+from hyla.evals.overrides import apply_inference_overrides, eme_window_note
+from hyla.layers.context import InferenceOptions
 
 
 def _run(capsys, *argv) -> tuple[int, str, str]:
@@ -166,6 +167,7 @@ def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny
     assert code == 0, stderr
     applied = _read(tmp_path / "hybrid")["settings"]["inference_options"]
     assert applied == {"logit_scaling_a": 500.0, "eme_window": 64}
+    assert "note: --eme-window" not in stderr  # a 64-token window cuts what Lightning's slow heads still hold
     # EME (SWLA windows) runs on the inference engine, and the result file says so
     assert _read(tmp_path / "hybrid")["generation_path"] == "engine"
     code, _, _ = _run(capsys, "niah", "--model", tiny_llama_folder, "--out", tmp_path / "teacher", *options)
@@ -185,3 +187,22 @@ def test_hybrid_and_teacher_run_through_the_same_commands(capsys, tmp_path, tiny
     code, _, stderr = _run(capsys, "ppl", "--model", tiny_hypenet_folder, "--seq-len", "96", "--num-sequences", "1",
                            "--chunk-size", "40", "--logit-scaling-a", "0.5", "--out", tmp_path / "bad")
     assert code == 2 and "must be > 1" in _error_line(stderr)
+
+
+def test_a_swla_window_beyond_every_lightning_heads_memory_is_noted(capsys, tmp_path, tiny_hypenet_folder):
+    # The slowest of H heads decays by g_H = -2^(-8) a token whatever H: exp(-4096 / 256) = 1.1e-07 over 4K tokens,
+    # exp(-1024 / 256) = 0.018 over 1K.
+    lightning = ["lightning", "lightning", "attention"]
+    note = eme_window_note(InferenceOptions(eme_window=4096), lightning, num_heads=9)
+    assert note.startswith("note: --eme-window 4096 changes nothing here") and "1.1e-07" in note
+    assert eme_window_note(InferenceOptions(eme_window=1024), lightning, num_heads=9) is None
+    assert eme_window_note(InferenceOptions(eme_window=4096), lightning, num_heads=2) is not None
+    # GLA and GDN gates depend on the data: nothing is known before the run
+    assert eme_window_note(InferenceOptions(eme_window=4096), ["gla", "attention"], num_heads=9) is None
+    assert eme_window_note(InferenceOptions(eme_window=4096), ["lightning", "gdn", "attention"], num_heads=9) is None
+    assert eme_window_note(InferenceOptions(logit_scaling="off"), lightning, num_heads=9) is None
+    assert eme_window_note(None, lightning, num_heads=9) is None
+    code, _, stderr = _run(capsys, "niah", "--model", tiny_hypenet_folder, "--eme-window", "4096", "--tasks", "SK1",
+                           "--lengths", "256", "--num-samples", "1", "--max-new-tokens", "2", "--out", tmp_path / "n")
+    assert code == 0, stderr
+    assert "note: --eme-window 4096 changes nothing here but rounding" in stderr

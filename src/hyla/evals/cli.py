@@ -8,6 +8,7 @@ PNG plots into `--out`.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -263,7 +264,7 @@ def _out_dir(args: argparse.Namespace, kind: str) -> Path:
 
 def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, Any, dict[str, Any], Path]:
     """Print the settings, load the model with its overrides; returns (model, tokenizer, settings, out_dir)."""
-    from hyla.evals.overrides import inference_options_of
+    from hyla.evals.overrides import eme_window_note, inference_options_of
     from hyla.evals.runner import load_for_eval, print_settings
 
     common = ["model", "dtype", "device", "batch_size", "seed"]
@@ -274,6 +275,10 @@ def _start(args: argparse.Namespace, kind: str, names: list[str]) -> tuple[Any, 
     overrides = inference_overrides(args)
     inference_options_of(**overrides)  # values that do not go together fail before the model loads
     model, tokenizer, applied = load_for_eval(args.model, dtype=args.dtype, device=args.device, **overrides)
+    config = getattr(model, "config", None)
+    if (note := eme_window_note(getattr(model, "inference_options", None), getattr(config, "layer_types", None) or [],
+                                getattr(config, "num_attention_heads", 0))):
+        print(note, file=sys.stderr, flush=True)
     return model, tokenizer, {**settings, "inference_options": applied}, out_dir
 
 

@@ -7,7 +7,8 @@ combinations before loading a model) and makes them the model's inference option
 what its forward, `generate` and the inference engine run with); the model's config is left as it was loaded. A
 model without inference options (not a HypeNet) cannot honour them, and that is an error rather than a silent
 no-op. The names are InferenceOptions' fields; `logit_scaling_a="off"` evaluates without the scaling the model was
-saved with (logit_scaling "off"). `check_options_change_layers` refuses options that change no layer of a model.
+saved with (logit_scaling "off"). `check_options_change_layers` refuses options that change no layer of a model;
+`eme_window_note` says when SWLA cannot change a model's outputs (Lightning's decays forget within the window).
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import math
+
 from hyla.layers.context import InferenceOptions
 from hyla.models.configuration import HEADWISE_LAYER_TYPES, LINEAR_LAYER_TYPES
+from hyla.ops.lightning import lightning_log_decay
 
 # override name -> what it means, for the error messages
 OVERRIDES = {
@@ -86,3 +90,27 @@ def check_options_change_layers(options: InferenceOptions, layer_types: Sequence
         if getattr(options, name) is not None and not any(kind in changed for kind in layer_types):
             raise ValueError(f"--{name.replace('_', '-')} changes no layer of {model}: it {effect}, and its layers "
                              f"are {', '.join(sorted(set(layer_types)))}")
+
+
+# Below this weight a token's contribution to a Lightning state is lost in the rounding of the ones beside it (bf16
+# keeps 8 significant bits, float32 24: 6e-8 relative).
+FORGOTTEN_WEIGHT = 1e-6
+
+
+def eme_window_note(options: InferenceOptions | None, layer_types: Sequence[str], num_heads: int) -> str | None:
+    """A one-line note when `options`' SWLA window cannot change a model's outputs, else None: every recurrent layer
+    is Lightning (fixed decays g_h, `hyla.ops.lightning.lightning_log_decay`) and even the slowest head keeps a
+    weight exp(max g_h * W) below FORGOTTEN_WEIGHT for a token W positions back, so cutting the state at W removes
+    nothing the model can see (GLA and GDN gates depend on the data: no note for them)."""
+    if options is None or options.eme_window is None:
+        return None
+    recurrent = {kind for kind in layer_types if kind in LINEAR_LAYER_TYPES or kind in HEADWISE_LAYER_TYPES}
+    if recurrent != {"lightning"}:
+        return None
+    window = options.eme_window
+    weight = math.exp(float(lightning_log_decay(num_heads).max()) * window)
+    if weight >= FORGOTTEN_WEIGHT:
+        return None
+    return (f"note: --eme-window {window} changes nothing here but rounding: every layer's recurrence is Lightning, "
+            f"whose slowest head weighs a token {window} positions back by {weight:.1e}; SWLA still multiplies the "
+            f"prefill's recurrent work by W/S")
