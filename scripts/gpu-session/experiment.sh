@@ -17,12 +17,15 @@
 #           (PROBE=0 skips the throughput probe, ~9 minutes)
 #   call 2  carry [".gpu-teacher/p1"]                           experiment.sh stash
 #   call 3  carry [".gpu-teacher/p2"]                           experiment.sh stash
-#   call 4  carry [".gpu-inputs/c1", ".gpu-inputs/b"]           experiment.sh stash   (SMOKE=1 here, if wanted)
-#   call 5  carry [".gpu-inputs/c2"]                            experiment.sh stash   (recipe plans only)
-#   call 6  carry [".gpu-teacher/p3"]                           experiment.sh start
-#   call 7+ (no carry)                                          experiment.sh wait
+#   call 4  carry [".gpu-teacher/p3"]                           experiment.sh stash
+#   call 5  carry [".gpu-inputs/c1"]                            experiment.sh stash   (recipe plans only)
+#   call 6  carry [".gpu-inputs/c2"]                            experiment.sh stash   (recipe plans only)
+#   call 7  carry [".gpu-inputs/b"]                             experiment.sh stash   (SMOKE=1 here, if wanted)
+#   call 8  carry [".gpu-teacher/p4"]                           experiment.sh start
+#   call 9+ (no carry)                                          experiment.sh wait
 # (The teacher went in three parts of 35 MB and the text cache in one of 33 MB until the repository reached 28 MiB:
-# a call then came within 2.2 MiB of the 64 MiB. Plans without the text cache skip call 4's c1 and call 5.)
+# a call then came within 2.2 MiB of the 64 MiB; in four parts of 25 MB, with c1 and b in one call, until it reached
+# 36 MiB. Plans without the text cache skip calls 5 and 6; carry_size.sh checks each call.)
 # part1, stash and start keep the teacher parts they carry; `start` joins them in order and checks the sha256. A
 # recipe plan (PLAN=configs/experiments/halo-smollm2.json) reads the offline English of `hyla data fetch`
 # (.gpu-inputs/c1 and c2: english.tar.xz in two parts, ~33 MB); `start` joins and unpacks it into $keep/textcache.

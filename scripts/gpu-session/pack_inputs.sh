@@ -6,9 +6,10 @@
 #   bash scripts/gpu-session/pack_inputs.sh lmeval    # only .gpu-inputs/lmeval (below)
 #   bash scripts/gpu-session/pack_inputs.sh bench     # only .gpu-inputs/bench (below)
 # Writes ignored folders:
-#   .gpu-teacher/p0, p1, p2, p3        the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in four parts of
-#                                      <= 25 MB, so that each fits a call beside the repository (which grows with
-#                                      each sitting's results: 28.4 MiB on 2026-12-04) and other inputs
+#   .gpu-teacher/p0 ... p4             the teacher GGUF (../shared/tools/gpu-teacher-parts.sh) in five parts of
+#                                      <= 20 MB, so that each fits a call beside the repository (which grows with
+#                                      each sitting's results: 28.4 MiB on 2026-12-04, 36.0 on 2026-12-05) and other
+#                                      inputs
 #   .gpu-inputs/a/text-a.tar.xz, .gpu-inputs/b/text-b.tar.xz   English training text (Debian documentation packages)
 #   .gpu-inputs/b/evaldata.tar.xz      CSR request files (first 1000 documents of each task) and RULER's essays
 #   .gpu-inputs/c1, c2/english.tar.xz.partNN   the text cache of `hyla data fetch` for recipe presets (halo-smollm2),
@@ -65,17 +66,17 @@ done
 if [ "${1:-}" = lmeval ]; then pack_lmeval; du -b .gpu-inputs/lmeval; exit 0; fi
 if [ "${1:-}" = bench ]; then pack_bench; du -b .gpu-inputs/bench; exit 0; fi
 teacher_sha=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
-if [ ! -f .gpu-teacher/p3/smol.part03 ]; then
+if [ ! -f .gpu-teacher/p4/smol.part04 ]; then
   [ -f .gpu-teacher/p0/smol.part00 ] && [ -f .gpu-teacher/p1/smol.part01 ] \
     || bash ../shared/tools/gpu-teacher-parts.sh .gpu-teacher
-  # The shared tool's two parts (50 MB + 48 MB), or an earlier split, as four of <= 25 MB: a 35 MB part and the
-  # repository together came within 2.2 MiB of a call's 64 MiB (2026-12-04).
+  # The shared tool's two parts (50 MB + 48 MB), or an earlier split, as five of <= 20 MB: a 35 MB part and the
+  # repository together came within 2.2 MiB of a call's 64 MiB (2026-12-04), a 25 MB part within 3 (2026-12-05).
   split_dir=$(mktemp -d)
-  cat .gpu-teacher/p[0-9]/smol.part[0-9][0-9] | split -b 25000000 -d - "$split_dir/smol.part"
-  [ "$(cat "$split_dir"/smol.part0[0-3] | sha256sum | cut -d' ' -f1)" = "$teacher_sha" ] \
+  cat .gpu-teacher/p[0-9]/smol.part[0-9][0-9] | split -b 20000000 -d - "$split_dir/smol.part"
+  [ "$(cat "$split_dir"/smol.part0[0-4] | sha256sum | cut -d' ' -f1)" = "$teacher_sha" ] \
     || { echo "error: the teacher's parts do not join to its GGUF" >&2; exit 1; }
   rm -rf .gpu-teacher/p[0-9]
-  for n in 0 1 2 3; do mkdir -p ".gpu-teacher/p$n" && mv "$split_dir/smol.part0$n" ".gpu-teacher/p$n/smol.part0$n"; done
+  for n in 0 1 2 3 4; do mkdir -p ".gpu-teacher/p$n" && mv "$split_dir/smol.part0$n" ".gpu-teacher/p$n/smol.part0$n"; done
   rmdir "$split_dir"
 fi
 work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
