@@ -274,7 +274,7 @@ stash)  # .gpu-inputs/b and/or the text cache's parts (.gpu-inputs/c1, c2), for 
   fi
   ;;
 start)
-  # The parts in order, from part1, the stash calls and this call (pack_inputs.sh: four of <= 25 MB).
+  # The parts in order, from part1, the stash calls and this call (pack_inputs.sh: five of <= 20 MB).
   keep_teacher_parts || exit 1
   cat $keep/smol.part[0-9][0-9] > $keep/smol.gguf || exit 1
   echo "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53  $keep/smol.gguf" | sha256sum -c - || exit 1
