@@ -33,3 +33,31 @@ def test_cuda_statistics_equal_cpu(tiny_model_folder, tokenizer, backend, atol):
     for cpu_layer, cuda_layer in zip(on_cpu, on_cuda):
         torch.testing.assert_close(cuda_layer.entropy, cpu_layer.entropy, atol=atol, rtol=0)
         torch.testing.assert_close(cuda_layer.answer_entropy, cpu_layer.answer_entropy, atol=atol, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mixer", ["gla", "gdn"])
+@pytest.mark.parametrize("backend, atol", [("torch", REFERENCE_ATOL), ("auto", FLA_ATOL)])
+@pytest.mark.parametrize("eme", [False, True], ids=["as-saved", "eme"])
+def test_gla_and_gdn_hybrids_cuda_statistics_equal_cpu(make_tiny_config, tokenizer, mixer, backend, atol, eme):
+    """The gated (GLA) and delta (GDN) forms from the q/k/gates the layers produce on CUDA (fla's chunk kernels in
+    the forward with `auto`), plain and under EME (SWLA windows well below the prompt, c(L) > 1), against the CPU."""
+    from hyla import HypeNetForCausalLM
+    from hyla.layers.context import InferenceOptions
+
+    torch.manual_seed(0)
+    model = HypeNetForCausalLM(make_tiny_config(layer_types=[mixer] * 3 + ["attention"])).eval()
+    if eme:
+        model.inference_options = InferenceOptions(eme_window=128, eme_stride=32, logit_scaling="per_length",
+                                                   logit_scaling_train_length=256)
+    probe = niah_probes(tokenizer, task="SK1", length=1024, num_samples=1)[0]
+    on_cpu = measure_probe(model, probe, num_query_positions=64, top_k=16)
+    with use_backend(backend):
+        on_cuda = measure_probe(model.cuda(), probe, num_query_positions=64, top_k=16)
+    for cpu_layer, cuda_layer in zip(on_cpu, on_cuda):
+        assert cuda_layer.layer_type == cpu_layer.layer_type
+        torch.testing.assert_close(cuda_layer.entropy, cpu_layer.entropy, atol=atol, rtol=0)
+        torch.testing.assert_close(cuda_layer.answer_entropy, cpu_layer.answer_entropy, atol=atol, rtol=0)
+        # near-tied keys at the edge of the top 16 may swap: at most one of the needle's tokens in or out
+        torch.testing.assert_close(cuda_layer.hit_rate, cpu_layer.hit_rate, atol=1 / len(probe.needle_positions) + 1e-6,
+                                   rtol=0)
