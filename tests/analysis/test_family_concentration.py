@@ -21,6 +21,7 @@ import hyla.layers.lightning as lightning_layer
 import hyla.layers.linear_mixer as linear_mixer
 from hyla import HypeNetForCausalLM, InferenceOptions
 from hyla.analysis.concentration import HeadInputs, concentration, concentration_blocks
+from hyla.layers.rope import RotaryEmbedding, apply_rotary
 from hyla.ops.gdn import gdn_attention
 from hyla.ops.gla import gla_attention
 from hyla.ops.lightning import lightning_attention
@@ -38,11 +39,11 @@ OPTIONS = {"default": InferenceOptions(), "eme+c(L)": EME}
 concentration_module = importlib.import_module("hyla.analysis.concentration")
 
 
-def tiny_family(seed: int, layer_types: list[str] = LAYER_TYPES) -> HypeNetForCausalLM:
+def tiny_family(seed: int, layer_types: list[str] = LAYER_TYPES, **overrides) -> HypeNetForCausalLM:
     # No per-query scaling s_t, so that c(L) is the only scaling under the options; GLA gates strong enough to shape
     # α~ over 11 tokens (the default normalizer 16 leaves its decay near 1).
     return tiny_hypenet(seed, layer_types, attention_logit_scaling_a=None, swa_window=SWA_WINDOW,
-                        gla_gate_low_rank_dim=4, gla_gate_logit_normalizer=2.0)
+                        gla_gate_low_rank_dim=4, gla_gate_logit_normalizer=2.0, **overrides)
 
 
 def record_layer_calls(monkeypatch):
@@ -117,6 +118,22 @@ def test_the_options_reach_alpha(layer_type):
         # c(L) scales the NoPE logits from L = t + 1 > L0 on and leaves the positions before alone.
         changed = (eme - plain).abs().amax(dim=(0, 1, 3)) > 1e-6
         assert changed.tolist() == [t + 1 > EME.logit_scaling_train_length for t in range(LENGTH)]
+
+
+@pytest.mark.parametrize("layer_type", ["gla", "gdn"])
+def test_the_capture_takes_the_rotated_queries_and_keys_of_rnn_rope(layer_type):
+    """With `gla_rope` / `gdn_rope` the captured q and k are the model's without RoPE (same weights) rotated by
+    `hyla.layers.rope` at positions 0..T-1 (GDN's L2 norm commutes with the rotation), and α~ changes."""
+    input_ids = torch.randint(0, 61, (2, LENGTH), generator=torch.Generator().manual_seed(1))
+    (plain,) = captured_layers(tiny_family(0, [layer_type]), input_ids)
+    model = tiny_family(0, [layer_type], **{f"{layer_type}_rope": True})
+    (rotated,) = captured_layers(model, input_ids)
+    cos, sin = RotaryEmbedding(model.config)(torch.arange(LENGTH)[None].expand(2, -1), torch.float64)
+    for name in ("q", "k"):
+        torch.testing.assert_close(getattr(rotated, name), apply_rotary(getattr(plain, name), cos, sin), rtol=0,
+                                   atol=1e-12)
+    changed = concentration(rotated, all_positions()) - concentration(plain, all_positions())
+    assert changed.abs().max() > 1e-3
 
 
 def random_recurrent_inputs(form: str, length: int = LENGTH, **fields) -> HeadInputs:

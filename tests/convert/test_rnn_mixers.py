@@ -42,17 +42,26 @@ def decoded_logits(model, tokens: torch.Tensor, prefill: int) -> torch.Tensor:
     return torch.cat(pieces, 1)
 
 
-@pytest.mark.parametrize("kind", ["gla", "gdn", "swa"])
-def test_conversion_with_each_mixer_exports_a_model_that_loads_round_trips_and_decodes(kind, tiny_teacher,
+@pytest.mark.parametrize("kind,rope", [("gla", False), ("gdn", False), ("swa", False), ("gla", True)])
+def test_conversion_with_each_mixer_exports_a_model_that_loads_round_trips_and_decodes(kind, rope, tiny_teacher,
                                                                                        tiny_corpus, tmp_path):
+    """With `model.gla_rope=true` the twins, the student and the export have RoPE, and the manifests say so."""
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
-    assert main(convert_args(tiny_teacher, out, "--data", str(tiny_corpus), *SHORTER, *mixer_args(kind))) == 0
+    rope_args = ["--set", f"model.{kind}_rope=true"] if rope else []
+    assert main(convert_args(tiny_teacher, out, "--data", str(tiny_corpus), *SHORTER, *mixer_args(kind),
+                             *rope_args)) == 0
     model = AutoModelForCausalLM.from_pretrained(out / "06-export").eval()
     assert sorted(model.config.layer_types) == ["attention"] + [kind] * 3
-    assert json.loads((out / "06-export" / "conversion.json").read_text())["plan"]["model"]["rnn_mixer"] == kind
+    report = json.loads((out / "06-export" / "conversion.json").read_text())
+    assert report["plan"]["model"]["rnn_mixer"] == kind
     assert manifest(out, "align")["settings"]["rnn_mixer"] == kind
+    if kind in ("gla", "gdn"):
+        assert getattr(model.config, f"{kind}_rope") is rope and report["plan"]["model"][f"{kind}_rope"] is rope
+        assert manifest(out, "align")["settings"]["twins"].get(f"{kind}_rope", False) is rope
+        assert all(block.mixer.use_rope is rope for block in model.model.layers if block.layer_type == kind)
+        assert (f"`model.{kind}_rope`" in (out / "06-export" / "README.md").read_text()) is rope
     align = manifest(out, "align")["results"]
     if kind == "swa":
         assert model.config.swa_window == WINDOW
@@ -157,6 +166,11 @@ def test_lightning_runs_keep_their_stage_settings_and_other_mixers_change_stage_
     gla = stage_settings(apply_overrides(make_plan("smoke", 0), ["model.rnn_mixer=gla"]), request)
     assert gla["data"] == default["data"] and gla["align"]["rnn_mixer"] == "gla"
     assert all(gla[name] != default[name] for name in ("align", "select", "distill", "export"))
+    # GLA's RoPE is named only when on (GLA runs without it keep their hash) and redoes stage 1 on.
+    assert "gla_rope" not in gla["align"]["twins"]
+    gla_rope = stage_settings(apply_overrides(make_plan("smoke", 0), ["model.rnn_mixer=gla", "model.gla_rope=true"]),
+                              request)
+    assert gla_rope["align"]["twins"]["gla_rope"] is True and gla_rope["align"] != gla["align"]
     swa = stage_settings(apply_overrides(make_plan("smoke", 0), ["model.rnn_mixer=swa", "model.swa_window=64"]),
                          request)
     assert swa["align"]["twins"]["swa_window"] == 64

@@ -79,6 +79,9 @@ def test_bad_set_values_are_one_clear_error(setting, message):
     (["model.lightning_qk_norm=false", "model.rnn_mixer=swa"],
      "model.lightning_qk_norm applies to lightning layers only, and model.rnn_mixer is 'swa'"),
     (["model.swa_window=64"], "model.swa_window applies to swa layers only, and model.rnn_mixer is 'lightning'"),
+    (["model.gla_rope=true"], "model.gla_rope applies to gla layers only, and model.rnn_mixer is 'lightning'"),
+    (["model.rnn_mixer=gla", "model.gdn_rope=true"],
+     "model.gdn_rope applies to gdn layers only, and model.rnn_mixer is 'gla'"),
 ])
 def test_a_mixer_option_for_another_mixer_is_one_clear_error(settings, message):
     with pytest.raises(ValueError) as error:

@@ -55,6 +55,20 @@ def test_prefill_and_decode_match_model_forward(layout, window, stride, chunk, s
     assert rel(engine_logits(engine, tokens, 13), full[:, 12:]) <= TOL
 
 
+@pytest.mark.parametrize("layout", ["gla", "gdn"])
+@pytest.mark.parametrize("step", ["eager", "fused-projections"])
+def test_prefill_and_decode_with_rnn_rope_match_model_forward(layout, step):
+    """`gla_rope` / `gdn_rope` under SWLA: RoPE at absolute positions in every window, in prefill chunks of 3 tokens
+    (1 a row: windows open between chunks) and decode steps, as the model's forward."""
+    model = tiny_model(LAYOUTS[layout], gla_rope=True, gdn_rope=True)
+    options = eme(7, 3)
+    tokens = torch.randint(0, 101, (2, 27), generator=torch.Generator().manual_seed(4))
+    full = forward_logits(model, tokens, options)
+    engine = InferenceEngine(model, batch_size=2, max_length=32, prefill_chunk=3, decode_step=step,
+                             inference_options=options)
+    assert rel(engine_logits(engine, tokens, 13), full[:, 12:]) <= TOL
+
+
 def test_cache_holds_window_rings():
     """Each linear mixer: a ring of ceil(W / S) window states; RoPE attention: a ring of W keys; NoPE attention
     keeps every key."""
@@ -65,10 +79,11 @@ def test_cache_holds_window_rings():
     assert engine.cache.keys[1].shape[2] == 7 and engine.cache.keys[3].shape[2] == 32
 
 
-@pytest.mark.parametrize("window,stride", [(8, 2), (7, 3)])
-def test_ragged_batch_equals_each_prompt_alone(window, stride):
-    """Rows of a left-padded batch at different positions: each row opens its windows at its own positions."""
-    model = tiny_model(["gla", "attention_rope", "gdn", "lightning"])
+@pytest.mark.parametrize("window,stride,rope", [(8, 2, False), (7, 3, False), (7, 3, True)])
+def test_ragged_batch_equals_each_prompt_alone(window, stride, rope):
+    """Rows of a left-padded batch at different positions: each row opens its windows (and, with `gla_rope` /
+    `gdn_rope`, starts its rotations) at its own positions."""
+    model = tiny_model(["gla", "attention_rope", "gdn", "lightning"], gla_rope=rope, gdn_rope=rope)
     options = eme(window, stride)
     prompts = prompts_of([4, 13, 13, 1, 10])
     ids, mask = left_pad(prompts)

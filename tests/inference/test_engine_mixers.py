@@ -71,6 +71,19 @@ def test_prefill_and_decode_match_model_forward(layout, chunk, step):
     assert rel(logits, full[:, 18:]) <= TOL
 
 
+@pytest.mark.parametrize("layout", ["gla", "gdn", "mixed"])
+@pytest.mark.parametrize("step", ["eager", "fused-projections"])
+def test_prefill_and_decode_with_rnn_rope_match_model_forward(layout, step):
+    """`gla_rope` / `gdn_rope` on: the engine's prefill chunks (7 tokens a row) and decode steps (eager and fused
+    projections: both through the layers' `prepare_qkv`) rotate at each token's position, as the model's forward."""
+    model = tiny_model(LAYOUTS[layout], gla_rope=True, gdn_rope=True)
+    tokens = torch.randint(0, 101, (2, 27), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+    engine = InferenceEngine(model, batch_size=2, max_length=32, prefill_chunk=14, decode_step=step)
+    assert rel(engine_logits(engine, tokens, 19), full[:, 18:]) <= TOL
+
+
 @pytest.mark.parametrize("window", [1, 4, 40])
 def test_sliding_window_prefill_in_query_blocks_matches_model_forward(window, monkeypatch):
     """The window's prefill attention runs in blocks of queries (here 8, at least twice the window): blocks that
@@ -87,11 +100,12 @@ def test_sliding_window_prefill_in_query_blocks_matches_model_forward(window, mo
     assert rel(engine_logits(engine, tokens, 25), full[:, 24:]) <= TOL
 
 
-def test_ragged_batch_equals_each_prompt_alone():
+@pytest.mark.parametrize("rope", [False, True])
+def test_ragged_batch_equals_each_prompt_alone(rope):
     """A left-padded batch (real tokens, not pad ids, under the padding) prefills each row at its own positions:
     logits and decode steps equal each prompt run alone through the model, and the GLA/GDN states equal the model
-    cache's recurrent states."""
-    model = tiny_model(LAYOUTS["mixed"])
+    cache's recurrent states; with `gla_rope` / `gdn_rope`, each row's rotations start at its first real token."""
+    model = tiny_model(LAYOUTS["mixed"], gla_rope=rope, gdn_rope=rope)
     prompts = prompts_of([4, 13, 13, 1, 20])
     ids, mask = left_pad(prompts)
     ids[mask == 0] = torch.randint(3, 101, (int((mask == 0).sum()),))

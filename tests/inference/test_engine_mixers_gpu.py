@@ -99,6 +99,18 @@ def test_graph_decode_matches_model_forward(layout, batch, step, compile_decode)
     assert rel(graph_decoded(engine, tokens, 250), full[:, 249:]) <= FP32_TOL
 
 
+@family("gla")
+@pytest.mark.parametrize("step", ["fused-projections", "eager"])
+def test_graph_decode_with_rnn_rope_matches_model_forward(step):
+    """`gla_rope` / `gdn_rope`: fla's chunk kernels in prefill and the graph-captured decode steps take q and k
+    rotated at each token's position, as the forward on the pure-torch ops."""
+    model = small_model(LAYOUTS["mixed"], gla_rope=True, gdn_rope=True)
+    tokens = torch.randint(0, 1000, (3, 300), device="cuda")
+    full = reference_logits(model, tokens)
+    engine = InferenceEngine(model, batch_size=3, max_length=320, prefill_chunk=384, decode_step=step, **UNCOMPILED)
+    assert rel(graph_decoded(engine, tokens, 250), full[:, 249:]) <= FP32_TOL
+
+
 @pytest.mark.parametrize("layout", [pytest.param("mixed", marks=family("bf16-gla-gdn")),
                                     pytest.param("swa", marks=family("lightning"))])
 def test_bf16_graph_decode_matches_fp32_forward(layout):

@@ -17,8 +17,9 @@ EME = InferenceOptions(eme_window=24, eme_stride=8, logit_scaling="per_length", 
 EME_TYPES = ["lightning", "gla", "gdn", "attention_rope", "hh_gla", "hh_swa"]
 
 
-def family_model(seed, layer_type, eme=False):
-    model = make_model(seed, **dict(FAMILY, num_hidden_layers=3, layer_types=[layer_type, "attention", layer_type]))
+def family_model(seed, layer_type, eme=False, **overrides):
+    model = make_model(seed, **dict(FAMILY, num_hidden_layers=3, layer_types=[layer_type, "attention", layer_type],
+                                    **overrides))
     if eme:
         model.inference_options = EME  # what forward and generate run with when a call passes no options
     return model
@@ -45,19 +46,44 @@ def test_chunked_prefill_and_decode_equal_full_forward(layer_type, eme):
     assert (pieces - full).abs().max().item() <= ATOL
 
 
+@pytest.mark.parametrize("layer_type", ["gla", "gdn", "hh_gdn"])
+@pytest.mark.parametrize("eme", [False, True])
+def test_rnn_rope_chunked_prefill_and_decode_equal_full_forward(layer_type, eme):
+    """`gla_rope` / `gdn_rope`: RoPE at each token's absolute position in prefill chunks, decode steps and SWLA's
+    windows (EME's window 24 < 90 tokens)."""
+    model = family_model(len(layer_type), layer_type, eme, gla_rope=True, gdn_rope=True)
+    mixer = model.model.layers[0].mixer
+    assert (mixer.efficient if layer_type.startswith("hh_") else mixer).use_rope
+    tokens = torch.randint(3, 97, (2, 90), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        full = model(tokens, use_cache=False).logits
+        pieces, _ = chunked_logits(model, tokens, [(0, 37), (37, 70)], 70)
+    assert (pieces - full).abs().max().item() <= ATOL
+
+
 @pytest.mark.parametrize(
     ("layer_type", "eme"), [(t, False) for t in NEW_TYPES] + [(t, True) for t in ("gdn", "hh_gla", "attention_rope")]
 )
 def test_left_padded_greedy_generation_equals_each_prompt_alone(layer_type, eme):
-    model = family_model(2, layer_type, eme)
-    prompts = [[(7 * i + 3) % 94 + 3 for i in range(n)] for n in (5, 30, 1, 41)]
+    assert_left_padded_generation_equals_each_prompt_alone(family_model(2, layer_type, eme), (5, 30, 1, 41), 8)
+
+
+def assert_left_padded_generation_equals_each_prompt_alone(model, lengths, max_new_tokens):
+    prompts = [[(7 * i + 3) % 94 + 3 for i in range(n)] for n in lengths]
     ids, mask = left_pad(prompts)
-    kwargs = dict(max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0)
     with torch.no_grad():
         batched = model.generate(ids, attention_mask=mask, **kwargs)[:, ids.shape[1] :]
         for row, prompt in enumerate(prompts):
             alone = model.generate(torch.tensor([prompt]), **kwargs)[0, len(prompt) :]
             assert batched[row].tolist() == alone.tolist(), f"row {row}"
+
+
+@pytest.mark.parametrize("layer_type", ["gla", "gdn"])
+def test_rnn_rope_left_padded_greedy_generation_equals_each_prompt_alone(layer_type):
+    """Each row's RoPE positions start at its first real token (EME on: SWLA's windows open at those positions)."""
+    model = family_model(2, layer_type, True, gla_rope=True, gdn_rope=True)
+    assert_left_padded_generation_equals_each_prompt_alone(model, (5, 30, 1), 6)
 
 
 @pytest.mark.parametrize("layer_type", NEW_TYPES)
@@ -105,6 +131,30 @@ def test_save_load_keeps_family_fields_and_no_inference_options(tmp_path):
     with torch.no_grad():
         assert torch.equal(model(tokens, inference_options=InferenceOptions()).logits, loaded(tokens).logits)
         assert torch.equal(model(tokens).logits, loaded(tokens, inference_options=EME).logits)
+
+
+def test_save_load_keeps_the_rnn_rope_fields_and_configs_without_them_load_with_them_off(tmp_path):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    model = make_model(13, **dict(FAMILY, num_hidden_layers=3, layer_types=["gla", "attention", "gdn"],
+                                  gla_rope=True, gdn_rope=True))
+    model.save_pretrained(tmp_path / "rope")
+    saved = json.loads((tmp_path / "rope" / "config.json").read_text())
+    assert saved["gla_rope"] is True and saved["gdn_rope"] is True
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "rope").eval()
+    assert loaded.config.gla_rope and loaded.config.gdn_rope
+    tokens = torch.randint(3, 97, (2, 30))
+    with torch.no_grad():
+        assert torch.equal(model(tokens).logits, loaded(tokens).logits)
+    # A folder saved before the fields existed: its layers load without RoPE, as they ran.
+    for field in ("gla_rope", "gdn_rope"):
+        del saved[field]
+    (tmp_path / "rope" / "config.json").write_text(json.dumps(saved))
+    earlier = AutoModelForCausalLM.from_pretrained(tmp_path / "rope").eval()
+    assert not earlier.config.gla_rope and not earlier.config.gdn_rope
+    assert not any(getattr(block.mixer, "use_rope", False) for block in earlier.model.layers)
 
 
 def test_layerwise_layouts():

@@ -15,12 +15,14 @@ LAYER_TYPES = ["gla", "attention", "gdn", "swa", "hh_gla", "attention_rope", "hh
 EME = InferenceOptions(eme_window=128, eme_stride=32, logit_scaling="per_length", logit_scaling_train_length=128)
 
 
-def model(dtype, eme=False):
+def model(dtype, eme=False, rope=False):
+    """rope: `gla_rope` and `gdn_rope` on (the GLA and GDN layers, head-wise ones too, rotate q and k before fla's
+    kernels)."""
     torch.manual_seed(0)
     config = HypeNetConfig(
         vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=len(LAYER_TYPES),
         num_attention_heads=4, num_key_value_heads=2, head_dim=64, layer_types=LAYER_TYPES, swa_window=64,
-        headwise_ratio="1:1", attention_output_gate=True,
+        headwise_ratio="1:1", attention_output_gate=True, gla_rope=rope, gdn_rope=rope,
     )
     hybrid = HypeNetForCausalLM(config).to("cuda", dtype).eval()
     if eme:
@@ -35,7 +37,16 @@ def model(dtype, eme=False):
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
 @pytest.mark.parametrize("eme", [False, True])
 def test_fla_model_logits_match_reference(dtype, tol, eme):
-    m = model(dtype, eme)
+    assert_fla_logits_match_reference(model(dtype, eme), tol)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("eme", [False, True])
+def test_fla_model_logits_with_rnn_rope_match_reference(dtype, tol, eme):
+    assert_fla_logits_match_reference(model(dtype, eme, rope=True), tol)
+
+
+def assert_fla_logits_match_reference(m, tol):
     tokens = torch.randint(0, 1000, (2, 333), device="cuda")
     with torch.no_grad():
         with use_backend("torch"):
@@ -45,12 +56,20 @@ def test_fla_model_logits_match_reference(dtype, tol, eme):
             fast = m(tokens, use_cache=False).logits.float()
     own = ((ref - expected).norm() / expected.norm()).item()
     error = ((fast - expected).norm() / expected.norm()).item()
-    assert error <= max(tol, 1.5 * own), f"fla path {error:.3g}; torch path in {dtype}: {own:.3g}"
+    assert error <= max(tol, 1.5 * own), f"fla path {error:.3g}; torch path in {m.dtype}: {own:.3g}"
 
 
 @pytest.mark.parametrize("eme", [False, True])
 def test_gpu_cached_decode_matches_full_forward(eme):
-    m = model(torch.float32, eme)
+    assert_cached_decode_matches_full_forward(model(torch.float32, eme))
+
+
+@pytest.mark.parametrize("eme", [False, True])
+def test_gpu_cached_decode_with_rnn_rope_matches_full_forward(eme):
+    assert_cached_decode_matches_full_forward(model(torch.float32, eme, rope=True))
+
+
+def assert_cached_decode_matches_full_forward(m):
     tokens = torch.randint(0, 1000, (2, 200), device="cuda")
     with torch.no_grad():
         full = m(tokens, use_cache=False).logits

@@ -9,6 +9,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from hyla.convert.align import record_mixers
+from hyla.layers.rope import RotaryEmbedding, apply_rotary
 from hyla.models.transfer import (TWIN_BUILDERS, gdn_from_attention, gla_from_attention, hypenet_config_from_teacher,
                                   lightning_from_attention, swa_from_attention, to_hypenet)
 from hyla.ops.gdn import gdn_attention
@@ -101,15 +102,18 @@ def test_gates_at_their_start_have_a_gradient():
         assert grad is not None and grad.abs().max() > 0
 
 
-def test_gla_twin_recurrence_equals_the_lightning_twins_without_rope_and_qk_norm():
-    """Where the parity holds: with Lightning's RoPE and q/k norm off, both twins have the same q, k, v (same
-    transferred weights, no feature map) and a gate of g_h on every key channel, Diag(exp(g_h) 1) = exp(g_h) I, so
-    both recurrences are linear attention with decay exp(g_h): the outputs before the output norm are equal. Past
-    that point they differ by construction (Lightning: one RMSNorm over all heads and a sigmoid gate; GLA: a
-    per-head RMSNorm and a swish gate), so the layers' outputs are not compared."""
+@pytest.mark.parametrize("rope", [False, True])
+def test_gla_twin_recurrence_equals_the_lightning_twins_without_qk_norm(rope):
+    """Where the parity holds: with Lightning's q/k norm off and RoPE alike in both (both off, or Lightning's and
+    `gla_rope` on), both twins have the same q, k, v (same transferred weights, no feature map, the same rotation)
+    and a gate of g_h on every key channel, Diag(exp(g_h) 1) = exp(g_h) I, so both recurrences are linear attention
+    with decay exp(g_h): the outputs before the output norm are equal. Past that point they differ by construction
+    (Lightning: one RMSNorm over all heads and a sigmoid gate; GLA: a per-head RMSNorm and a swish gate), so the
+    layers' outputs are not compared. The oracle's q and k are the teacher's projections, rotated here with
+    `apply_rotary` at positions 0.. when `rope`."""
     teacher = llama_teacher(torch.float64)
-    config = hypenet_config_from_teacher(teacher, ["gla", "lightning"], lightning_rope=False,
-                                         lightning_qk_norm=False)
+    config = hypenet_config_from_teacher(teacher, ["gla", "lightning"], lightning_rope=rope,
+                                         lightning_qk_norm=False, gla_rope=rope)
     attention = teacher.model.layers[0].self_attn
     hidden = torch.randn(2, 21, COMMON["hidden_size"], dtype=torch.float64)
     context = context_of(teacher, hidden)
@@ -118,13 +122,25 @@ def test_gla_twin_recurrence_equals_the_lightning_twins_without_rope_and_qk_norm
     q_g, k_g, v_g = gla.project(hidden, context)
     gate = gla.token_inputs(hidden, context)["g"]
     assert torch.equal(q_l, q_g) and torch.equal(k_l, k_g) and torch.equal(v_l, v_g)
+    q, k, v = (expand_kv(proj(hidden)) for proj in (attention.q_proj, attention.k_proj, attention.v_proj))
+    if rope:
+        cos, sin = RotaryEmbedding(config)(torch.arange(21)[None].expand(2, -1), torch.float64)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     scale = HEAD_DIM**-0.5
-    expected = linear_attention_oracle(q_l, k_l, v_l, expected_log_decay(), scale)
+    expected = linear_attention_oracle(q, k, v, expected_log_decay(), scale)
     lightning_out, _ = lightning_attention(q_l, k_l, v_l, log_decay=expected_log_decay(), scale=scale)
     gla_out, _ = gla_attention(q_g, k_g, v_g, g=gate, scale=scale)
     # float64 but for GLA's float32 gate: a relative error ~1e-7 per step in the decay.
     assert torch.allclose(lightning_out, expected, rtol=1e-10, atol=1e-10)
     assert torch.allclose(gla_out.double(), expected, rtol=1e-5, atol=1e-6)
+    unrotated = hypenet_config_from_teacher(teacher, ["gla", "lightning"], lightning_qk_norm=False)
+    assert torch.equal(gla_from_attention(attention, unrotated, 0).project(hidden, context)[1], k_l) is not rope
+
+
+def expand_kv(projected: torch.Tensor) -> torch.Tensor:
+    """[B, T, heads * D] of a teacher projection -> [B, T, HEADS, D], KV heads repeated for their query heads."""
+    heads = projected.view(*projected.shape[:2], -1, HEAD_DIM)
+    return heads.repeat_interleave(HEADS // heads.shape[2], dim=2)
 
 
 def test_gdn_twin_on_orthogonal_keys_writes_half_the_linear_attention_state():

@@ -22,8 +22,8 @@ def build_student(
     """The hybrid: teacher weights everywhere, attention (NoPE unless `attention_rope`, with a new output gate) at
     `attention_layers`, the aligned `rnn_mixer` twins from stage 1 everywhere else (None: the twins as transferred
     from the attention weights, before alignment). `config_overrides` must match what the twins were built with
-    (lightning_rope, lightning_qk_norm; swa_window). "swa" layers are attention layers and get the new output gate
-    too."""
+    (lightning_rope, lightning_qk_norm; gla_rope, gdn_rope; swa_window). "swa" layers are attention layers and get
+    the new output gate too."""
     num_layers = hf_teacher.config.num_hidden_layers
     layer_types = ["attention" if i in attention_layers else rnn_mixer for i in range(num_layers)]
     student = to_hypenet(hf_teacher, layer_types, attention_rope=attention_rope, attention_output_gate=True,

@@ -37,12 +37,22 @@ def model_card(report: dict) -> str:
         "`from_pretrained(folder, trust_remote_code=True)` (hyla must be installed).", "",
         f"- preset: `{report['preset']}`; training tokens in total: {report['total_training_tokens']:,}",
         f"- attention layers kept (NoPE, output-gated): {select.get('chosen')} by `{select.get('method')}`",
-        f"- the other layers: `{report['plan']['model']['rnn_mixer']}` (`model.rnn_mixer`)",
+        rnn_mixer_line(report["plan"]["model"]),
         scaling_line(scaling), "",
         *training_table(stages, ("align", "distill", "finetune")),
         "", "The full report is in `conversion.json`.", "",
     ]
     return "\n".join(lines)
+
+
+def rnn_mixer_line(model: dict) -> str:
+    """The model card's line on the layers not kept as attention (`model`: the plan's model section); GLA's and GDN's
+    RoPE is named when on."""
+    mixer = model["rnn_mixer"]
+    line = f"- the other layers: `{mixer}` (`model.rnn_mixer`)"
+    if mixer in ("gla", "gdn") and model.get(f"{mixer}_rope"):
+        line += f", RoPE on their q and k (`model.{mixer}_rope`)"
+    return line
 
 
 def scaling_line(scaling: dict) -> str:

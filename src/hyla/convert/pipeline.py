@@ -165,7 +165,8 @@ def student_mixer_text(model) -> str:
                 f"{'on' if model.lightning_qk_norm else 'off'}")
     if model.rnn_mixer == "swa":
         return f"SWA layers (the teacher's attention, RoPE, window {model.swa_window}; no alignment)"
-    return f"{model.rnn_mixer.upper()} layers (gates start at Lightning's decay)"
+    rope = "RoPE on" if getattr(model, f"{model.rnn_mixer}_rope") else "no RoPE"
+    return f"{model.rnn_mixer.upper()} layers (gates start at Lightning's decay, {rope})"
 
 
 def check_data_sources(plan: ConvertPlan, request: ConvertRequest) -> None:

@@ -212,11 +212,15 @@ class ArchitecturePlan:
 
     # The mixer of every layer not kept as attention (docs/convert.md, "RNN mixer"): lightning (HypeNet), gla, gdn,
     # or swa (the teacher's own attention restricted to `swa_window` tokens, RoPE kept: the baseline without
-    # alignment). The lightning_* fields below apply to lightning only, swa_window to swa only.
+    # alignment). The lightning_* fields below apply to lightning only, gla_rope to gla, gdn_rope to gdn, swa_window
+    # to swa.
     rnn_mixer: str = "lightning"
     swa_window: int = 128
     lightning_rope: bool = True  # RoPE on the Lightning layers' q/k
     lightning_qk_norm: bool = True  # RMSNorm on the Lightning layers' q/k
+    # RoPE on the GLA / GDN layers' q/k (HyPE's RoPE in the RNN layers); off: the gates are their only position signal
+    gla_rope: bool = False
+    gdn_rope: bool = False
     attention_rope: bool = False  # keep RoPE in the attention layers (HypeNet: NoPE)
     # Stage 1 starts the twins' output norm at the teacher's output scale (hyla.convert.calibrate): lstsq | rms | none
     twin_init: str = "lstsq"
@@ -275,12 +279,15 @@ class ConvertPlan:
         return self.scaling.length * self.scaling.num_docs + 1
 
     def twin_options(self) -> dict[str, bool | int]:
-        """The config fields the stage-1 twins are built with: the Lightning layers' options, and the window of SWA
-        twins (only then: earlier runs keep their hash)."""
+        """The config fields the stage-1 twins are built with: the Lightning layers' options, the window of SWA
+        twins, and GLA's or GDN's RoPE when it is on (each only then: earlier runs keep their hash)."""
         options: dict[str, bool | int] = {"lightning_rope": self.model.lightning_rope,
                                           "lightning_qk_norm": self.model.lightning_qk_norm}
         if self.model.rnn_mixer == "swa":
             options["swa_window"] = self.model.swa_window
+        for name in ("gla_rope", "gdn_rope"):
+            if getattr(self.model, name):
+                options[name] = True
         return options
 
     def student_options(self) -> dict[str, bool | int]:
@@ -497,7 +504,8 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
 def _check_mixer_options(model: ArchitecturePlan) -> None:
     """A mixer option set away from its default for another mixer would be ignored: refused instead."""
     default = ArchitecturePlan()
-    applies = {"lightning_rope": "lightning", "lightning_qk_norm": "lightning", "swa_window": "swa"}
+    applies = {"lightning_rope": "lightning", "lightning_qk_norm": "lightning", "swa_window": "swa",
+               "gla_rope": "gla", "gdn_rope": "gdn"}
     for name, mixer in applies.items():
         if getattr(model, name) != getattr(default, name) and model.rnn_mixer != mixer:
             raise ValueError(f"model.{name} applies to {mixer} layers only, and model.rnn_mixer is "

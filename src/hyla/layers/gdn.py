@@ -1,6 +1,7 @@
 """Gated DeltaNet layer (docs/method.md, "Hybrid family"), after fla's GatedDeltaNet without the short convolution.
 
-q = l2norm(silu(x Wq)), k = l2norm(silu(x Wk)), v = silu(x Wv) (full multi-head, the model's head dim, no RoPE);
+q = l2norm(silu(x Wq)), k = l2norm(silu(x Wk)), v = silu(x Wv) (full multi-head, the model's head dim);
+with `gdn_rope`, q = l2norm(RoPE(silu(x Wq))) and k likewise (`GatedDeltaNet.prepare_qkv` says why there);
 beta_t = sigmoid(x Wb) and g_t = -exp(A_log) * softplus(x Wa + dt_bias) per head;
 S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t, o_t = q_t S_t / sqrt(d); per-head RMSNorm times
 swish(x Wg), then Wo. The short convolution of fla's layer is left out: it would add a second recurrent state to the
@@ -36,6 +37,7 @@ class GatedDeltaNet(GatedOutputMixer):
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
+        self.use_rope = config.gdn_rope
         width = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
@@ -66,11 +68,16 @@ class GatedDeltaNet(GatedOutputMixer):
         return self.prepare_qkv(q, k, v, context)
 
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
-        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D]: SiLU, then L2-normalised q and k;
-        shared with the inference engine's fused projections."""
+        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D]: SiLU, RoPE with `gdn_rope`, then
+        L2-normalised q and k; shared with the inference engine's fused projections."""
         shape = q.shape[:2] + (self.num_heads, self.head_dim)
-        q = l2_normalize(F.silu(q).view(shape))
-        k = l2_normalize(F.silu(k).view(shape))
+        # RoPE after the SiLU (an elementwise map applied after the rotation would break q_t k_s's dependence on
+        # t - s alone) and before the L2 norm: for a plain rotation both orders are the same map (the norm is
+        # rotation-invariant), but the norm last keeps |k| = 1, which the delta rule's (I - beta k^T k) needs,
+        # whatever RoPE's cos/sin carry (yarn and longrope scale them by their attention factor; bfloat16 tables
+        # round cos^2 + sin^2 away from 1).
+        q, k = self.rotate(F.silu(q).view(shape), F.silu(k).view(shape), context)
+        q, k = l2_normalize(q), l2_normalize(k)
         v = F.silu(v).view(shape)
         if context.token_mask is not None:
             # Padding does not write the state (k = 0); `token_inputs` keeps it from decaying the state.

@@ -1,8 +1,9 @@
 """GLA layer: gated linear attention with a data-dependent diagonal gate (docs/method.md, "Hybrid family"), after fla's
 GLA layer.
 
-q = x Wq, k = x Wk, v = x Wv (full multi-head, head dim of the model, no RoPE: the gates are the position signal);
-log-gate g_t = logsigmoid(x W1 W2 + b) / n per key channel (low-rank W1 W2, n = gla_gate_logit_normalizer);
+q = x Wq, k = x Wk, v = x Wv (full multi-head, head dim of the model), RoPE on q and k only with `gla_rope` (off by
+default: the gates are then the only position signal); log-gate g_t = logsigmoid(x W1 W2 + b) / n per key channel
+(low-rank W1 W2, n = gla_gate_logit_normalizer);
 S_t = Diag(exp(g_t)) S_{t-1} + k_t^T v_t, o_t = q_t S_t / sqrt(d); per-head RMSNorm times swish(x Wg), then Wo.
 """
 
@@ -27,6 +28,7 @@ class GatedLinearAttention(GatedOutputMixer):
         self.layer_idx = layer_idx
         self.num_heads = config.num_attention_heads
         self.head_dim = config.head_dim
+        self.use_rope = config.gla_rope
         width = self.num_heads * self.head_dim
         self.q_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
         self.k_proj = nn.Linear(config.hidden_size, width, bias=config.qkv_bias)
@@ -46,10 +48,11 @@ class GatedLinearAttention(GatedOutputMixer):
         return self.prepare_qkv(q, k, v, context)
 
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
-        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D]; shared with the inference engine's
-        fused projections."""
+        """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D], RoPE on q and k with `gla_rope`;
+        shared with the inference engine's fused projections."""
         shape = q.shape[:2] + (self.num_heads, self.head_dim)
-        q, k, v = q.view(shape), k.view(shape), v.view(shape)
+        q, k = self.rotate(q.view(shape), k.view(shape), context)
+        v = v.view(shape)
         if context.token_mask is not None:
             # Padding does not write the state (k = 0); `token_inputs` keeps it from decaying the state.
             k = k * context.token_mask[:, :, None, None].to(k.dtype)

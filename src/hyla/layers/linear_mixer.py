@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hyla.layers.context import MixerContext
+from hyla.layers.rope import apply_rotary
 from hyla.ops.swla import sliding_window_linear_attention
 
 
@@ -55,10 +56,20 @@ def run_linear_op(
 
 class GatedOutputMixer(nn.Module):
     """What GLA and GDN share: a forward through their chunked op (`op`, with the per-token gates of
-    `token_inputs`) and the output tail (o_norm, a SiLU output gate from `g_proj`, o_proj). Subclasses define `op`
-    (a staticmethod), `project`, `token_inputs` and the modules g_proj, o_norm, o_proj."""
+    `token_inputs`), optional RoPE on q and k (`rotate`) and the output tail (o_norm, a SiLU output gate from
+    `g_proj`, o_proj). Subclasses define `op` (a staticmethod), `use_rope` (their `gla_rope` / `gdn_rope`),
+    `project`, `token_inputs` and the modules g_proj, o_norm, o_proj."""
 
     op: Callable
+    use_rope: bool
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, context: MixerContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """q, k [B, T, H, D] rotated by RoPE at the tokens' absolute positions (`context.rope`, as Lightning's) when
+        the layer has RoPE, else as they are. Under EME the positions stay absolute: q_t k_s depends on t - s only,
+        so every SWLA window sees the same relative rotations."""
+        if not self.use_rope:
+            return q, k
+        return apply_rotary(q, *context.rope), apply_rotary(k, *context.rope)
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
         q, k, v = self.project(hidden_states, context)

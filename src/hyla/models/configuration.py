@@ -51,8 +51,8 @@ def default_layer_types(num_layers: int) -> list[str]:
 class HypeNetConfig(PreTrainedConfig):
     r"""
     Fields without a prefix apply to every layer; a mixer's own options start with its layer type (`attention_`,
-    `lightning_`, `gla_`, `swa_`, `headwise_`). How the model runs at inference (logit scaling mode, EME) is not
-    part of the config: it is passed per call as `hyla.InferenceOptions`.
+    `lightning_`, `gla_`, `gdn_`, `swa_`, `headwise_`). How the model runs at inference (logit scaling mode, EME) is
+    not part of the config: it is passed per call as `hyla.InferenceOptions`.
 
     layer_types (`list[str]`): the mixer of each layer, one of LAYER_TYPES: "lightning", "gla", "gdn", "swa",
         "attention" (NoPE), "attention_rope" (RoPE), or a head-wise hybrid "hh_<lightning|gla|gdn|swa>"
@@ -71,6 +71,10 @@ class HypeNetConfig(PreTrainedConfig):
         sigmoid output gate (each on in HypeNet; off for ablations).
     gla_gate_low_rank_dim, gla_gate_logit_normalizer: GLA's gate alpha_t = exp(logsigmoid(x W1 W2 + b) / n), as
         fla's GLA layer (rank 16, n = 16).
+    gla_rope, gdn_rope (`bool`): RoPE on the q and k of GLA / GDN layers (also in "hh_gla" / "hh_gdn"), at the
+        token's absolute position with the model's `rope_parameters`, as Lightning's; GDN rotates after its SiLU and
+        before its L2 norm. Off by default (seed 003's layers: the gates are the only position signal); on, a
+        converted GLA/GDN twin keeps its RoPE-trained teacher's relative rotations (HyPE: RoPE in the RNN layers).
     swa_window (`int`): the window W of "swa" layers (a query sees itself and the W - 1 keys before it).
     headwise_ratio (`str`): "E:N", how the heads of an "hh_*" layer split between the efficient mixer (E parts) and
         NoPE attention (N parts), e.g. "3:1", "1:1"; "1:0" and "0:1" give the pure mixers.
@@ -116,6 +120,8 @@ class HypeNetConfig(PreTrainedConfig):
     lightning_output_gate: bool = True
     gla_gate_low_rank_dim: int = 16
     gla_gate_logit_normalizer: float = 16.0
+    gla_rope: bool = False
+    gdn_rope: bool = False
     swa_window: int = 128
     headwise_ratio: str = "3:1"
 

@@ -176,13 +176,14 @@ def gla_gate_bias(log_decay: torch.Tensor, normalizer: float) -> torch.Tensor:
 @torch.no_grad()
 def gla_from_attention(teacher_attention: nn.Module, config: HypeNetConfig,
                        layer_idx: int) -> GatedLinearAttention:
-    """A GLA layer initialised from one teacher attention layer: q/k/v/o as for Lightning (GLA has no q/k norms and
-    no RoPE: those of the teacher are not carried). The gate's second low-rank map W2 starts at zero and its bias at
-    `gla_gate_bias` of Lightning's log-decay g_h, so every token's gate is g_h on every key channel of head h: the
-    twin starts as linear attention with Lightning's fixed decay, and W2's gradient, (x W1)^T dg, is not zero, so the
-    gate becomes data-dependent as the alignment trains. W1 and the output gate's Wg start random (std
-    `initializer_range`, as Lightning's output gate; stage 1's `twin_init` then opens Wg along the mean input,
-    hyla.convert.calibrate); the per-head output norm at 1."""
+    """A GLA layer initialised from one teacher attention layer: q/k/v/o as for Lightning (GLA has no q/k norms: the
+    teacher's are not carried; its RoPE is, with `config.gla_rope`, at the theta and scaling of the config's
+    `rope_parameters`, which `hypenet_config_from_teacher` copies from the teacher). The gate's second low-rank map
+    W2 starts at zero and its bias at `gla_gate_bias` of Lightning's log-decay g_h, so every token's gate is g_h on
+    every key channel of head h: the twin starts as linear attention with Lightning's fixed decay, and W2's gradient,
+    (x W1)^T dg, is not zero, so the gate becomes data-dependent as the alignment trains. W1 and the output gate's
+    Wg start random (std `initializer_range`, as Lightning's output gate; stage 1's `twin_init` then opens Wg along
+    the mean input, hyla.convert.calibrate); the per-head output norm at 1."""
     twin = _placed_like(GatedLinearAttention(config, layer_idx), teacher_attention)
     _copy_projections(twin, teacher_attention, config)
     low_rank, full_rank = twin.gk_proj
@@ -202,7 +203,8 @@ DT_BIAS_AT_ONE = math.log(math.e - 1.0)
 @torch.no_grad()
 def gdn_from_attention(teacher_attention: nn.Module, config: HypeNetConfig, layer_idx: int) -> GatedDeltaNet:
     """A Gated DeltaNet layer initialised from one teacher attention layer: q/k/v/o as for Lightning (GDN's own
-    silu and L2 norm apply on top; the teacher's q/k norms and RoPE are not carried).
+    silu and L2 norm apply on top; the teacher's q/k norms are not carried, its RoPE only with `config.gdn_rope`, as
+    GLA's).
 
     Decay: g = -exp(A_log) * softplus(x Wa + dt_bias) with Wa = 0, dt_bias = softplus^-1(1) and A_log = log(-g_h),
     so g = g_h, Lightning's per-head log-decay, on every token; Wa's gradient is not zero (softplus' slope there is
