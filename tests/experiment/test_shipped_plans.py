@@ -388,6 +388,18 @@ def test_the_seed003_plan_converts_every_mixer_alike_and_evaluates_every_mode(tm
     assert plan.parallel >= 1 + sum(name.startswith("niah-lightning-") for name in plan.jobs)
 
 
+def test_the_seed003_plans_mixer_args_reach_that_mixers_conversion_only(tmp_path):
+    from hyla.convert.recipes import scale_tokens
+
+    path = PLANS[[p.stem for p in PLANS].index("seed003-smollm2")]
+    plain = load_plan(path, tmp_path)
+    plan = load_plan(path, tmp_path, overrides=['gla_args=["--set", "model.gla_rope=true"]'])
+    assert plan.jobs["convert-gla"].run == (*plain.jobs["convert-gla"].run, "--set", "model.gla_rope=true")
+    assert scale_tokens(_sets(plan.jobs["convert-gla"].run)).model.gla_rope
+    for name in ("convert-lightning", "convert-gdn", "data"):
+        assert plan.jobs[name].run == plain.jobs[name].run
+
+
 def test_the_seed003_plan_analyses_each_converted_hybrids_heads_at_two_lengths_with_and_without_eme(tmp_path):
     from hyla.evals.cli import inference_overrides
     from hyla.evals.overrides import inference_options_of
