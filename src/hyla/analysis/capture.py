@@ -27,6 +27,7 @@ from hyla.layers.context import MixerContext
 from hyla.layers.gdn import GatedDeltaNet
 from hyla.layers.gla import GatedLinearAttention
 from hyla.layers.lightning import LightningAttention
+from hyla.models.configuration import LINEAR_LAYER_TYPES
 
 # (mixer module, positional args, keyword args of its forward) -> HeadInputs
 MixerCapture = Callable[[nn.Module, tuple, dict], HeadInputs]
@@ -111,7 +112,7 @@ def _is_hf_attention(module: nn.Module) -> bool:
 
 # What kind of head each HypeNet layer type has, for the plots (seed 003 Fig. 12(b), 21(b) set recurrent heads apart
 # from NoPE attention heads); a teacher's attention is RoPE attention.
-HEAD_KINDS = {"lightning": "recurrent", "gla": "recurrent", "gdn": "recurrent", "attention": "NoPE attention",
+HEAD_KINDS = {**dict.fromkeys(LINEAR_LAYER_TYPES, "recurrent"), "attention": "NoPE attention",
               "attention_rope": "RoPE attention", "swa": "RoPE attention"}
 TEACHER_HEAD_KIND = "RoPE attention"
 
