@@ -61,6 +61,7 @@
 # GLA's first training step once took 286 s of fla autotuning): a fresh machine's compiler and fla's autotuning fill their on-disk
 # caches while the teacher check and the data stage run, so each stage's first step reads them instead (sitting C's
 # stage-1 first step took 148 s fresh; a warm cache's, 37 s). $keep/warm.log; every `collect` prints its last line.
+# `start` stops a warm-up that is still running when the plan's first training job starts (they would share the GPU).
 # `args` (here, before a sitting: `PLAN=... PLAN_ARGS=... bash scripts/gpu-session/experiment.sh args`) prints the
 # arguments `start` would pass after the plan: the inputs, `--set warm_engine=false` on a GPU under 100 GiB, PLAN_ARGS.
 # `hyla ARGS` runs one hyla command with this call's code and part1's wheels (a benchmark after the run, say:
@@ -123,10 +124,25 @@ start_warm() {  # the stages' first steps compiled and autotuned in the backgrou
   echo "compile warm-up started in the background (${WARM_MIXERS:-lightning}): $keep/warm.log"
 }
 
+stop_warm_at_training() {  # part1's warm-up must not compile beside the plan's first training job
+  # Sitting 2 of seed 003: GDN's warm-up was still compiling when the conversion started; the two shared the GPU's
+  # memory (the warm-up fell back to 8 rows) and the compile workers' CPUs. A warm-up still running when a training
+  # job starts is stopped: from then on the training fills the same caches itself. (`ou[t]`: the pattern does not
+  # match this watcher's own command line.)
+  pgrep -f "$keep/warm/ou[t]" >/dev/null || return 0
+  ( setsid nohup bash -c "
+      while pgrep -f '$keep/warm/ou[t]' >/dev/null; do
+        if python3 -c 'import json, sys; jobs = json.load(open(\"$run/status.json\"))[\"jobs\"].values(); sys.exit(0 if any(j[\"kind\"] == \"train\" and j[\"state\"] == \"running\" for j in jobs) else 1)' 2>/dev/null; then
+          pkill -f '$keep/warm/ou[t]'; echo 'stopped: the plan started a training job' >> $keep/warm.log; break
+        fi
+        sleep 5
+      done" > /dev/null 2>&1 < /dev/null & )
+}
+
 warm_status() {
   [ -f $keep/warm.log ] || return 0
   local state=finished
-  pgrep -f "$keep/warm/out" >/dev/null && state=running
+  pgrep -f "$keep/warm/ou[t]" >/dev/null && state=running
   echo "--- compile warm-up ($state): $(grep -v '^\s*$' $keep/warm.log | tail -n 1 | cut -c1-160)"
 }
 
@@ -302,6 +318,7 @@ start)
   if [ -f $english ]; then mkdir -p $keep/textcache && tar -xJf $english -C $keep/textcache || exit 1; fi
   copy_repository || exit 1
   launch
+  stop_warm_at_training
   collect
   ;;
 restart)
