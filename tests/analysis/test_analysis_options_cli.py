@@ -121,4 +121,4 @@ def test_options_on_a_teacher_fail_before_loading_it(tmp_path, capsys, no_model_
     LlamaConfig(num_hidden_layers=1).save_pretrained(folder)
     code = main(["analyze", "hitrate", "--model", str(folder), "--eme-window", "256"])
     error = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in error and "--eme-window need a hyla HypeNet model" in error
+    assert code == 2 and "\n" not in error and "--eme-window needs a hyla HypeNet model" in error

@@ -57,19 +57,21 @@ def capture_lightning(module: LightningAttention, args: tuple, kwargs: dict) -> 
                       **_swla(context))
 
 
-def capture_gla(module: GatedLinearAttention, args: tuple, kwargs: dict) -> HeadInputs:
+def _capture_gated(form: str, module: GatedLinearAttention | GatedDeltaNet, args: tuple, kwargs: dict) -> HeadInputs:
+    """GLA ("gated": per-channel gates) and GDN ("delta": per-head gates and the write strength beta)."""
     hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
     q, k, _ = module.project(hidden_states, context)
     gates = module.token_inputs(hidden_states, context)
-    return HeadInputs("gated", q, k, scale=module.head_dim**-0.5, log_gates=gates["g"], **_swla(context))
+    return HeadInputs(form, q, k, scale=module.head_dim**-0.5, log_gates=gates["g"], beta=gates.get("beta"),
+                      **_swla(context))
+
+
+def capture_gla(module: GatedLinearAttention, args: tuple, kwargs: dict) -> HeadInputs:
+    return _capture_gated("gated", module, args, kwargs)
 
 
 def capture_gdn(module: GatedDeltaNet, args: tuple, kwargs: dict) -> HeadInputs:
-    hidden_states, context = _hypenet_mixer_inputs(args, kwargs)
-    q, k, _ = module.project(hidden_states, context)
-    gates = module.token_inputs(hidden_states, context)
-    return HeadInputs("delta", q, k, scale=module.head_dim**-0.5, log_gates=gates["g"], beta=gates["beta"],
-                      **_swla(context))
+    return _capture_gated("delta", module, args, kwargs)
 
 
 def capture_attention(module: Attention, args: tuple, kwargs: dict) -> HeadInputs:

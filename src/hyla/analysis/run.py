@@ -28,7 +28,7 @@ from hyla.analysis.plots import (
     plot_entropy_vs_hit_rate,
 )
 from hyla.analysis.probes import niah_probes, text_probes
-from hyla.evals.overrides import check_options_change_layers
+from hyla.evals.overrides import check_options_change_layers, no_inference_options
 from hyla.evals.report import RESULTS_FILE
 from hyla.layers.context import InferenceOptions
 from hyla.models.loading import load_model, resolve_spec
@@ -91,8 +91,7 @@ def _checked_options(model_spec: str, options: InferenceOptions | None) -> dict[
     changes = options.changes()
     layer_types = _hypenet_layer_types(model_spec)
     if layer_types is None:
-        flags = ", ".join(f"--{name.replace('_', '-')}" for name in changes)
-        raise ValueError(f"{flags} need a hyla HypeNet model; {model_spec} is not one (it has no inference options)")
+        raise no_inference_options(changes, model_spec)
     check_options_change_layers(options, layer_types, model_spec)
     if options.eme_window is not None:
         changes["eme_stride"] = options.swla_stride

@@ -13,7 +13,7 @@ saved with (logit_scaling "off"). `check_options_change_layers` refuses options 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import math
@@ -74,13 +74,21 @@ def apply_inference_overrides(model: Any, **overrides: Any) -> dict[str, Any]:
     if not given:
         return {}
     if not hasattr(model, "inference_options"):
-        name = next(iter(given))
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
-        raise ValueError(f"--{name.replace('_', '-')} needs a hyla HypeNet model, for its {OVERRIDES[name]} "
-                         f"({model_type} has no inference options)")
+        raise no_inference_options(given, model_type)
     options = inference_options_of(**given)
     model.inference_options = options
     return options.changes()
+
+
+def no_inference_options(names: Iterable[str], model: str) -> ValueError:
+    """The one error for inference options given to a model that has none (any model but a hyla HypeNet)."""
+    names = list(names)
+    flags = ", ".join(f"--{name.replace('_', '-')}" for name in names)
+    if len(names) == 1:
+        return ValueError(f"{flags} needs a hyla HypeNet model, for its {OVERRIDES[names[0]]} ({model} has no "
+                          "inference options)")
+    return ValueError(f"{flags} need a hyla HypeNet model ({model} has no inference options)")
 
 
 def check_options_change_layers(options: InferenceOptions, layer_types: Sequence[str], model: str) -> None:
