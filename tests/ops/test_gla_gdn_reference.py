@@ -1,5 +1,5 @@
 """GLA and gated-delta-rule references: recurrent vs chunked forms in float64 on odd lengths, with initial states,
-continuation and packed sequences, and GLA against its unrolled closed form."""
+continuation and packed sequences (for GDN, every gradient too), and GLA against its unrolled closed form."""
 
 import pytest
 import torch
@@ -120,6 +120,45 @@ def test_packed_sequences_equal_separate_runs(name, form_index):
         )
         assert relative_error(packed[:, start:end], alone) <= RTOL
         assert relative_error(packed_states[n : n + 1], alone_state) <= RTOL
+
+
+def gdn_values_and_gradients(form, inputs, state, cu_seqlens=None):
+    """Output, final state and the gradients of a random weighting of both w.r.t. every input and the state."""
+    leaves = {n: x.detach().clone().requires_grad_() for n, x in inputs.items()}
+    init = None if state is None else state.detach().clone().requires_grad_()
+    out, final = call(form, leaves, initial_state=init, output_final_state=True, cu_seqlens=cu_seqlens)
+    gen = torch.Generator().manual_seed(11)
+    loss = (out * torch.randn(out.shape, generator=gen, dtype=out.dtype)).sum()
+    loss = loss + (final * torch.randn(final.shape, generator=gen, dtype=final.dtype)).sum()
+    wrt = dict(leaves) if init is None else dict(leaves, initial_state=init)
+    return out, final, dict(zip(wrt, torch.autograd.grad(loss, list(wrt.values()))))
+
+
+def assert_gdn_forms_agree(inputs, state, cu_seqlens=None):
+    out_r, final_r, grads_r = gdn_values_and_gradients(gdn_recurrent, inputs, state, cu_seqlens)
+    out_c, final_c, grads_c = gdn_values_and_gradients(gdn_chunked, inputs, state, cu_seqlens)
+    assert relative_error(out_c, out_r) <= RTOL, "output"
+    assert relative_error(final_c, final_r) <= RTOL, "final state"
+    assert grads_c.keys() == grads_r.keys()
+    for name, grad in grads_r.items():
+        assert relative_error(grads_c[name], grad) <= RTOL, f"d{name}"
+
+
+# Not multiples of the chunk size (64): the chunked form pads the last chunk.
+@pytest.mark.parametrize("length", [1, 63, 65, 130])
+@pytest.mark.parametrize("with_state", [False, True])
+def test_gdn_chunked_gradients_equal_the_recurrent_forms(length, with_state):
+    inputs, state = gdn_inputs(2, length, seed=20 + length)
+    assert_gdn_forms_agree(inputs, state if with_state else None)
+
+
+def test_gdn_chunked_gradients_equal_the_recurrent_forms_on_packed_sequences():
+    # An empty sequence too: its state passes through unchanged.
+    lengths = [65, 1, 0, 63, 130]
+    inputs, _ = gdn_inputs(1, sum(lengths), seed=21)
+    states = torch.randn(len(lengths), HEADS, KEY_DIM, VALUE_DIM, dtype=torch.float64)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
+    assert_gdn_forms_agree(inputs, states, cu)
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -39,6 +39,15 @@ def fla_backward_blocker() -> str | None:
     )
 
 
+@torch.compiler.disable
+def gdn_chunked_eager(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`gdn_chunked` kept out of dynamo, as fla's kernels are: a compiled block breaks its graph around the call
+    instead of unrolling the loop over chunks (64 per layer at 4096 tokens) into its graph, forward and backward."""
+    return gdn_chunked(q, k, v, **kwargs)
+
+
 def gdn_fla(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -52,14 +61,15 @@ def gdn_fla(
     cu_seqlens: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as `hyla.ops.gdn.reference.gdn_recurrent`, on CUDA. A call that will be differentiated runs
-    the pure-torch chunked form, with a warning, where fla cannot run the backward (`fla_backward_blocker`)."""
+    the pure-torch chunked form, uncompiled (`gdn_chunked_eager`), with a warning, where fla cannot run the backward
+    (`fla_backward_blocker`)."""
     needs_backward = torch.is_grad_enabled() and any(
         x is not None and x.requires_grad for x in (q, k, v, g, beta, initial_state)
     )
     blocker = fla_backward_blocker() if needs_backward else None
     if blocker is not None:
         warnings.warn(f"GDN runs its pure-torch chunked form: {blocker}", stacklevel=2)
-        return gdn_chunked(
+        return gdn_chunked_eager(
             q, k, v, g=g, beta=beta, scale=scale, initial_state=initial_state,
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         )

@@ -4,7 +4,9 @@
 
 i.e. S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t. g: [B, T, H] log-decay (<= 0), beta: [B, T, H]
 in (0, 1). Callers L2-normalise q and k (the layer does). `gdn_recurrent` is the definition; `gdn_chunked` the
-chunkwise WY form, with u of a chunk from one unit-lower-triangular solve.
+chunkwise WY form: the work within chunks is batched over every chunk (the sequence zero-padded to whole chunks, one
+unit-lower-triangular solve for all of them), and only the state passes from chunk to chunk in a Python loop, one
+[K, K] @ [K, V] product each.
 """
 
 from __future__ import annotations
@@ -54,35 +56,57 @@ def gdn_decode_step(
     return o.to(v.dtype), state
 
 
-def _chunk(qc, kc, vc, gc, bc, state):
-    """One chunk: returns (o [B, C, H, V], state at the chunk end)."""
-    length = qc.shape[1]
-    cum = gc.cumsum(dim=1)  # G_i, [B, C, H]
-    lower = torch.ones(length, length, dtype=torch.bool, device=qc.device).tril()
-    lag = cum[:, :, None] - cum[:, None, :]  # G_i - G_j, [B, i, j, H]
-    decay = torch.where(lower[None, :, :, None], lag, float("-inf")).exp()
-    # u_i = beta_i (v_i - e^{G_i} k_i S0 - sum_{j<i} e^{G_i - G_j} (k_i . k_j) u_j): (I + A) u = rhs
-    kk = torch.einsum("bihk,bjhk->bhij", kc, kc) * decay.permute(0, 3, 1, 2)
-    strict = kk.tril(diagonal=-1) * bc.permute(0, 2, 1)[..., None]
-    eye = torch.eye(length, dtype=qc.dtype, device=qc.device)
-    predicted = torch.einsum("bihk,bhkv->bhiv", kc * cum.exp()[..., None], state)
-    rhs = bc.permute(0, 2, 1)[..., None] * (vc.permute(0, 2, 1, 3) - predicted)
-    u = torch.linalg.solve_triangular(eye + strict, rhs, upper=False, unitriangular=True)  # [B, H, C, V]
-    qk = torch.einsum("bihk,bjhk->bhij", qc, kc) * decay.permute(0, 3, 1, 2)
-    o = torch.einsum("bhij,bhjv->bihv", qk, u)
-    o = o + torch.einsum("bihk,bhkv->bihv", qc * cum.exp()[..., None], state)
-    total = cum[:, -1]  # [B, H]
-    key_decay = (total[:, None] - cum).exp()[..., None]
-    state = total.exp()[..., None, None] * state + torch.einsum("bjhk,bhjv->bhkv", kc * key_decay, u)
-    return o, state
+def _split_chunks(x, chunk_size):
+    """[B, T, H, ...] -> [B, N, H, C, ...], T padded with zeros up to N * C."""
+    length = x.shape[1]
+    num_chunks = -(-length // chunk_size)
+    padding = [0, 0] * (x.dim() - 2) + [0, num_chunks * chunk_size - length]
+    x = torch.nn.functional.pad(x, padding).unflatten(1, (num_chunks, chunk_size))
+    return x.transpose(2, 3)
+
+
+def _chunk_forms(q, k, v, g, beta):
+    """Everything within the chunks, for all chunks at once ([B, N, H, C, ...] inputs). With G the cumulative log-decay
+    within a chunk and S its starting state, a chunk's u = beta (v - e^G k S - strict(e^{G_i - G_j} k_i.k_j) u) is
+    u = u_v - w S, where (I + L) [u_v | w] = [beta v | beta e^G k], L_ij = beta_i e^{G_i - G_j} k_i.k_j (j < i).
+    Returns the chunk's transition and input (S_end = transition S + input) and the output's parts
+    (o = read S + attention u_v)."""
+    length, key_dim = k.shape[-2:]
+    cum = g.cumsum(-1)  # G_i, [B, N, H, C]
+    lower = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    lag = cum[..., :, None] - cum[..., None, :]  # G_i - G_j, [B, N, H, i, j]
+    decay = torch.where(lower, lag, float("-inf")).exp()
+    strict = ((k @ k.transpose(-1, -2)) * decay).tril(diagonal=-1) * beta[..., None]
+    eye = torch.eye(length, dtype=q.dtype, device=q.device)
+    rhs = torch.cat([beta[..., None] * v, (beta * cum.exp())[..., None] * k], dim=-1)
+    # One triangular solve for every chunk and both right-hand sides.
+    solved = torch.linalg.solve_triangular(eye + strict, rhs, upper=False, unitriangular=True)
+    u_v, w = solved.split([v.shape[-1], key_dim], dim=-1)  # [B, N, H, C, V], [B, N, H, C, K]
+    attention = (q @ k.transpose(-1, -2)) * decay  # causal, diagonal included
+    total = cum[..., -1:]  # G at the chunk's end, [B, N, H, 1]
+    decayed_keys = (total - cum).exp()[..., None] * k
+    eye_keys = torch.eye(key_dim, dtype=q.dtype, device=q.device)
+    transition = total.exp()[..., None] * eye_keys - decayed_keys.transpose(-1, -2) @ w  # [B, N, H, K, K]
+    chunk_input = decayed_keys.transpose(-1, -2) @ u_v  # [B, N, H, K, V]
+    read = cum.exp()[..., None] * q - attention @ w  # [B, N, H, C, K]
+    return transition, chunk_input, read, attention @ u_v
 
 
 def _chunked_step(q, k, v, g, beta, state, chunk_size=DEFAULT_CHUNK_SIZE):
-    outputs = []
-    for start in range(0, q.shape[1], chunk_size):
-        o, state = _chunk(*(x[:, start : start + chunk_size] for x in (q, k, v, g, beta)), state)
-        outputs.append(o)
-    o = torch.cat(outputs, dim=1) if outputs else v.new_zeros(v.shape)
+    # q, k: [B, T, H, K]; v: [B, T, H, V]; g, beta: [B, T, H]; state: [B, H, K, V]. The padding tokens (q = k = v = 0,
+    # g = beta = 0) leave the state exactly as it was, and their outputs are dropped.
+    length = v.shape[1]
+    if length == 0:
+        return v.new_zeros(v.shape), state
+    chunks = [_split_chunks(x, chunk_size) for x in (q, k, v, g, beta)]
+    transition, chunk_input, read, intra = _chunk_forms(*chunks)
+    # Only the state passes from chunk to chunk.
+    starts = []
+    for index in range(transition.shape[1]):
+        starts.append(state)
+        state = transition[:, index] @ state + chunk_input[:, index]
+    o = read @ torch.stack(starts, dim=1) + intra  # [B, N, H, C, V]
+    o = o.transpose(2, 3).flatten(1, 2)[:, :length]
     return o, state
 
 
