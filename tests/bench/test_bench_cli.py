@@ -266,6 +266,7 @@ def test_floors_match_hand_counts():
     assert [i for i, kind in enumerate(hypenet.layer_types) if kind == "attention"] == [2, 3, 6, 8, 9, 21, 25]
 
 
+@pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")
 def test_hf_static_cache_step_matches_dynamic_cache_step():
     # The step that qwen3-hf-graph captures, run eagerly: HF's StaticCache path over the synthetic cache must give
     # the DynamicCache path's logits (float32: only summation order differs).

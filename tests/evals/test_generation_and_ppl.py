@@ -167,6 +167,8 @@ def test_batch_size_must_be_positive(smollm2_tokenizer, tiny_llama):
         generate_greedy(tiny_llama, smollm2_tokenizer, ["x"], batch_size=0)
 
 
+# transformers >= 5.24 renamed the cache argument to `cache` and warns on the old name, which 5.40 removes.
+@pytest.mark.filterwarnings("error:`past_key_values` is deprecated:FutureWarning")
 @pytest.mark.parametrize("model_kind", ["llama", "hypenet"])
 def test_chunked_losses_equal_one_full_forward(model_kind, request):
     # The hybrid model ignores a cache passed without use_cache=True: the last chunk must still set it.

@@ -8,6 +8,7 @@ import torch
 from transformers.cache_utils import DynamicCache, StaticCache
 
 from hyla.bench.timing import time_ms
+from hyla.models.modeling import cache_argument
 
 
 def build_qwen3(config, *, device, dtype):
@@ -65,7 +66,7 @@ def time_hf_default_decode(model, *, batch: int, context: int, steps: int = 5) -
     tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device, generator=generator)
 
     def step():
-        model(tokens, past_key_values=cache, use_cache=True)
+        model(tokens, **cache_argument(cache), use_cache=True)
 
     return time_ms(step, device=model.device, warmup=1, repeats=steps)
 
@@ -86,7 +87,7 @@ class HFGraphDecoder:
         self.graph = None
 
     def _step(self):
-        self.logits = self.model(self.tokens, position_ids=self.position_ids, past_key_values=self.cache,
+        self.logits = self.model(self.tokens, position_ids=self.position_ids, **cache_argument(self.cache),
                                  use_cache=True).logits
         self.position_ids.add_(1)
 

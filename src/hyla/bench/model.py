@@ -19,6 +19,7 @@ from hyla.bench.floors import ModelShape
 from hyla.bench.timing import CheckFailed, allocated_gib, peak_memory_gib, relative_error, reset_peak_memory, time_ms
 from hyla.inference import InferenceEngine
 from hyla.inference.settings import OVERRIDABLE, EngineSettings, fit_to_model, resolve_settings
+from hyla.models.modeling import cache_argument
 from hyla.ops.dispatch import use_backend
 
 SYSTEMS = ("hypenet", "qwen3-engine", "qwen3-hf-default", "qwen3-hf-graph")
@@ -284,7 +285,7 @@ def _hf_eager_step(model, tokens, position_ids, context, dtype):
     for index, (keys, values) in enumerate(hf_baseline._synthetic_kv(model, 1, context, generator)):
         cache.update(keys.to(dtype), values.to(dtype), index)
     exact = model if dtype == model.dtype else copy.deepcopy(model).to(dtype)
-    return exact(tokens, position_ids=position_ids.clone(), past_key_values=cache).logits.float()
+    return exact(tokens, position_ids=position_ids.clone(), **cache_argument(cache)).logits.float()
 
 
 @torch.no_grad()

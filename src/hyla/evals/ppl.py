@@ -14,6 +14,7 @@ import torch
 
 from hyla.evals.generation import model_device
 from hyla.evals.haystack import load_essay_text
+from hyla.models.modeling import cache_argument, output_cache
 from hyla.progress import progress
 
 DEFAULT_CHUNK_SIZE = 4096
@@ -59,13 +60,13 @@ def token_losses(model: Any, input_ids: torch.Tensor, *, chunk_size: int = DEFAU
     device = model_device(model)
     input_ids = input_ids.to(device)
     seq_len = input_ids.shape[1]
-    losses, past_key_values = [], None
+    losses, cache = [], None
     # Every chunk, the last included, must run with use_cache: some models ignore a cache passed without it.
     use_cache = seq_len - 1 > chunk_size
     for start in range(0, seq_len - 1, chunk_size):
         end = min(start + chunk_size, seq_len - 1)
-        outputs = model(input_ids=input_ids[:, start:end], past_key_values=past_key_values, use_cache=use_cache)
-        past_key_values = outputs.past_key_values
+        outputs = model(input_ids=input_ids[:, start:end], **cache_argument(cache), use_cache=use_cache)
+        cache = output_cache(outputs)
         log_probs = outputs.logits.float().log_softmax(dim=-1)
         targets = input_ids[:, start + 1 : end + 1]
         losses.append(-log_probs.gather(-1, targets[..., None]).squeeze(-1))

@@ -30,6 +30,17 @@ from hyla.models.configuration import HEADWISE_LAYER_TYPES, HypeNetConfig
 # `past_key_values` to `cache` (its generate passes `cache=`); hyla accepts both and fills the field this version has.
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
 
+
+def cache_argument(cache) -> dict:
+    """The keyword that passes `cache` to a transformers model's forward under this version's name (the old name is
+    deprecated from 5.24 and removed in 5.40)."""
+    return {CACHE_FIELD: cache}
+
+
+def output_cache(outputs):
+    """The cache a transformers model's forward returned, read under this version's name."""
+    return getattr(outputs, CACHE_FIELD)
+
 MIXERS = {
     "lightning": LightningAttention,
     "attention": Attention,
