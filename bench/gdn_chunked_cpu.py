@@ -1,9 +1,11 @@
-"""GDN's chunked form before and after the batched rewrite (commit fb95138), forward + backward, float32 on the CPU.
+"""GDN's chunked form against an earlier commit's, forward + backward, float32 on the CPU.
 
-    python bench/gdn_chunked_cpu.py [--repeats 20] [--length 1024]
+    python bench/gdn_chunked_cpu.py [--before 763b49e] [--repeats 20] [--length 1024] [--batch 2] [--heads 4]
 
-The earlier form is read from git (`git show 763b49e:src/hyla/ops/gdn/reference.py`), so run it in a checkout.
-Prints the two results' relative differences and the median seconds of each, as a ratio measured in one run.
+--before: 763b49e (the default) holds the per-chunk form before the batched rewrite (fb95138); c7cd81c the batched
+form whose loop over chunks read each chunk's matrices by index, before the state scan with its own backward. The
+earlier form is read from git (`git show COMMIT:src/hyla/ops/gdn/reference.py`), so run it in a checkout. Prints the
+two results' relative differences and the median seconds of each, as a ratio measured in one run.
 """
 
 from __future__ import annotations
@@ -20,24 +22,24 @@ import torch.nn.functional as F
 
 from hyla.ops.gdn import reference as new_reference
 
-BEFORE = "763b49e"
-
-
-def earlier_reference() -> types.ModuleType:
+def earlier_reference(commit: str) -> types.ModuleType:
     root = Path(__file__).resolve().parent.parent
-    source = subprocess.run(["git", "show", f"{BEFORE}:src/hyla/ops/gdn/reference.py"], cwd=root, check=True,
+    source = subprocess.run(["git", "show", f"{commit}:src/hyla/ops/gdn/reference.py"], cwd=root, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType("gdn_reference_before")
-    exec(compile(source, f"{BEFORE}:reference.py", "exec"), module.__dict__)
+    exec(compile(source, f"{commit}:reference.py", "exec"), module.__dict__)
     return module
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", default="763b49e", help="the commit whose form is timed against this checkout's")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--length", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
     args = parser.parse_args()
-    batch, heads, dim = 2, 4, 64
+    batch, heads, dim = args.batch, args.heads, 64
     generator = torch.Generator().manual_seed(0)
     q = F.normalize(torch.randn(batch, args.length, heads, dim, generator=generator), dim=-1) * dim**-0.5
     k = F.normalize(torch.randn(batch, args.length, heads, dim, generator=generator), dim=-1)
@@ -62,7 +64,7 @@ def main() -> None:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    before = earlier_reference()._chunked_step
+    before = earlier_reference(args.before)._chunked_step
     after = new_reference._chunked_step
     differences = [((a - b).norm() / b.norm()).item() for a, b in zip(run(after), run(before))]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; B={batch} T={args.length} H={heads} "
@@ -70,7 +72,7 @@ def main() -> None:
     print("relative difference after vs before (o, state, dq, dk, dv, dg, dbeta, dstate): "
           + " ".join(f"{d:.1e}" for d in differences))
     old, new = seconds(before), seconds(after)
-    print(f"before {old * 1e3:.1f} ms, after {new * 1e3:.1f} ms (medians of {args.repeats}): {old / new:.2f}x")
+    print(f"before ({args.before}) {old * 1e3:.1f} ms, after {new * 1e3:.1f} ms (medians of {args.repeats}): {old / new:.2f}x")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hyla.ops.gdn import gdn_attention
-from hyla.ops.gdn.reference import gdn_chunked, gdn_decode_step, gdn_recurrent
+from hyla.ops.gdn.reference import _StateScan, gdn_chunked, gdn_decode_step, gdn_recurrent
 from hyla.ops.gla import gla_attention
 from hyla.ops.gla.reference import gla_chunked, gla_decode_step, gla_recurrent
 
@@ -159,6 +159,15 @@ def test_gdn_chunked_gradients_equal_the_recurrent_forms_on_packed_sequences():
     states = torch.randn(len(lengths), HEADS, KEY_DIM, VALUE_DIM, dtype=torch.float64)
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist())
     assert_gdn_forms_agree(inputs, states, cu)
+
+
+def test_gdn_state_scan_backward_is_its_forwards_gradient():
+    # The chunked form's scan over chunks has a backward of its own: checked against finite differences (float64).
+    gen = torch.Generator().manual_seed(23)
+    transitions = (0.5 * torch.randn(5, 3, 4, 4, generator=gen, dtype=torch.float64)).requires_grad_()
+    inputs = torch.randn(5, 3, 4, 2, generator=gen, dtype=torch.float64).requires_grad_()
+    state = torch.randn(3, 4, 2, generator=gen, dtype=torch.float64).requires_grad_()
+    assert torch.autograd.gradcheck(_StateScan.apply, (transitions, inputs, state))
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -6,7 +6,7 @@ i.e. S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t. g: [B, T,
 in (0, 1). Callers L2-normalise q and k (the layer does). `gdn_recurrent` is the definition; `gdn_chunked` the
 chunkwise WY form: the work within chunks is batched over every chunk (the sequence zero-padded to whole chunks, one
 unit-lower-triangular solve for all of them), and only the state passes from chunk to chunk in a Python loop, one
-[K, K] @ [K, V] product each.
+[K, K] @ [K, V] product and sum (baddbmm) each.
 """
 
 from __future__ import annotations
@@ -92,6 +92,32 @@ def _chunk_forms(q, k, v, g, beta):
     return transition, chunk_input, read, attention @ u_v
 
 
+class _StateScan(torch.autograd.Function):
+    """The states S_0..S_N of S_{n+1} = A_n S_n + B_n (A: [N, M, K, K], B: [N, M, K, V], S_0: [M, K, V]) as one
+    [N + 1, M, K, V] tensor, one baddbmm a step each way. The backward runs G_n = dS_n + A_n^T G_{n+1} from G_N = dS_N
+    and then takes every dA_n = G_{n+1} S_n^T in one batched product (dB_n = G_{n+1}, dS_0 = G_0): autograd through
+    the loop would launch about twice the kernels, and reading A_n by index would backpropagate each read through a
+    zero tensor the size of all N steps."""
+
+    @staticmethod
+    def forward(ctx, transitions, inputs, state):
+        states = [state]
+        for transition, chunk_input in zip(transitions.unbind(0), inputs.unbind(0)):
+            states.append(torch.baddbmm(chunk_input, transition, states[-1]))
+        states = torch.stack(states)
+        ctx.save_for_backward(transitions, states)
+        return states
+
+    @staticmethod
+    def backward(ctx, grad_states):
+        transitions, states = ctx.saved_tensors
+        grads = [grad_states[-1]]
+        for step in range(transitions.shape[0] - 1, -1, -1):
+            grads.append(torch.baddbmm(grad_states[step], transitions[step].transpose(-1, -2), grads[-1]))
+        grads = torch.stack(grads[::-1])  # G_0..G_N
+        return grads[1:] @ states[:-1].transpose(-1, -2), grads[1:], grads[0]
+
+
 def _chunked_step(q, k, v, g, beta, state, chunk_size=DEFAULT_CHUNK_SIZE):
     # q, k: [B, T, H, K]; v: [B, T, H, V]; g, beta: [B, T, H]; state: [B, H, K, V]. The padding tokens (q = k = v = 0,
     # g = beta = 0) leave the state exactly as it was, and their outputs are dropped.
@@ -100,12 +126,13 @@ def _chunked_step(q, k, v, g, beta, state, chunk_size=DEFAULT_CHUNK_SIZE):
         return v.new_zeros(v.shape), state
     chunks = [_split_chunks(x, chunk_size) for x in (q, k, v, g, beta)]
     transition, chunk_input, read, intra = _chunk_forms(*chunks)
-    # Only the state passes from chunk to chunk.
-    starts = []
-    for index in range(transition.shape[1]):
-        starts.append(state)
-        state = transition[:, index] @ state + chunk_input[:, index]
-    o = read @ torch.stack(starts, dim=1) + intra  # [B, N, H, C, V]
+    # Only the state passes from chunk to chunk: chunk-major, flattened over (batch, head).
+    batch, heads = state.shape[:2]
+    states = _StateScan.apply(transition.transpose(0, 1).flatten(1, 2), chunk_input.transpose(0, 1).flatten(1, 2),
+                              state.flatten(0, 1))  # [N + 1, B * H, K, V]
+    starts = states[:-1].unflatten(1, (batch, heads)).transpose(0, 1)  # [B, N, H, K, V]
+    state = states[-1].unflatten(0, (batch, heads))
+    o = read @ starts + intra  # [B, N, H, C, V]
     o = o.transpose(2, 3).flatten(1, 2)[:, :length]
     return o, state
 
