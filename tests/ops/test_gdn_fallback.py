@@ -69,3 +69,34 @@ def test_fallback_warns_and_equals_the_chunked_form(blocked_fla):
     torch.testing.assert_close(out, expected, rtol=0, atol=0)
     torch.testing.assert_close(final, expected_final, rtol=0, atol=0)
     assert out.requires_grad
+
+
+def saved_bytes(function):
+    """Bytes of the distinct storages autograd keeps for the backward of `function()`, and its result."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = function()
+    return sum(storages.values()), result
+
+
+def test_fallback_keeps_its_inputs_not_its_intermediates_and_gives_the_same_gradients(blocked_fla):
+    q, k, v, g, beta = (x.detach().requires_grad_() for x in inputs(256))
+    args = (F.normalize(q, dim=-1), F.normalize(k, dim=-1), v)
+    gates = dict(g=F.logsigmoid(g), beta=beta.sigmoid())
+    plain_bytes, (plain, _) = saved_bytes(lambda: gdn_chunked(*args, **gates))
+    with pytest.warns(UserWarning, match="GDN runs its pure-torch chunked form"):
+        fallback_bytes, (fallback, _) = saved_bytes(lambda: gpu.gdn_fla(*args, **gates))
+    input_bytes = sum(x.nbytes for x in (*args, *gates.values()))
+    assert plain_bytes > 10 * input_bytes  # the chunked form's [C, C] products of every chunk
+    assert fallback_bytes <= input_bytes
+    weights = torch.randn(plain.shape, generator=torch.Generator().manual_seed(3))
+    leaves = (q, k, v, g, beta)
+    expected = torch.autograd.grad((plain * weights).sum(), leaves, retain_graph=True)  # the shared normalisation
+    for got, want in zip(torch.autograd.grad((fallback * weights).sum(), leaves), expected):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -11,6 +11,7 @@ import os
 import warnings
 
 import torch
+import torch.utils.checkpoint
 
 from hyla.ops.gdn.reference import gdn_chunked
 
@@ -44,7 +45,12 @@ def gdn_chunked_eager(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`gdn_chunked` kept out of dynamo, as fla's kernels are: a compiled block breaks its graph around the call
-    instead of unrolling the loop over chunks (64 per layer at 4096 tokens) into its graph, forward and backward."""
+    instead of unrolling the loop over chunks (64 per layer at 4096 tokens) into its graph, forward and backward.
+    Under autograd it keeps only its inputs and computes its intermediates again in the backward (activation
+    checkpointing): the chunked form would keep ~45 KiB a token and layer (its float32 [C, C] products of every
+    chunk), 65 GiB for 23 GDN layers at 16 x 4,096 tokens."""
+    if torch.is_grad_enabled():
+        return torch.utils.checkpoint.checkpoint(gdn_chunked, q, k, v, use_reentrant=False, **kwargs)
     return gdn_chunked(q, k, v, **kwargs)
 
 
