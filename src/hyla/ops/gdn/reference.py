@@ -97,16 +97,21 @@ class _StateScan(torch.autograd.Function):
     [N + 1, M, K, V] tensor, one baddbmm a step each way. The backward runs G_n = dS_n + A_n^T G_{n+1} from G_N = dS_N
     and then takes every dA_n = G_{n+1} S_n^T in one batched product (dB_n = G_{n+1}, dS_0 = G_0): autograd through
     the loop would launch about twice the kernels, and reading A_n by index would backpropagate each read through a
-    zero tensor the size of all N steps."""
+    zero tensor the size of all N steps. Plain torch ops both ways, so torch.func's transforms (the analysis's
+    Jacobians) derive its vmap rule."""
+
+    generate_vmap_rule = True
 
     @staticmethod
-    def forward(ctx, transitions, inputs, state):
+    def forward(transitions, inputs, state):
         states = [state]
         for transition, chunk_input in zip(transitions.unbind(0), inputs.unbind(0)):
             states.append(torch.baddbmm(chunk_input, transition, states[-1]))
-        states = torch.stack(states)
-        ctx.save_for_backward(transitions, states)
-        return states
+        return torch.stack(states)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(inputs[0], output)
 
     @staticmethod
     def backward(ctx, grad_states):
