@@ -15,21 +15,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from hyla.bench.timing import saved_tensor_bytes
 from hyla.ops.gdn import gpu
 from hyla.ops.gdn.reference import gdn_chunked
-
-
-def saved_bytes(function) -> int:
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        function()
-    return sum(storages.values())
 
 
 def main() -> None:
@@ -55,7 +43,7 @@ def main() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, form in (("gdn_chunked", gdn_chunked), ("gdn_chunked_eager (fallback)", gpu.gdn_chunked_eager)):
-            per_token = saved_bytes(lambda: form(q, k, v, g=g, beta=beta)) / tokens
+            per_token = saved_tensor_bytes(lambda: form(q, k, v, g=g, beta=beta))[0] / tokens
             print(f"{name}: {per_token / 1024:.1f} KiB a token and layer, "
                   f"{per_token * args.layers * args.tokens / 2**30:.1f} GiB for the step")
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hyla.bench.timing import saved_tensor_bytes
 from hyla.ops.gdn import gpu
 from hyla.ops.gdn.reference import gdn_chunked
 
@@ -71,27 +72,13 @@ def test_fallback_warns_and_equals_the_chunked_form(blocked_fla):
     assert out.requires_grad
 
 
-def saved_bytes(function):
-    """Bytes of the distinct storages autograd keeps for the backward of `function()`, and its result."""
-    storages = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        result = function()
-    return sum(storages.values()), result
-
-
 def test_fallback_keeps_its_inputs_not_its_intermediates_and_gives_the_same_gradients(blocked_fla):
     q, k, v, g, beta = (x.detach().requires_grad_() for x in inputs(256))
     args = (F.normalize(q, dim=-1), F.normalize(k, dim=-1), v)
     gates = dict(g=F.logsigmoid(g), beta=beta.sigmoid())
-    plain_bytes, (plain, _) = saved_bytes(lambda: gdn_chunked(*args, **gates))
+    plain_bytes, (plain, _) = saved_tensor_bytes(lambda: gdn_chunked(*args, **gates))
     with pytest.warns(UserWarning, match="GDN runs its pure-torch chunked form"):
-        fallback_bytes, (fallback, _) = saved_bytes(lambda: gpu.gdn_fla(*args, **gates))
+        fallback_bytes, (fallback, _) = saved_tensor_bytes(lambda: gpu.gdn_fla(*args, **gates))
     input_bytes = sum(x.nbytes for x in (*args, *gates.values()))
     assert plain_bytes > 10 * input_bytes  # the chunked form's [C, C] products of every chunk
     assert fallback_bytes <= input_bytes

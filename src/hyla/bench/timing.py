@@ -53,6 +53,21 @@ def peak_memory_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
 
 
+def saved_tensor_bytes(function: Callable[[], object]) -> tuple[int, object]:
+    """(bytes of the distinct storages autograd keeps for the backward of `function()`, its result), read through
+    autograd's saved-tensor hooks: what a forward holds until its backward, on any device."""
+    storages = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = function()
+    return sum(storages.values()), result
+
+
 def relative_error(fast: torch.Tensor, reference: torch.Tensor) -> float:
     fast, reference = fast.double(), reference.double()
     if not torch.isfinite(fast).all():

@@ -41,6 +41,7 @@ def output_cache(outputs):
     """The cache a transformers model's forward returned, read under this version's name."""
     return getattr(outputs, CACHE_FIELD)
 
+
 MIXERS = {
     "lightning": LightningAttention,
     "attention": Attention,
