@@ -5,8 +5,8 @@
 
 --before: 763b49e (the default) holds the per-chunk form before the batched rewrite (fb95138); c7cd81c the batched
 form whose loop over chunks read each chunk's matrices by index, before the state scan with its own backward;
-c0c9d91 the form with one batched triangular solve (`torch.linalg.solve_triangular`) where this checkout multiplies
-by the inverse built in products (`unit_lower_inverse`). The earlier form is read from git (`git show
+5d8cb67 a form that inverted the chunk systems in batched products instead of the triangular solve (slower on an
+H100: 0.86x; see docs/log/2026-12-04-seed003-smollm2.md). The earlier form is read from git (`git show
 COMMIT:src/hyla/ops/gdn/reference.py`), so run it in a checkout, or from a file (`--before-file`, for a copy of the
 tree without git: `git show COMMIT:src/hyla/ops/gdn/reference.py > FILE` first). Prints the two results' relative
 differences and the median seconds of each, as a ratio measured in one run; `--profile` adds each form's top

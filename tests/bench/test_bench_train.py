@@ -131,11 +131,8 @@ def gdn_reference_excess(model, chunk: int = 64) -> float:
     chunked algorithm: k k^T, q k^T and its product with u, the keys' and the queries' reads of the state, the state
     write). The reference solves for u_v and w = u's state-dependent part once for every chunk, so it also applies
     the chunk's attention to w (C^2 D a chunk) and passes the state through a [D, D] transition (D^3 a chunk):
-    2 (C D + D^3 / C) FLOPs per token and head. It inverts each chunk's unit lower-triangular system in products
-    (`unit_lower_inverse`: two s x s products per pair of s x s blocks, s = 1, 2, .., C / 2, i.e. 2 C (C^2 - 1) / 3
-    a chunk) and applies the inverse to [beta v | beta e^G k] (2 C^2 2D a chunk): 2 (C^2 - 1) / 3 + 4 C D more."""
+    2 (C D + D^3 / C) FLOPs per token and head."""
     return sum(2.0 * block.mixer.num_heads * (chunk * block.mixer.head_dim + block.mixer.head_dim**3 / chunk)
-               + block.mixer.num_heads * (2.0 * (chunk**2 - 1) / 3 + 4.0 * chunk * block.mixer.head_dim)
                for block in model.model.layers if block.layer_type == "gdn")
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from hyla.ops.gdn import gdn_attention
-from hyla.ops.gdn.reference import _StateScan, gdn_chunked, gdn_decode_step, gdn_recurrent, unit_lower_inverse
+from hyla.ops.gdn.reference import _StateScan, gdn_chunked, gdn_decode_step, gdn_recurrent
 from hyla.ops.gla import gla_attention
 from hyla.ops.gla.reference import gla_chunked, gla_decode_step, gla_recurrent
 
@@ -168,42 +168,6 @@ def test_gdn_state_scan_backward_is_its_forwards_gradient():
     inputs = torch.randn(5, 3, 4, 2, generator=gen, dtype=torch.float64).requires_grad_()
     state = torch.randn(3, 4, 2, generator=gen, dtype=torch.float64).requires_grad_()
     assert torch.autograd.gradcheck(_StateScan.apply, (transitions, inputs, state))
-
-
-@pytest.mark.parametrize("size", [1, 2, 8, 64])
-def test_unit_lower_inverse_inverts_the_lower_triangle(size):
-    # The chunked form's products-only inverse against LAPACK's general inverse of the same unit lower-triangular
-    # matrices (float64); whatever lies above the diagonal is ignored.
-    gen = torch.Generator().manual_seed(size)
-    lower = (0.3 * torch.randn(3, 2, size, size, generator=gen, dtype=torch.float64)).tril(-1)
-    eye = torch.eye(size, dtype=torch.float64)
-    above = torch.randn(size, size, generator=gen, dtype=torch.float64).triu(1)
-    expected = torch.linalg.inv(eye + lower)
-    torch.testing.assert_close(unit_lower_inverse(eye + lower + above), expected, rtol=1e-12, atol=1e-12)
-
-
-def test_unit_lower_inverse_is_as_accurate_as_a_triangular_solve_in_float32():
-    # GDN's chunk systems with strongly aligned keys: the inverse's entries come from long cancelling sums (a power
-    # series of the strict part would lose them). Error of float32 against float64, next to the triangular solve's.
-    gen = torch.Generator().manual_seed(5)
-    keys = F.normalize(torch.randn(64, 64, 64, generator=gen, dtype=torch.float64)
-                       + 1.5 * torch.randn(64, 1, 64, generator=gen, dtype=torch.float64), dim=-1)
-    beta = torch.rand(64, 64, 1, generator=gen, dtype=torch.float64)
-    eye = torch.eye(64, dtype=torch.float64)
-    system = eye + (keys @ keys.transpose(-1, -2)).tril(-1) * beta
-    exact = torch.linalg.inv(system)
-
-    def error(inverse):
-        return ((inverse.double() - exact).norm(dim=(-1, -2)) / exact.norm(dim=(-1, -2))).max().item()
-
-    solve = torch.linalg.solve_triangular(system.float(), eye.float().expand(64, 64, 64), upper=False,
-                                          unitriangular=True)
-    assert error(unit_lower_inverse(system.float())) <= 2 * error(solve) + 1e-7
-
-
-def test_unit_lower_inverse_rejects_other_sizes():
-    with pytest.raises(ValueError, match="power-of-two"):
-        unit_lower_inverse(torch.eye(48))
 
 
 @pytest.mark.parametrize("name", OPS)

@@ -5,7 +5,7 @@
 i.e. S_t = exp(g_t) (I - beta_t k_t^T k_t) S_{t-1} + beta_t k_t^T v_t. g: [B, T, H] log-decay (<= 0), beta: [B, T, H]
 in (0, 1). Callers L2-normalise q and k (the layer does). `gdn_recurrent` is the definition; `gdn_chunked` the
 chunkwise WY form: the work within chunks is batched over every chunk (the sequence zero-padded to whole chunks, one
-unit-lower-triangular inverse for all of them, `unit_lower_inverse`), and only the state passes from chunk to chunk in a Python loop, one
+unit-lower-triangular solve for all of them), and only the state passes from chunk to chunk in a Python loop, one
 [K, K] @ [K, V] product and sum (baddbmm) each.
 """
 
@@ -65,32 +65,6 @@ def _split_chunks(x, chunk_size):
     return x.transpose(2, 3)
 
 
-def unit_lower_inverse(matrix: torch.Tensor) -> torch.Tensor:
-    """Inverse of unit lower-triangular matrices [..., C, C] (C a power of two; the part above the diagonal is
-    ignored) in batched products alone: the inverses of the diagonal blocks double in size each level, from 1 x 1
-    (ones) to C x C, as [[A, 0], [M, D]]^-1 = [[A^-1, 0], [-D^-1 M A^-1, D^-1]], every block of a level at once
-    (2 log2 C products in all). As accurate as a triangular solve (block forward substitution); no power series (the
-    powers of the strictly lower part grow until they cancel). Products instead of `torch.linalg.solve_triangular`,
-    which on CUDA is cuBLAS's batched triangular solve: `bench/gdn_chunked.py --before c0c9d91` times the two."""
-    size = matrix.shape[-1]
-    if size & (size - 1):
-        raise ValueError(f"unit_lower_inverse needs a power-of-two size, got {size}")
-    batch = matrix.shape[:-2]
-    inverse = matrix.new_ones(*batch, size, 1, 1)  # the inverses of the diagonal blocks, [..., C / s, s, s]
-    block = 1
-    while block < size:
-        pairs = size // (2 * block)
-        # The lower-left s x s block of every diagonal 2s x 2s block: rows 2ps + s.., columns 2ps.. of pair p.
-        tiles = matrix.unflatten(-2, (pairs, 2, block)).unflatten(-1, (pairs, 2, block))  # [..., p, 2, s, p, 2, s]
-        lower_left = torch.diagonal(tiles[..., :, 1, :, :, 0, :], dim1=-4, dim2=-2).movedim(-1, -3)  # [..., p, s, s]
-        upper, lower = inverse.unflatten(-3, (pairs, 2)).unbind(-3)  # [..., p, s, s] each
-        corner = -(lower @ lower_left) @ upper
-        top = torch.cat([upper, torch.zeros_like(upper)], dim=-1)
-        inverse = torch.cat([top, torch.cat([corner, lower], dim=-1)], dim=-2)  # [..., p, 2s, 2s]
-        block *= 2
-    return inverse.squeeze(-3)
-
-
 def _chunk_forms(q, k, v, g, beta):
     """Everything within the chunks, for all chunks at once ([B, N, H, C, ...] inputs). With G the cumulative log-decay
     within a chunk and S its starting state, a chunk's u = beta (v - e^G k S - strict(e^{G_i - G_j} k_i.k_j) u) is
@@ -105,8 +79,8 @@ def _chunk_forms(q, k, v, g, beta):
     strict = ((k @ k.transpose(-1, -2)) * decay).tril(diagonal=-1) * beta[..., None]
     eye = torch.eye(length, dtype=q.dtype, device=q.device)
     rhs = torch.cat([beta[..., None] * v, (beta * cum.exp())[..., None] * k], dim=-1)
-    # One inverse for every chunk, applied to both right-hand sides.
-    solved = unit_lower_inverse(eye + strict) @ rhs
+    # One triangular solve for every chunk and both right-hand sides.
+    solved = torch.linalg.solve_triangular(eye + strict, rhs, upper=False, unitriangular=True)
     u_v, w = solved.split([v.shape[-1], key_dim], dim=-1)  # [B, N, H, C, V], [B, N, H, C, K]
     attention = (q @ k.transpose(-1, -2)) * decay  # causal, diagonal included
     total = cum[..., -1:]  # G at the chunk's end, [B, N, H, 1]
