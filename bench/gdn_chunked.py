@@ -1,7 +1,7 @@
 """GDN's chunked form against an earlier one, forward + backward, float32, on the CPU or a GPU.
 
     python bench/gdn_chunked.py [--before 763b49e | --before-file PATH] [--repeats 20] [--length 1024] [--batch 2]
-                                [--heads 4] [--device cpu|cuda] [--profile]
+                                [--heads 4] [--device cpu|cuda] [--profile] [--compile-forms]
 
 --before: 763b49e (the default) holds the per-chunk form before the batched rewrite (fb95138); c7cd81c the batched
 form whose loop over chunks read each chunk's matrices by index, before the state scan with its own backward;
@@ -10,7 +10,9 @@ H100: 0.86x; see docs/log/2026-12-04-seed003-smollm2.md). The earlier form is re
 COMMIT:src/hyla/ops/gdn/reference.py`), so run it in a checkout, or from a file (`--before-file`, for a copy of the
 tree without git: `git show COMMIT:src/hyla/ops/gdn/reference.py > FILE` first). Prints the two results' relative
 differences and the median seconds of each, as a ratio measured in one run; `--profile` adds each form's top
-kernels (CUDA) or operators (CPU) of one forward + backward.
+kernels (CUDA) or operators (CPU) of one forward + backward. `--compile-forms` times, as the "after", this checkout's
+form with its work within chunks (`_chunk_forms`, no loop) compiled by torch.compile: a candidate for the GPU
+fallback, whose time is float32 elementwise traffic.
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from hyla.ops.gdn import reference as new_reference
 
 
 def earlier_reference(commit: str | None, path: str | None) -> types.ModuleType:
+    if path is None and commit is None:
+        path = new_reference.__file__
     if path is not None:
         source = Path(path).read_text()
         name = path
@@ -52,6 +56,8 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--profile", action="store_true", help="print each form's top kernels of one step")
+    parser.add_argument("--compile-forms", action="store_true",
+                        help="the after: this checkout's form with _chunk_forms compiled")
     args = parser.parse_args()
     device = torch.device(args.device)
     batch, heads, dim = args.batch, args.heads, 64
@@ -100,6 +106,10 @@ def main() -> None:
     label = args.before_file or args.before
     before = earlier_reference(args.before, args.before_file)._chunked_step
     after = new_reference._chunked_step
+    if args.compile_forms:
+        compiled = earlier_reference(None, None)  # a copy of this checkout's module, its chunk forms compiled
+        compiled._chunk_forms = torch.compile(compiled._chunk_forms, dynamic=False)
+        after = compiled._chunked_step
     differences = [((a - b).norm() / b.norm()).item() for a, b in zip(run(after), run(before))]
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{torch.get_num_threads()} threads"
     print(f"torch {torch.__version__}, {where}; B={batch} T={args.length} H={heads} K=V={dim}, float32, "
@@ -107,7 +117,8 @@ def main() -> None:
     print("relative difference after vs before (o, state, dq, dk, dv, dg, dbeta, dstate): "
           + " ".join(f"{d:.1e}" for d in differences))
     old, new = seconds(before), seconds(after)
-    print(f"before ({label}) {old * 1e3:.1f} ms, after {new * 1e3:.1f} ms (medians of {args.repeats}): {old / new:.2f}x")
+    what = "after, chunk forms compiled" if args.compile_forms else "after"
+    print(f"before ({label}) {old * 1e3:.1f} ms, {what} {new * 1e3:.1f} ms (medians of {args.repeats}): {old / new:.2f}x")
     if args.profile:
         profile(f"before ({label})", before)
         profile("after", after)
