@@ -217,6 +217,41 @@ def test_environments_reach_each_job(tmp_path, write_plan, monkeypatch):
     assert "A plan C caller" in (logs / "without.log").read_text()
 
 
+def test_jobs_on_a_machine_without_a_gpu_share_its_cores(tmp_path, write_plan, monkeypatch):
+    import torch
+
+    from hyla.experiment import runner as runner_module
+
+    show = "import os; print('threads', os.environ.get('OMP_NUM_THREADS'))"
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(runner_module, "available_cores", lambda: 8)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    plan = write_plan([job("a", show), job("b", show)])
+    run(plan, tmp_path / "two", parallel=2)
+    assert "threads 4" in (tmp_path / "two" / "logs" / "a.log").read_text()  # 8 cores, 2 jobs at once
+    run(plan, tmp_path / "many", parallel=16)
+    assert "threads 1" in (tmp_path / "many" / "logs" / "b.log").read_text()
+    # The caller's setting is kept, and so is the plan's (below).
+    monkeypatch.setenv("OMP_NUM_THREADS", "6")
+    run(plan, tmp_path / "caller", parallel=2)
+    assert "threads 6" in (tmp_path / "caller" / "logs" / "a.log").read_text()
+    # With a GPU the jobs' threads are left alone.
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    run(plan, tmp_path / "gpu", parallel=2)
+    assert "threads None" in (tmp_path / "gpu" / "logs" / "a.log").read_text()
+    # A plan's own number (the shipped plans ask for 2, for their GPU machine) is kept where it is lower than the
+    # share, lowered where it is higher; a job's own setting is kept.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    planned = write_plan([job("a", show), job("b", show, env={"OMP_NUM_THREADS": "5"})], env={"OMP_NUM_THREADS": "3"})
+    run(planned, tmp_path / "planned", parallel=2)
+    assert "threads 3" in (tmp_path / "planned" / "logs" / "a.log").read_text()
+    assert "threads 5" in (tmp_path / "planned" / "logs" / "b.log").read_text()
+    monkeypatch.setattr(runner_module, "available_cores", lambda: 2)
+    run(planned, tmp_path / "small", parallel=2)
+    assert "threads 1" in (tmp_path / "small" / "logs" / "a.log").read_text()
+
+
 def test_a_job_that_cannot_start_fails_alone(tmp_path, write_plan):
     plan = write_plan([{"name": "missing", "run": ["/no/such/program"]}, job("fine"),
                        job("reads", "${json:nothing.json#a}")])

@@ -6,7 +6,8 @@ A run folder holds `plan.json` (the plan as resolved, with the command line, ver
 job's output) and `logs/NAME.done` (written when a job succeeds). Running the plan again into the same folder skips
 the jobs that are done; a job that failed, was skipped or was stopped runs again (conversions and trainings resume
 from their own checkpoints). SIGINT or SIGTERM stops the running jobs (their process groups) and ends the runner;
-only one runner works in a folder at a time.
+only one runner works in a folder at a time. On a machine without a GPU each job gets OMP_NUM_THREADS = the cores over
+the jobs at once (`cpu_threads_per_job`), or the plan's number if lower, unless the caller or the job sets it.
 """
 
 from __future__ import annotations
@@ -30,9 +31,32 @@ from hyla.outputs import git_sha, package_versions, write_json
 from hyla.outputs import process_alive as outputs_process_alive
 
 STATES = ("waiting", "running", "done", "failed", "skipped")
+# Each job's torch threads on a machine without a GPU (OMP_NUM_THREADS: at most the cores over the jobs at once, unless
+# the caller sets it; the shipped plans ask for 2, for their 16-core GPU machine): jobs at once with more threads
+# than cores slow one another down many times over. The seed 003 plan's smoke test, two jobs at once on 2 cores, 2
+# threads each: the GDN conversion beside an evaluation 44-49 s, with one thread each 8-9 s; the test 101-113 s, 52 s.
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 # How long a stopped job may take to exit after SIGTERM before it gets SIGKILL.
 STOP_GRACE_S = 20.0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its affinity, which containers narrow), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def cpu_threads_per_job(parallel: int) -> int | None:
+    """OMP_NUM_THREADS for each job on a machine without a GPU, where every job computes on the shared cores: the
+    cores over the jobs at once, at least 1. None where a GPU is there (its jobs run on it; their threads are left
+    as they are), or where the caller already set OMP_NUM_THREADS."""
+    import torch
+
+    if "OMP_NUM_THREADS" in os.environ or torch.cuda.is_available():
+        return None
+    return max(1, available_cores() // max(1, parallel))
 
 
 @dataclass
@@ -87,6 +111,7 @@ class Runner:
         self.plan, self.run_dir = plan, Path(run_dir)
         self.parallel = parallel or plan.parallel
         self.train_slots = train_slots or plan.train_slots
+        self.cpu_threads = cpu_threads_per_job(self.parallel)
         self.poll_s, self.echo = poll_s, echo
         self.argv = list(sys.argv if argv is None else argv)
         self.logs = self.run_dir / "logs"
@@ -194,7 +219,8 @@ class Runner:
         try:
             self.log(f"plan {self.plan.name}{f' (profile {self.plan.profile})' if self.plan.profile else ''}: "
                      f"{len(self.jobs)} jobs, {self.parallel} at once, {self.train_slots} training at once; "
-                     f"{self.progress()}; run folder {self.run_dir}")
+                     + (f"{self.cpu_threads} CPU thread(s) a job (no GPU); " if self.cpu_threads else "")
+                     + f"{self.progress()}; run folder {self.run_dir}")
             while True:
                 if self.stop_requested:
                     self._stop_all(self.stop_requested)
@@ -350,6 +376,11 @@ class Runner:
         env = dict(os.environ)
         for key, value in {"PYTHONUNBUFFERED": "1", **self.plan.env}.items():
             env.setdefault(key, value)
+        if self.cpu_threads is not None:
+            # The plan's thread count is for its GPU machine; here the jobs share the cores: at most their share.
+            planned = env.get("OMP_NUM_THREADS", "")
+            share = min(int(planned), self.cpu_threads) if planned.isdigit() else self.cpu_threads
+            env["OMP_NUM_THREADS"] = str(max(1, share))
         env.update({key: finish(value, self.run_dir) for key, value in job.env.items()})
         return env
 
