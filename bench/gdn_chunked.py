@@ -30,7 +30,8 @@ import torch.nn.functional as F
 from hyla.ops.gdn import reference as new_reference
 
 
-def earlier_reference(commit: str | None, path: str | None) -> types.ModuleType:
+def reference_module(commit: str | None = None, path: str | None = None) -> types.ModuleType:
+    """A fresh copy of the GDN reference module: from a file, from a commit, or (neither) this checkout's."""
     if path is None and commit is None:
         path = new_reference.__file__
     if path is not None:
@@ -104,10 +105,10 @@ def main() -> None:
         print(profiler.key_averages().table(sort_by=key, row_limit=12, max_name_column_width=60))
 
     label = args.before_file or args.before
-    before = earlier_reference(args.before, args.before_file)._chunked_step
+    before = reference_module(args.before, args.before_file)._chunked_step
     after = new_reference._chunked_step
     if args.compile_forms:
-        compiled = earlier_reference(None, None)  # a copy of this checkout's module, its chunk forms compiled
+        compiled = reference_module()  # this checkout's form, its chunk forms compiled
         compiled._chunk_forms = torch.compile(compiled._chunk_forms, dynamic=False)
         after = compiled._chunked_step
     differences = [((a - b).norm() / b.norm()).item() for a, b in zip(run(after), run(before))]

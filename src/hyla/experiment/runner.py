@@ -31,10 +31,6 @@ from hyla.outputs import git_sha, package_versions, write_json
 from hyla.outputs import process_alive as outputs_process_alive
 
 STATES = ("waiting", "running", "done", "failed", "skipped")
-# Each job's torch threads on a machine without a GPU (OMP_NUM_THREADS: at most the cores over the jobs at once, unless
-# the caller sets it; the shipped plans ask for 2, for their 16-core GPU machine): jobs at once with more threads
-# than cores slow one another down many times over. The seed 003 plan's smoke test, two jobs at once on 2 cores, 2
-# threads each: the GDN conversion beside an evaluation 44-49 s, with one thread each 8-9 s; the test 101-113 s, 52 s.
 _OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory")
 # How long a stopped job may take to exit after SIGTERM before it gets SIGKILL.
 STOP_GRACE_S = 20.0
@@ -51,7 +47,9 @@ def available_cores() -> int:
 def cpu_threads_per_job(parallel: int) -> int | None:
     """OMP_NUM_THREADS for each job on a machine without a GPU, where every job computes on the shared cores: the
     cores over the jobs at once, at least 1. None where a GPU is there (its jobs run on it; their threads are left
-    as they are), or where the caller already set OMP_NUM_THREADS."""
+    as they are), or where the caller already set OMP_NUM_THREADS. Jobs at once with more threads than cores slow
+    one another down many times over: the seed 003 plan's smoke test, two jobs at once on 2 cores with the plan's
+    2 threads each, ran its GDN conversion beside an evaluation in 44-49 s, in 8-9 s with one thread each."""
     import torch
 
     if "OMP_NUM_THREADS" in os.environ or torch.cuda.is_available():
