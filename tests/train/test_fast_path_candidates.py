@@ -33,14 +33,20 @@ def test_the_plans_kernels_and_modes_are_the_ops_and_the_fast_paths():
 def test_the_kernel_is_a_speed_setting_of_stage_2_only():
     plan = make_plan("smoke", 0)
     chosen = check_plan(apply_overrides(make_plan("smoke", 0), ["distill.kl_kernel=triton"]))
-    assert chosen.distill.kl_kernel == "triton" and plan.distill.kl_kernel == "torch"
+    assert chosen.distill.kl_kernel == "triton" and plan.distill.kl_kernel is None  # None: the device's default
     # float rounding only: a run resumed with the other kernel keeps its stage
     assert settings_hash(chosen.distill.settings()) == settings_hash(plan.distill.settings())
     for stage in ("align", "finetune"):
         with pytest.raises(ValueError, match=f"{stage}.kl_kernel: the KL is stage 2's loss"):
             check_plan(apply_overrides(make_plan("smoke", 0), [f"{stage}.kl_kernel=triton"]))
+        check_plan(apply_overrides(make_plan("smoke", 0), [f"{stage}.kl_kernel=torch"]))  # what it runs anyway
     with pytest.raises(ValueError, match="distill.fused_loss=false takes the whole logits"):
         check_plan(apply_overrides(make_plan("smoke", 0), ["distill.kl_kernel=triton", "distill.fused_loss=false"]))
+    # the default gives way to the unfused loss instead of refusing it
+    unfused = check_plan(apply_overrides(make_plan("smoke", 0), ["distill.fused_loss=false"]))
+    assert resolve_fast_path(compile=None, fused_loss=unfused.distill.fused_loss, fused_optimizer=None,
+                             micro_batch_size=None, device=torch.device("cuda"),
+                             kl_kernel=unfused.distill.kl_kernel).kl_kernel == "torch"
 
 
 def test_the_fast_path_carries_the_kernel_where_it_can_run():
@@ -48,7 +54,12 @@ def test_the_fast_path_carries_the_kernel_where_it_can_run():
         return resolve_fast_path(compile=None, fused_loss=kwargs.pop("fused_loss", None), fused_optimizer=None,
                                  micro_batch_size=None, device=torch.device(device), **kwargs)
 
-    assert resolve("cuda").kl_kernel == "torch" and "KL kernel" not in resolve("cuda").describe()
+    assert resolve("cuda").kl_kernel == "torch" and "KL kernel" not in resolve("cuda").describe()  # not stage 2
+    # stage 2's default (None): the Triton kernel on CUDA with the fused loss, compiled torch elsewhere
+    assert resolve("cuda", kl_kernel=None).kl_kernel == "triton"
+    assert resolve("cpu", kl_kernel=None).kl_kernel == "torch"
+    assert resolve("cuda", kl_kernel=None, fused_loss=False).kl_kernel == "torch"
+    assert resolve("cuda", kl_kernel="torch").kl_kernel == "torch"
     triton = resolve("cuda", kl_kernel="triton")
     assert triton.kl_kernel == "triton" and "(KL kernel triton)" in triton.describe()
     assert triton.as_dict()["kl_kernel"] == "triton"  # in the stage's manifest
@@ -83,8 +94,8 @@ def test_the_distillation_loss_hands_its_kernel_to_the_chunked_loss(monkeypatch)
 
 
 def test_bench_train_times_the_kernel_in_distillation_on_cuda_only():
-    assert {"fast-triton-kl", "fast-bf16-activations-triton-kl"} <= set(PATHS)
-    for path in ("fast-triton-kl", "fast-bf16-activations-triton-kl"):
+    assert {"fast-triton-kl", "fast-torch-kl", "fast-bf16-activations-triton-kl"} <= set(PATHS)
+    for path in ("fast-triton-kl", "fast-torch-kl", "fast-bf16-activations-triton-kl"):
         assert [stage for stage in ("align", "distill", "finetune") if path_measures_stage(path, stage)] == ["distill"]
     settings = TrainBenchSettings(paths=("fast", "fast-triton-kl"), toy=True, device="cpu", steps=1, warmup=0)
     with pytest.raises(ValueError, match="paths fast-triton-kl run the KL's Triton kernel, on CUDA only"):

@@ -40,7 +40,7 @@ class PathSettings(NamedTuple):
     teacher_bf16: bool | None
     batched_twins: bool = False
     bf16_activations: bool = False
-    kl_kernel: str = "torch"  # distill.kl_kernel
+    kl_kernel: str | None = None  # distill.kl_kernel (None: the device's default, triton on CUDA)
     compile_mode: str = "default"  # distill.compile_mode, finetune.compile_mode
 
 
@@ -55,8 +55,10 @@ class PathSettings(NamedTuple):
 # fast-batched[-bf16-teacher]: stage 1's batched twins (align.batched_twins); align cases only.
 # fast-bf16-activations: the default on CUDA (whole blocks, bf16 teacher) with the trained hybrid's activations in
 #   bf16 (distill.bf16_activations, finetune.bf16_activations); distill and finetune cases only.
-# fast-triton-kl: the default on CUDA with the fused KL's chunks through hyla's Triton kernel (distill.kl_kernel);
-#   fast-bf16-activations-triton-kl: both; distill cases only, CUDA only.
+# fast-triton-kl: whole blocks, the bf16 teacher and the fused KL's chunks through hyla's Triton kernel
+#   (distill.kl_kernel=triton: the default on CUDA since 2026-12-06); fast-bf16-activations-triton-kl: and the bf16
+#   activations; fast-torch-kl: the KL's chunks in compiled torch (distill.kl_kernel=torch: the default on CUDA
+#   before); distill cases only, the first two on CUDA only.
 # fast-max-autotune: the default on CUDA with the blocks compiled in mode max-autotune-no-cudagraphs
 #   (distill.compile_mode, finetune.compile_mode); fast-bf16-activations-triton-kl-max-autotune: every candidate
 #   together (in distillation; the KL's kernel is stage 2's); distill and finetune cases only.
@@ -71,6 +73,7 @@ PATH_SETTINGS = {
     "fast-batched-bf16-teacher": PathSettings(False, True, batched_twins=True),
     "fast-bf16-activations": PathSettings(True, True, bf16_activations=True),
     "fast-triton-kl": PathSettings(True, True, kl_kernel="triton"),
+    "fast-torch-kl": PathSettings(True, True, kl_kernel="torch"),
     "fast-bf16-activations-triton-kl": PathSettings(True, True, bf16_activations=True, kl_kernel="triton"),
     "fast-max-autotune": PathSettings(True, True, compile_mode="max-autotune-no-cudagraphs"),
     "fast-bf16-activations-triton-kl-max-autotune": PathSettings(True, True, bf16_activations=True, kl_kernel="triton",
@@ -87,7 +90,7 @@ def path_measures_stage(path: str, stage: str) -> bool:
     2-3); the KL's kernel stage 2's; a bf16 teacher by name needs a teacher (stages 1-2: a float32 one pinned is no
     teacher in stage 3 either)."""
     settings = PATH_SETTINGS[path]
-    if settings.kl_kernel != "torch":
+    if settings.kl_kernel is not None:
         return stage == "distill"
     if settings.compile_mode != "default":
         return stage in HYBRID_STAGES
@@ -475,7 +478,7 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("hyla bench train: no CUDA device here; use --device cpu (with --toy for a quick check)")
-    off_device = [path for path in settings.paths if PATH_SETTINGS[path].kl_kernel != "torch"]
+    off_device = [path for path in settings.paths if PATH_SETTINGS[path].kl_kernel == "triton"]
     if off_device and device.type != "cuda":
         raise ValueError(f"paths {', '.join(off_device)} run the KL's Triton kernel, on CUDA only; this device is "
                          f"{device.type}")

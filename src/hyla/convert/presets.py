@@ -72,8 +72,10 @@ class StageBudget:
     bf16_activations: bool = False
     # Stage 2: the fused KL's per-chunk arithmetic, "torch" (compiled torch) or "triton" (hyla's kernel,
     # hyla.ops.linear_loss.gpu: each logit read twice instead of three times; CUDA and the fused loss only). Speed
-    # only (float rounding). "torch" until `hyla bench train --paths fast,fast-triton-kl` measures the other faster.
-    kl_kernel: str = "torch"
+    # only (float rounding). None: triton on CUDA with the fused loss, torch elsewhere (hyla.train.fast.
+    # resolve_fast_path; measured on an H200, docs/convert.md: the loss 34.8 against 37.0 ms, distillation +0.8%,
+    # and its 30-step loss curve follows torch's, tests/train/test_fast_path_gpu.py).
+    kl_kernel: str | None = None
     # Stages 2-3: torch.compile's mode for the hybrid's and the frozen teacher's blocks on the fast path: "default",
     # or "max-autotune-no-cudagraphs" (inductor times its own matrix-product kernels against cuBLAS for each shape
     # at the first step and may fuse the elementwise work around them; minutes of compiling, kept in inductor's disk
@@ -484,9 +486,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")
     for name in ("align", "attn_align", "finetune"):
-        if getattr(plan, name).kl_kernel != "torch":
+        if getattr(plan, name).kl_kernel not in (None, "torch"):
             raise ValueError(f"{name}.kl_kernel: the KL is stage 2's loss; set it for distill")
-    if plan.distill.kl_kernel != "torch" and plan.distill.fused_loss is False:
+    if plan.distill.kl_kernel not in (None, "torch") and plan.distill.fused_loss is False:
         raise ValueError(f"distill.kl_kernel={plan.distill.kl_kernel} is a kernel of the fused LM head + loss, and "
                          f"distill.fused_loss=false takes the whole logits; leave distill.kl_kernel at torch")
     _check_mixer_options(plan.model)

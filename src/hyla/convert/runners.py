@@ -159,12 +159,13 @@ def check_weights_file(path: Path, source: str) -> None:
             from None
 
 
-def stage_fast_path(run: Run, budget: StageBudget) -> FastPath:
-    """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest)."""
+def stage_fast_path(run: Run, budget: StageBudget, kl: bool = False) -> FastPath:
+    """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest); `kl`:
+    the stage's loss is the fused KL (stage 2), the only one whose kernel `budget.kl_kernel` chooses."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
-                             device=run.env.device, whole_blocks=budget.whole_blocks, kl_kernel=budget.kl_kernel,
-                             compile_mode=budget.compile_mode)
+                             device=run.env.device, whole_blocks=budget.whole_blocks,
+                             kl_kernel=budget.kl_kernel if kl else "torch", compile_mode=budget.compile_mode)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -390,7 +391,7 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
         use_autocast_activations(student)
         run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")
     pair = StudentWithTeacher(student, teacher)
-    fast = stage_fast_path(run, budget)
+    fast = stage_fast_path(run, budget, kl=not cross_entropy)
     loss = functools.partial(loss_fn, fused=fast.fused_loss)
     if not cross_entropy:  # the KL's kernel (stage 2)
         loss = functools.partial(loss, kernel=fast.kl_kernel)

@@ -48,20 +48,23 @@ EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_b
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
                       micro_batch_size: int | None, device: torch.device,
-                      whole_blocks: bool | None = None, kl_kernel: str = "torch",
+                      whole_blocks: bool | None = None, kl_kernel: str | None = "torch",
                       compile_mode: str = "default") -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
     forward, where the LM head's weight is the gathered one under FSDP2). `whole_blocks` (None: on wherever the
     blocks are compiled; uncompiled, the custom op runs the same kernels eagerly): measured on an H200
-    (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation. `kl_kernel`: see
-    `check_kl_kernel`."""
+    (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation. `kl_kernel` (the
+    KL's, stage 2: pass "torch" for the other stages): see `check_kl_kernel`; None: "triton" on CUDA with the fused
+    loss (measured faster on an H200 and its loss curve checked against torch's: docs/convert.md), else "torch"."""
     cuda = device.type == "cuda"
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
     compile = cuda if compile is None else compile
     fused_loss = True if fused_loss is None else fused_loss
+    if kl_kernel is None:
+        kl_kernel = "triton" if cuda and fused_loss else "torch"
     check_kl_kernel(kl_kernel, fused_loss=fused_loss, device=device)
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
