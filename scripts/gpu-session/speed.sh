@@ -12,8 +12,9 @@
 #             and the engine's generation, cuDNN on bucketed lengths;
 #   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
-#   prefill:  where a 64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, as
-#             evaluations run it (uncompiled, flash) and with cuDNN on bucketed lengths (issue 24: 2.3-2.6x its floor).
+#   prefill:  RMSNorm's two forms at a 64K prefill's shapes (bench/rms_norm.py) and their GPU test, then where a
+#             64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, uncompiled, through
+#             flash and through cuDNN on bucketed lengths (the evaluation settings: issue 24).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
@@ -62,6 +63,9 @@ case $part in
       --out "$OUT/generate" 2>&1 | quiet 30
     ;;
   prefill)
+    log "bench/rms_norm.py: the reference against torch's fused kernel, bf16, 64K tokens"
+    timeout "$(left)" python3 bench/rms_norm.py 2>&1 | quiet 6
+    gpu_tests tests/ops/test_rms_norm_gpu.py
     for backend in flash cudnn-padded; do
       log "hyla bench profile: one 64K prefill of the converted shape, prefill uncompiled, $backend"
       timeout "$(left)" python3 -m hyla.cli bench profile --system converted-135m --phase prefill --context 0 \

@@ -28,7 +28,7 @@ from torch import nn
 
 from hyla.convert.align import AlignmentTwins, alignment_loss, compiled_twin_error, compute_dtype, record_mixers
 from hyla.layers.lightning import LightningAttention
-from hyla.layers.norm import rms_norm
+from hyla.ops.rms_norm import rms_norm
 from hyla.layers.rope import apply_rotary
 from hyla.ops.lightning import lightning_attention
 
