@@ -5,8 +5,8 @@
 # tokenizer, with SK2 prompts at 64K from a samples cache built beforehand (`hyla eval niah-samples`).
 #   0. bench/attention_first_call.py: cuDNN's and flash's prefill attention at nearby 64K lengths, first and second
 #      call each (does every new prompt length pay a cuDNN plan?) (attention/), unless ATTENTION=0;
-#   1. a cold run (fresh machine, the COLD variant, default eager-flash-prefill: what `hyla eval niah` runs on an
-#      H200 today, the shipped settings with their `evaluation` fields; 2 prompts): what a user's first evaluation
+#   1. a cold run (fresh machine, the COLD variant, default eager-cudnn-padded: what `hyla eval niah` runs on an
+#      H200 since 2026-12-06, the shipped settings with their `evaluation` fields; 2 prompts): what a user's first evaluation
 #      costs; it fills the compile caches the timed runs then read, as a conversion's machine has them (cold/);
 #   1b. bench/first_prefill_probe.py, unless PROBE=0: in one process the engine (the device's evaluation settings)
 #      prefills 256, 256, then 64K-long prompts of three lengths, each timed alone, the first short and the first
@@ -60,7 +60,7 @@ if [ "$ATTENTION" = 1 ]; then
 fi
 cells=(--model /tmp/rm --samples-cache .gpu-inputs/fc/niah-samples --tasks SK2 --lengths 64K)
 log "1. cold run"
-timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants "${COLD:-eager-flash-prefill}" --out $work/cold 2>&1 | quiet 3
+timeout "$(left)" python3 bench/engine_first_call.py "${cells[@]}" --num-samples 2 --variants "${COLD:-eager-cudnn-padded}" --out $work/cold 2>&1 | quiet 3
 if [ "${PROBE:-1}" = 1 ]; then
   log "1b. first-prefill probe"
   timeout "$(left)" python3 bench/first_prefill_probe.py --model /tmp/rm --profile --out $work/probe 2>&1 | quiet 12
