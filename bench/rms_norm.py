@@ -11,26 +11,16 @@ measured in one run, the largest difference between the two and the bytes of one
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
+from hyla.bench.timing import time_ms
 from hyla.ops.rms_norm import rms_norm_reference
 from hyla.ops.rms_norm.gpu import rms_norm_fused
 
 
 def median_ms(fn, repeats: int, device: torch.device) -> float:
-    times = []
-    for _ in range(repeats + 2):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times[2:])
+    return time_ms(fn, device=device, warmup=2, repeats=repeats, budget_s=None)["median_ms"]
 
 
 def main() -> None:
