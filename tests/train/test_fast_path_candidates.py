@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from hyla.bench.train import PATHS, TrainBenchSettings, path_measures_stage, run_train_bench
+from hyla.bench.train import PATHS, Case, TrainBenchSettings, path_measures_stage, run_train_bench
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss
 from hyla.compile import compile_blocks
 from hyla.convert.presets import COMPILE_MODES, KL_KERNELS, apply_overrides, check_plan, make_plan
@@ -132,3 +132,57 @@ def test_the_compile_mode_is_a_speed_setting_of_stages_2_and_3_given_to_each_blo
             ["distill", "finetune"]
     assert path_measures_stage("fast-bf16-activations-triton-kl-max-autotune", "distill")
     assert not path_measures_stage("fast-bf16-activations-triton-kl-max-autotune", "finetune")
+
+
+def test_fused_projections_are_a_speed_setting_of_stages_2_and_3():
+    from hyla.train.fast import FUSED_PROJECTIONS_BY_DEFAULT
+
+    plan = make_plan("smoke", 0)
+    assert plan.distill.fused_projections is None and plan.finetune.fused_projections is None
+    chosen = check_plan(apply_overrides(make_plan("smoke", 0), ["distill.fused_projections=true",
+                                                                "finetune.fused_projections=false"]))
+    assert chosen.distill.fused_projections is True and chosen.finetune.fused_projections is False
+    for stage in ("distill", "finetune"):  # float rounding only: a run resumed either way keeps its stage
+        assert settings_hash(getattr(chosen, stage).settings()) == settings_hash(getattr(plan, stage).settings())
+    with pytest.raises(ValueError, match="align.fused_projections: the alignment trains single mixers"):
+        check_plan(apply_overrides(make_plan("smoke", 0), ["align.fused_projections=true"]))
+
+    def resolve(device, **kwargs):
+        return resolve_fast_path(compile=kwargs.pop("compile", None), fused_loss=None, fused_optimizer=None,
+                                 micro_batch_size=None, device=torch.device(device), **kwargs)
+
+    assert not resolve("cuda").fused_projections  # stage 1, and callers that do not ask
+    assert resolve("cuda", fused_projections=None).fused_projections == FUSED_PROJECTIONS_BY_DEFAULT
+    assert not resolve("cpu", fused_projections=None).fused_projections  # nothing compiled on CPU
+    on = resolve("cpu", fused_projections=True)
+    assert on.fused_projections and "fused input projections" in on.describe() and on.as_dict()["fused_projections"]
+    for path in ("fast-fused-projections", "fast-bf16-activations-fused-projections"):
+        assert path in PATHS
+        assert [stage for stage in ("align", "distill", "finetune") if path_measures_stage(path, stage)] == \
+            ["distill", "finetune"]
+
+
+def test_bench_train_fuses_the_projections_of_the_hybrid_and_its_teacher(monkeypatch):
+    """The path's student and teacher run with fused maps (every Attention, Lightning and MLP module switched), and
+    on CPU (float32, no autocast) its first loss is that of the same path unfused (whole blocks, the bf16 teacher) up
+    to the sums' order."""
+    import hyla.models.modeling as modeling
+
+    switched = []
+    real = modeling.use_fused_projections
+
+    def spy(model, enabled=True):
+        switched.append((type(model).__name__, enabled))
+        return real(model, enabled)
+
+    monkeypatch.setattr(modeling, "use_fused_projections", spy)
+    unfused = "fast-whole-blocks-bf16-teacher"
+    settings = TrainBenchSettings(paths=(unfused, "fast-fused-projections"), toy=True, device="cpu", steps=2,
+                                  warmup=0, profile=False, losses=False, cases=(Case.parse("distill:2x64"),))
+    results = run_train_bench(settings)
+    cases = {case["path"]: case for case in results["cases"]}
+    assert cases["fast-fused-projections"]["fused_projections"] and not cases[unfused]["fused_projections"]
+    assert ("HypeNetForCausalLM", True) in switched
+    assert switched.count(("HypeNetForCausalLM", True)) == 2  # the student and the teacher-equivalent HypeNet
+    first = [cases[path]["losses"][0] for path in (unfused, "fast-fused-projections")]
+    assert first[1] == pytest.approx(first[0], rel=1e-5)

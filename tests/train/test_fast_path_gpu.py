@@ -1,6 +1,6 @@
 """The training fast path on CUDA against the eager reference: 30 steps of each conversion stage both ways, from
 one seed and on the same batches, at SmolLM2-135M's widths (6 layers); and the fast path with the hybrid's
-activations in bf16, and with the KL's Triton kernel, against the fast path."""
+activations in bf16, with the KL's Triton kernel, and with fused input projections, against the fast path."""
 
 import pytest
 import torch
@@ -99,3 +99,27 @@ def test_the_triton_kl_follows_the_fast_path_loss_curve():
     assert abs(triton[0] - fast[0]) <= FIRST_STEP_RTOL * abs(fast[0])
     assert ((triton - fast).abs() / fast.abs()).max() <= CURVE_RTOL, (fast.tolist(), triton.tolist())
     assert triton[-1] < triton[0]  # it learns
+
+
+# `fast-fused-projections` is `fast` with each mixer's q/k/v/output-gate maps and each MLP's gate/up maps as one
+# product, in the hybrid and its teacher (distill and finetune `.fused_projections`): the same sums in another
+# kernel's order (cuBLAS's tiling of a wider product; the input's gradient summed inside one product instead of as
+# 3-4 bf16 products added). In float64 on CPU the two agree to 1e-10 (tests/layers/test_fused_projections.py); under
+# bf16 autocast they differ by rounding as fast and eager do, so the first step agrees within FIRST_STEP_RTOL and the
+# curves within CURVE_RTOL. A map's weight in the wrong place or a missing gradient moves them by far more.
+@pytest.mark.parametrize("case", [Case("distill", 4, 1024), Case("finetune", 2, 2048)], ids=lambda case: case.stage)
+def test_fused_projections_follow_the_fast_path_loss_curve(case):
+    torch.manual_seed(0)
+    teacher = LlamaForCausalLM(LlamaConfig(**dict(SMOLLM2_135M, num_hidden_layers=6))).cuda().eval()
+    plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
+    settings = TrainBenchSettings(steps=STEPS, warmup=0, profile=False, losses=False)
+    runs = {path: measure_case(case, path, teacher, plan, (1, 4), settings)
+            for path in ("fast-whole-blocks-bf16-teacher", "fast-fused-projections")}
+    assert runs["fast-fused-projections"]["fused_projections"]
+    assert not runs["fast-whole-blocks-bf16-teacher"]["fused_projections"]
+    fast, fused = (torch.tensor(runs[path]["losses"], dtype=torch.float64) for path in runs)
+    assert torch.isfinite(fused).all()
+    assert abs(fused[0] - fast[0]) <= FIRST_STEP_RTOL * abs(fast[0])
+    assert ((fused - fast).abs() / fast.abs()).max() <= CURVE_RTOL, (fast.tolist(), fused.tolist())
+    if case.stage == "distill":
+        assert fused[-1] < fused[0]  # it learns

@@ -42,6 +42,7 @@ class PathSettings(NamedTuple):
     bf16_activations: bool = False
     kl_kernel: str | None = None  # distill.kl_kernel (None: the device's default, triton on CUDA)
     compile_mode: str = "default"  # distill.compile_mode, finetune.compile_mode
+    fused_projections: bool | None = None  # distill/finetune.fused_projections (None: the device's default)
 
 
 # `eager` is the reference: every fast-path part off, the default teacher. The named variants pin their settings:
@@ -62,6 +63,9 @@ class PathSettings(NamedTuple):
 # fast-max-autotune: the default on CUDA with the blocks compiled in mode max-autotune-no-cudagraphs
 #   (distill.compile_mode, finetune.compile_mode); fast-bf16-activations-triton-kl-max-autotune: every candidate
 #   together (in distillation; the KL's kernel is stage 2's); distill and finetune cases only.
+# fast-fused-projections: the default on CUDA with each mixer's q/k/v/output-gate maps and each MLP's gate/up maps as
+#   one product in the hybrid and its teacher (distill.fused_projections, finetune.fused_projections);
+#   fast-bf16-activations-fused-projections: and the bf16 activations; distill and finetune cases only.
 PATH_SETTINGS = {
     "eager": PathSettings(False, None),
     "fast": PathSettings(None, None),
@@ -78,6 +82,8 @@ PATH_SETTINGS = {
     "fast-max-autotune": PathSettings(True, True, compile_mode="max-autotune-no-cudagraphs"),
     "fast-bf16-activations-triton-kl-max-autotune": PathSettings(True, True, bf16_activations=True, kl_kernel="triton",
                                                                  compile_mode="max-autotune-no-cudagraphs"),
+    "fast-fused-projections": PathSettings(True, True, fused_projections=True),
+    "fast-bf16-activations-fused-projections": PathSettings(True, True, bf16_activations=True, fused_projections=True),
 }
 PATHS = tuple(PATH_SETTINGS)
 BATCHED_PATHS = tuple(path for path, settings in PATH_SETTINGS.items() if settings.batched_twins)
@@ -92,7 +98,7 @@ def path_measures_stage(path: str, stage: str) -> bool:
     settings = PATH_SETTINGS[path]
     if settings.kl_kernel is not None:
         return stage == "distill"
-    if settings.compile_mode != "default":
+    if settings.compile_mode != "default" or settings.fused_projections:
         return stage in HYBRID_STAGES
     if settings.batched_twins:
         return stage == "align"
@@ -237,16 +243,17 @@ class _Built:
 
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
            compile: bool = False, batched: bool = False, teacher_bf16: bool = False,
-           whole_twins: bool = False, bf16_activations: bool = False, kl_kernel: str = "torch") -> _Built:
+           whole_twins: bool = False, bf16_activations: bool = False, kl_kernel: str = "torch",
+           fused_projections: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
     chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16`,
-    `bf16_activations` and `kl_kernel`: the stage's settings of those names."""
+    `bf16_activations`, `kl_kernel` and `fused_projections`: the stage's settings of those names."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
     from hyla.convert.align_batched import choose_alignment_path
     from hyla.convert.distill import StudentWithTeacher, bf16_teacher, build_student, distill_loss, finetune_loss
-    from hyla.models.modeling import use_autocast_activations
+    from hyla.models.modeling import use_autocast_activations, use_fused_projections
     from hyla.models.transfer import to_hypenet
 
     teacher = to_hypenet(hf_teacher, attention_rope=True).to(device).eval()
@@ -263,7 +270,9 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
     student = build_student(hf_teacher, list(attention_layers), None, rnn_mixer=plan.model.rnn_mixer,
                             **plan.student_options()).to(device).float()
     use_autocast_activations(student, bf16_activations)
+    use_fused_projections(student, fused_projections)
     if case.stage == "distill":
+        use_fused_projections(teacher, fused_projections)
         loss_fn = functools.partial(distill_loss, fused=fused_loss, kernel=kl_kernel)
         return _Built(StudentWithTeacher(student, teacher), loss_fn, list(student.model.layers),
                       list(teacher.model.layers), training_flops_per_token("distill", student, case.seq_len, teacher))
@@ -282,7 +291,9 @@ def _fast_path(path: str, stage: str, device: torch.device):
     return resolve_fast_path(compile=None, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
                              device=device, whole_blocks=settings.whole_blocks,
                              kl_kernel=settings.kl_kernel if stage == "distill" else "torch",
-                             compile_mode=settings.compile_mode if stage in HYBRID_STAGES else "default"), teacher_bf16
+                             compile_mode=settings.compile_mode if stage in HYBRID_STAGES else "default",
+                             fused_projections=settings.fused_projections if stage in HYBRID_STAGES else False), \
+        teacher_bf16
 
 
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
@@ -323,7 +334,8 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1 (as hyla convert runs it)
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
                    batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks,
-                   bf16_activations=bf16_activations, kl_kernel=fast.kl_kernel)
+                   bf16_activations=bf16_activations, kl_kernel=fast.kl_kernel,
+                   fused_projections=fast.fused_projections)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
@@ -360,6 +372,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     result = {"stage": case.stage, "batch": case.batch, "seq_len": case.seq_len, "path": path,
               "fast_path": fast.as_dict(), "whole_blocks": fast.whole_blocks, "teacher_bf16": teacher_bf16,
               "bf16_activations": bf16_activations, "kl_kernel": fast.kl_kernel, "compile_mode": fast.compile_mode,
+              "fused_projections": fast.fused_projections,
               "micro_batch_rows_used": step.micro_batch_rows,
               "median_step_s": median, "step_s": times, "first_step_s": times[0], "losses": losses,
               "tok_per_s": tokens / median, "flops_per_token": built.flops,

@@ -81,6 +81,12 @@ class StageBudget:
     # at the first step and may fuse the elementwise work around them; minutes of compiling, kept in inductor's disk
     # cache). Speed only. "default" until `hyla bench train --paths fast,fast-max-autotune` measures the other faster.
     compile_mode: str = "default"
+    # Stages 2-3: each softmax/Lightning mixer's q/k/v and output-gate maps and each MLP's gate/up maps computed as
+    # one product with their concatenated weights, in the hybrid and its frozen teacher
+    # (hyla.models.modeling.use_fused_projections): the same outputs and gradients up to float rounding, fewer and
+    # larger matrix products; parameters and checkpoints unchanged. Speed only. None: the device's default
+    # (hyla.train.fast.FUSED_PROJECTIONS_BY_DEFAULT wherever the blocks are compiled).
+    fused_projections: bool | None = None
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
@@ -118,7 +124,7 @@ class StageBudget:
 # What a stage's `freeze` may keep fixed (hyla.convert.distill.freeze).
 FREEZE_PARTS = ("none", "attention", "attention-layers")
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode")
+              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode", "fused_projections")
 
 
 @dataclass
@@ -482,6 +488,9 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).compile_mode != "default":
             raise ValueError(f"{name}.compile_mode: the alignment compiles each twin with its loss in the default "
                              f"mode; set it for distill or finetune")
+        if getattr(plan, name).fused_projections:
+            raise ValueError(f"{name}.fused_projections: the alignment trains single mixers with their own maps; set "
+                             f"it for distill or finetune")
         if getattr(plan, name).logit_scaling_a is not None:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")

@@ -23,7 +23,7 @@ from hyla.convert.distill import (StudentWithTeacher, bf16_teacher, build_studen
                                   freeze)
 from hyla.convert.presets import UNALIGNED_MIXERS, ConvertPlan, StageBudget
 from hyla.convert.stages import Stage
-from hyla.models.modeling import use_autocast_activations
+from hyla.models.modeling import use_autocast_activations, use_fused_projections
 from hyla.models.transfer import to_hypenet
 from hyla.ops.lightning import chunk_kernel_as_custom_op
 from hyla.train import LoopSettings, OptimSettings, run_training
@@ -159,13 +159,16 @@ def check_weights_file(path: Path, source: str) -> None:
             from None
 
 
-def stage_fast_path(run: Run, budget: StageBudget, kl: bool = False) -> FastPath:
+def stage_fast_path(run: Run, budget: StageBudget, kl: bool = False, hybrid: bool = False) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest); `kl`:
-    the stage's loss is the fused KL (stage 2), the only one whose kernel `budget.kl_kernel` chooses."""
+    the stage's loss is the fused KL (stage 2), the only one whose kernel `budget.kl_kernel` chooses; `hybrid`: the
+    stage trains the whole hybrid (stages 2-3), the only ones whose input projections `budget.fused_projections`
+    fuses."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
                              device=run.env.device, whole_blocks=budget.whole_blocks,
-                             kl_kernel=budget.kl_kernel if kl else "torch", compile_mode=budget.compile_mode)
+                             kl_kernel=budget.kl_kernel if kl else "torch", compile_mode=budget.compile_mode,
+                             fused_projections=budget.fused_projections if hybrid else False)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -391,7 +394,11 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
         use_autocast_activations(student)
         run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")
     pair = StudentWithTeacher(student, teacher)
-    fast = stage_fast_path(run, budget, kl=not cross_entropy)
+    fast = stage_fast_path(run, budget, kl=not cross_entropy, hybrid=True)
+    # The teacher is shared by the stages: its maps are fused for this stage only (the same outputs either way).
+    use_fused_projections(student, fast.fused_projections)
+    if teacher is not None:
+        use_fused_projections(teacher, fast.fused_projections)
     loss = functools.partial(loss_fn, fused=fast.fused_loss)
     if not cross_entropy:  # the KL's kernel (stage 2)
         loss = functools.partial(loss, kernel=fast.kl_kernel)
@@ -400,6 +407,8 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
                            frozen_blocks=list(teacher.model.layers) if teacher is not None else (), fast=fast,
                            vocab_size=student.config.vocab_size if cross_entropy else None, corpus=corpus,
                            teacher=teacher)
+    if teacher is not None:
+        use_fused_projections(teacher, False)
     state = {k.removeprefix("student."): v for k, v in full_state_dict(pair).items()}
     save_weights(state, stage.path / "student.safetensors", run.env)
     return summary if prepared is None else {**summary, "attention_align": prepared}

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from hyla.compile import raise_recompile_limits
 from hyla.layers.context import DEFAULT_OPTIONS, MixerContext
+from hyla.layers.projections import concatenate_linears, mixer_input_linears
 from hyla.ops.gdn import gdn_decode_step
 from hyla.ops.gla import gla_decode_step
 from hyla.ops.lightning import lightning_decode_step
@@ -65,24 +66,10 @@ class FusedProjections(NamedTuple):
     mlp_sizes: tuple[int, ...]
 
 
-def _concatenate(linears) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
-    weight = torch.cat([linear.weight for linear in linears]).contiguous()
-    bias = None
-    if any(linear.bias is not None for linear in linears):
-        bias = torch.cat([linear.bias if linear.bias is not None else linear.weight.new_zeros(linear.out_features)
-                          for linear in linears])
-    return weight, bias, tuple(linear.out_features for linear in linears)
-
-
-def _mixer_linears(mixer) -> list:
-    gate = mixer.gate_projection()
-    return [mixer.q_proj, mixer.k_proj, mixer.v_proj] + ([gate] if gate is not None else [])
-
-
 @torch.no_grad()
 def fuse_block_projections(block) -> FusedProjections:
-    return FusedProjections(*_concatenate(_mixer_linears(block.mixer)),
-                            *_concatenate([block.mlp.gate_proj, block.mlp.up_proj]))
+    return FusedProjections(*concatenate_linears(mixer_input_linears(block.mixer)),
+                            *concatenate_linears([block.mlp.gate_proj, block.mlp.up_proj]))
 
 
 class FoldedWeights(NamedTuple):
@@ -107,7 +94,7 @@ def _fold(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
 @torch.no_grad()
 def fold_block_weights(block) -> FoldedWeights:
     mixer, mlp = block.mixer, block.mlp
-    mixer_weight, mixer_bias, mixer_sizes = _concatenate(_mixer_linears(mixer))
+    mixer_weight, mixer_bias, mixer_sizes = concatenate_linears(mixer_input_linears(mixer))
     o_weight = mixer.o_proj.weight
     if block.layer_type == "lightning":
         o_weight = _fold(o_weight, mixer.o_norm.weight)

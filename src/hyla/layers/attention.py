@@ -11,6 +11,7 @@ from torch import nn
 
 from hyla.layers.context import InferenceOptions, MixerContext
 from hyla.layers.norm import RMSNorm
+from hyla.layers.projections import fused_linear, mixer_input_linears
 from hyla.layers.rope import apply_rotary
 from hyla.ops.attention import softmax_attention
 from hyla.ops.scaling import attention_logit_scale
@@ -79,12 +80,23 @@ class Attention(nn.Module):
             if config.attention_output_gate
             else None
         )
+        # True: q, k, v and the output gate's pre-activation as one product (`hyla.layers.projections`; a training
+        # setting, `hyla.models.modeling.use_fused_projections`).
+        self.fuse_projections = False
 
     def project(self, hidden_states: torch.Tensor, context: MixerContext):
         """The mixer's input side: q, k, v [B, T, heads, D] of hidden_states [B, T, hidden] (the linear maps, then
         `prepare_qkv`)."""
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         return self.prepare_qkv(q, k, v, context)
+
+    def project_with_gate(self, hidden_states: torch.Tensor, context: MixerContext):
+        """(q, k, v, the output gate's pre-activation or None): with `fuse_projections` all four maps as one
+        product, else `project` and the gate left to `project_output`."""
+        if not self.fuse_projections:
+            return (*self.project(hidden_states, context), None)
+        parts = fused_linear(hidden_states, mixer_input_linears(self))
+        return (*self.prepare_qkv(*parts[:3], context), parts[3] if len(parts) > 3 else None)
 
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps to [B, T, heads, D], with q/k norms, RoPE and logit scaling as the layer has
@@ -121,7 +133,7 @@ class Attention(nn.Module):
         return mask
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v = self.project(hidden_states, context)
+        q, k, v, gate = self.project_with_gate(hidden_states, context)
         if context.cache is not None:
             k, v = context.cache.update_kv(self.layer_idx, k, v)
         mask, window = self._mask(context, q.shape[1]), self.window(context.options)
@@ -131,7 +143,7 @@ class Attention(nn.Module):
             k, v = k[:, -keep:], v[:, -keep:]
             mask = mask[..., -keep:] if mask is not None else None
         output = softmax_attention(q, k, v, scale=self.head_dim**-0.5, attention_mask=mask, window=window)
-        return self.project_output(output, hidden_states)
+        return self.project_output(output, hidden_states, gate)
 
     def project_output(
         self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None

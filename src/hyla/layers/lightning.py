@@ -12,6 +12,7 @@ from torch import nn
 from hyla.layers.context import MixerContext
 from hyla.layers.linear_mixer import run_linear_op
 from hyla.layers.norm import RMSNorm
+from hyla.layers.projections import fused_linear, mixer_input_linears
 from hyla.layers.rope import apply_rotary
 from hyla.ops.lightning import decay_is_chunk_safe, lightning_attention, lightning_log_decay
 
@@ -39,6 +40,9 @@ class LightningAttention(nn.Module):
         self._log_decay_by_device: dict[torch.device, torch.Tensor] = {self._log_decay.device: self._log_decay}
         # Known here, from the CPU constant: the GPU op need not read the decays back from the device at every call.
         self._chunk_safe = decay_is_chunk_safe(self._log_decay)
+        # True: q, k, v and the output gate's pre-activation as one product (`hyla.layers.projections`; a training
+        # setting, `hyla.models.modeling.use_fused_projections`).
+        self.fuse_projections = False
 
     @property
     def chunk_safe(self) -> bool:
@@ -65,6 +69,14 @@ class LightningAttention(nn.Module):
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         return self.prepare_qkv(q, k, v, context)
 
+    def project_with_gate(self, hidden_states: torch.Tensor, context: MixerContext):
+        """(q, k, v, the output gate's pre-activation or None): with `fuse_projections` all four maps as one
+        product, else `project` and the gate left to `project_output`."""
+        if not self.fuse_projections:
+            return (*self.project(hidden_states, context), None)
+        parts = fused_linear(hidden_states, mixer_input_linears(self))
+        return (*self.prepare_qkv(*parts[:3], context), parts[3] if len(parts) > 3 else None)
+
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D], with q/k norms and RoPE; shared with
         the inference engine's fused projections."""
@@ -80,13 +92,13 @@ class LightningAttention(nn.Module):
         return q, k, v
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v = self.project(hidden_states, context)
+        q, k, v, gate = self.project_with_gate(hidden_states, context)
         # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
         output = run_linear_op(
             lightning_attention, self.layer_idx, q, k, v, context,
             log_decay=self.log_decay(q.device), scale=self.head_dim**-0.5, chunk_safe=self._chunk_safe,
         )
-        return self.project_output(output, hidden_states)
+        return self.project_output(output, hidden_states, gate)
 
     def project_output(
         self, output: torch.Tensor, hidden_states: torch.Tensor, gate: torch.Tensor | None = None, linear=None

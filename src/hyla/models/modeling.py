@@ -311,3 +311,17 @@ def use_autocast_activations(model: HypeNetForCausalLM | HypeNetModel, enabled: 
     for module in inner.modules():
         if isinstance(module, RMSNorm):
             module.keep_input_dtype = enabled
+
+
+def use_fused_projections(model: nn.Module, enabled: bool = True) -> int:
+    """Compute each softmax and Lightning mixer's q/k/v and output-gate maps, and each MLP's gate/up maps, as one
+    product of the input with their concatenated weights (`hyla.layers.projections`): the same outputs and gradients
+    up to float rounding, fewer and larger matrix products. Parameters, their names and checkpoints stay as they are
+    (the weights are concatenated at every call). The other mixers (GLA, GDN, head-wise) keep their own maps.
+    `model`: a HypeNet or any module holding its blocks. Returns the number of modules switched."""
+    count = 0
+    for module in model.modules():
+        if isinstance(module, (Attention, LightningAttention, GatedMLP)):
+            module.fuse_projections = enabled
+            count += 1
+    return count

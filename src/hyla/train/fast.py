@@ -24,6 +24,9 @@ class FastPath:
     kl_kernel: str = "torch"
     # torch.compile's mode for the blocks ("default" or "max-autotune-no-cudagraphs"; stages 2-3).
     compile_mode: str = "default"
+    # Stages 2-3: each softmax/Lightning mixer's q/k/v/output-gate maps and each MLP's gate/up maps as one product
+    # (hyla.models.modeling.use_fused_projections), in the trained hybrid and its frozen teacher.
+    fused_projections: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -37,19 +40,24 @@ class FastPath:
         if self.compile and self.compile_mode != "default":
             blocks += f", mode {self.compile_mode}"
         kernel = f" (KL kernel {self.kl_kernel})" if self.fused_loss and self.kl_kernel != "torch" else ""
-        return (f"compiled blocks {blocks}, fused LM head + loss {on(self.fused_loss)}{kernel}, fused AdamW "
-                f"{on(self.fused_optimizer)}, micro-batch {micro} sequences")
+        projections = ", fused input projections" if self.fused_projections else ""
+        return (f"compiled blocks {blocks}{projections}, fused LM head + loss {on(self.fused_loss)}{kernel}, fused "
+                f"AdamW {on(self.fused_optimizer)}, micro-batch {micro} sequences")
 
 
 # torch.compile's modes for the compiled blocks (`FastPath.compile_mode`); CUDA graphs stay off (the step is not one).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Whether stages 2-3 fuse the input projections where their blocks are compiled, unless a plan says (off until
+# `hyla bench train --paths fast,fast-fused-projections` measures it faster on a GPU and its loss curve follows the
+# default's: tests/train/test_fast_path_gpu.py).
+FUSED_PROJECTIONS_BY_DEFAULT = False
 EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None)
 
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
                       micro_batch_size: int | None, device: torch.device,
                       whole_blocks: bool | None = None, kl_kernel: str | None = "torch",
-                      compile_mode: str = "default") -> FastPath:
+                      compile_mode: str = "default", fused_projections: bool | None = False) -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
@@ -57,7 +65,9 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
     blocks are compiled; uncompiled, the custom op runs the same kernels eagerly): measured on an H200
     (docs/results/train-speed.md, 2026-12-03) the faster of the two in alignment and distillation. `kl_kernel` (the
     KL's, stage 2: pass "torch" for the other stages): see `check_kl_kernel`; None: "triton" on CUDA with the fused
-    loss (measured faster on an H200 and its loss curve checked against torch's: docs/convert.md), else "torch"."""
+    loss (measured faster on an H200 and its loss curve checked against torch's: docs/convert.md), else "torch".
+    `fused_projections` (stages 2-3: pass False for stage 1): None: `FUSED_PROJECTIONS_BY_DEFAULT` wherever the
+    blocks are compiled."""
     cuda = device.type == "cuda"
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
@@ -76,6 +86,8 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
         whole_blocks=compile if whole_blocks is None else whole_blocks,
         kl_kernel=kl_kernel,
         compile_mode=compile_mode,
+        fused_projections=(FUSED_PROJECTIONS_BY_DEFAULT and compile) if fused_projections is None
+        else fused_projections,
     )
 
 
