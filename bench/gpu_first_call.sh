@@ -15,6 +15,10 @@
 #      + the first variant under cProfile on 2 prompts unless PROFILE= (first-call/);
 #   3. `hyla eval niah --generation hf` on the same NUM prompts in a fresh process (hf/results.json), unless HF=0:
 #      the denominator of every variant's end-to-end ratio (first-call.md has each variant's seconds);
+#   3b. with LIKE=CONFIG_JSON (a converted model's config.json: the hybrid of every step takes its layer types, a and
+#      epsilon, `bench/random_hybrid_export.py --like`, saved in EXPORT_DTYPE, default bfloat16), `hyla eval niah
+#      --generation hf` on the first HF_FIXED (default 4) prompts of the fixed layout's hybrid too (hf-fixed/): does
+#      transformers' time depend on the layout?
 #   4. `hyla bench loss` (issue 23), if LOSS=1 (default) and the call has time left (loss/).
 # Run from the repository root on the GPU machine with $OUT set; carry [".whl", ".gpu-inputs/bench", ".gpu-inputs/b",
 # ".gpu-inputs/fc"] (.gpu-inputs/b: RULER's data package, which `hyla eval niah` checks before reading a samples
@@ -53,7 +57,8 @@ pack() {
   tar -cJf "$OUT/all.tar.xz" -C $work . && log "packed $(du -sh "$OUT/all.tar.xz" | cut -f1)"
 }
 trap pack EXIT
-python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda 2>&1 | tail -n 1
+python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm --device cuda \
+  --dtype "${EXPORT_DTYPE:-bfloat16}" ${LIKE:+--like "$LIKE"} 2>&1 | tail -n 1
 if [ "$ATTENTION" = 1 ]; then
   log "0. attention backends' first call per length"
   timeout "$(left)" python3 bench/attention_first_call.py --out $work/attention 2>&1 | quiet 12
@@ -74,6 +79,14 @@ if [ "$HF" = 1 ]; then
   timeout "$(left)" python3 -m hyla.cli eval niah "${cells[@]}" --out $work/hf --device cuda --dtype bfloat16 \
     --num-samples "$NUM" --batch-size 1 --generation hf 2>&1 | quiet 3
   log "hf: $((SECONDS - started)) s in its process; $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" $work/hf/results.json 2>&1)"
+fi
+if [ -n "${LIKE:-}" ] && [ "${HF_FIXED:-4}" -gt 0 ]; then
+  log "3b. transformers' generate on the fixed layout, ${HF_FIXED:-4} prompts"
+  python3 bench/random_hybrid_export.py --tokenizer .gpu-inputs/fc/tok --out /tmp/rm-fixed --device cuda \
+    --dtype "${EXPORT_DTYPE:-bfloat16}" 2>&1 | tail -n 1
+  timeout "$(left)" python3 -m hyla.cli eval niah --model /tmp/rm-fixed "${cells[@]:2}" --out $work/hf-fixed \
+    --device cuda --dtype bfloat16 --num-samples "${HF_FIXED:-4}" --batch-size 1 --generation hf 2>&1 | quiet 3
+  log "hf-fixed: $(python3 -c "import json,sys; g=json.load(open(sys.argv[1]))['generation']; print({k: g.get(k) for k in ('path', 'seconds', 'first_batch_s', 'calls')})" $work/hf-fixed/results.json 2>&1)"
 fi
 if [ "${LOSS:-1}" = 1 ]; then
   log "4. hyla bench loss"

@@ -42,3 +42,30 @@ def test_a_tokenizer_that_does_not_resolve_is_one_error_and_writes_nothing(tmp_p
     assert finished.returncode != 0
     assert finished.stderr.strip().splitlines()[-1].startswith("error: tokenizer not found")
     assert "Traceback" not in finished.stderr and not (tmp_path / "model").exists()
+
+
+def test_like_takes_a_conversions_layout_a_and_epsilon(tmp_path, smollm2_tokenizer):
+    import json
+
+    import pytest
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import random_hybrid_export
+
+    from hyla.models.loading import load_model
+
+    spec = tmp_path / "tok"
+    smollm2_tokenizer.save_pretrained(spec)
+    # as `hyla convert` saves it: the layer types under hypenet_layer_types
+    layout = ["attention", "lightning", "lightning", "attention"]
+    like = tmp_path / "config.json"
+    like.write_text(json.dumps({"hypenet_layer_types": layout, "attention_logit_scaling_a": 5000,
+                                "rms_norm_eps": 1e-6, "hidden_size": 99999}))
+    out = random_hybrid_export.export(str(spec), tmp_path / "model", device="cpu", dtype="float32", toy=True,
+                                      like=like)
+    config = load_model(str(out)).model.config
+    assert config.layer_types == layout and config.attention_logit_scaling_a == 5000 and config.rms_norm_eps == 1e-6
+    assert config.hidden_size != 99999  # the shape stays the bench's
+    like.write_text(json.dumps({"hypenet_layer_types": layout[:3]}))
+    with pytest.raises(ValueError, match="has 3 layer types; this shape has 4 layers"):
+        random_hybrid_export.export(str(spec), tmp_path / "other", device="cpu", dtype="float32", toy=True, like=like)
