@@ -11,7 +11,7 @@ from torch import nn
 
 from hyla.layers.context import InferenceOptions, MixerContext
 from hyla.layers.norm import RMSNorm
-from hyla.layers.projections import fused_linear, mixer_input_linears
+from hyla.layers.projections import project_with_gate
 from hyla.layers.rope import apply_rotary
 from hyla.ops.attention import softmax_attention
 from hyla.ops.scaling import attention_logit_scale
@@ -90,14 +90,6 @@ class Attention(nn.Module):
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         return self.prepare_qkv(q, k, v, context)
 
-    def project_with_gate(self, hidden_states: torch.Tensor, context: MixerContext):
-        """(q, k, v, the output gate's pre-activation or None): with `fuse_projections` all four maps as one
-        product, else `project` and the gate left to `project_output`."""
-        if not self.fuse_projections:
-            return (*self.project(hidden_states, context), None)
-        parts = fused_linear(hidden_states, mixer_input_linears(self))
-        return (*self.prepare_qkv(*parts[:3], context), parts[3] if len(parts) > 3 else None)
-
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps to [B, T, heads, D], with q/k norms, RoPE and logit scaling as the layer has
         them; shared with the inference engine's fused projections."""
@@ -133,7 +125,7 @@ class Attention(nn.Module):
         return mask
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v, gate = self.project_with_gate(hidden_states, context)
+        q, k, v, gate = project_with_gate(self, hidden_states, context)
         if context.cache is not None:
             k, v = context.cache.update_kv(self.layer_idx, k, v)
         mask, window = self._mask(context, q.shape[1]), self.window(context.options)

@@ -12,7 +12,7 @@ from torch import nn
 from hyla.layers.context import MixerContext
 from hyla.layers.linear_mixer import run_linear_op
 from hyla.layers.norm import RMSNorm
-from hyla.layers.projections import fused_linear, mixer_input_linears
+from hyla.layers.projections import project_with_gate
 from hyla.layers.rope import apply_rotary
 from hyla.ops.lightning import decay_is_chunk_safe, lightning_attention, lightning_log_decay
 
@@ -69,14 +69,6 @@ class LightningAttention(nn.Module):
         q, k, v = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
         return self.prepare_qkv(q, k, v, context)
 
-    def project_with_gate(self, hidden_states: torch.Tensor, context: MixerContext):
-        """(q, k, v, the output gate's pre-activation or None): with `fuse_projections` all four maps as one
-        product, else `project` and the gate left to `project_output`."""
-        if not self.fuse_projections:
-            return (*self.project(hidden_states, context), None)
-        parts = fused_linear(hidden_states, mixer_input_linears(self))
-        return (*self.prepare_qkv(*parts[:3], context), parts[3] if len(parts) > 3 else None)
-
     def prepare_qkv(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, context: MixerContext):
         """q/k/v from their linear maps ([B, T, width] each) to [B, T, H, D], with q/k norms and RoPE; shared with
         the inference engine's fused projections."""
@@ -92,7 +84,7 @@ class LightningAttention(nn.Module):
         return q, k, v
 
     def forward(self, hidden_states: torch.Tensor, context: MixerContext) -> torch.Tensor:
-        q, k, v, gate = self.project_with_gate(hidden_states, context)
+        q, k, v, gate = project_with_gate(self, hidden_states, context)
         # The cached state, or SWLA windows under EME (hyla.layers.linear_mixer).
         output = run_linear_op(
             lightning_attention, self.layer_idx, q, k, v, context,

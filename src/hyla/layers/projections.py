@@ -40,3 +40,13 @@ def fused_linear(hidden_states: torch.Tensor, linears) -> tuple[torch.Tensor, ..
     with respect to every weight and bias)."""
     weight, bias, sizes = concatenate_linears(linears)
     return F.linear(hidden_states, weight, bias).split(sizes, dim=-1)
+
+
+def project_with_gate(mixer, hidden_states: torch.Tensor, context):
+    """A softmax or Lightning mixer's (q, k, v, output gate's pre-activation or None): with its `fuse_projections`
+    all four maps as one product (then `prepare_qkv`), else its own `project` and the gate left to
+    `project_output`."""
+    if not mixer.fuse_projections:
+        return (*mixer.project(hidden_states, context), None)
+    parts = fused_linear(hidden_states, mixer_input_linears(mixer))
+    return (*mixer.prepare_qkv(*parts[:3], context), parts[3] if len(parts) > 3 else None)
