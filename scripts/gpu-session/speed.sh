@@ -7,18 +7,23 @@
 #   autotune: `hyla bench train` on distillation: the default against the blocks compiled in mode
 #             max-autotune-no-cudagraphs, alone and with the other two candidates (compiling takes minutes: each
 #             measurement is saved as it ends, under $OUT, so a call cut by its limit keeps those before);
-#   tests:    the GPU tests of the candidates and of the evaluation settings: the KL kernel's loss curve (first:
-#             it decides distill.kl_kernel's default), the evaluation settings against float32, the fused losses
-#             and the engine's generation, cuDNN on bucketed lengths;
+#   tests:    the GPU tests of the evaluation settings against float32, the fused losses and the engine's
+#             generation, cuDNN on bucketed lengths;
 #   eme:      issue 26's item 4 on random weights of the converted shape: what each inference mode (direct, SWLA,
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
-#   prefill:  RMSNorm's two forms at a 64K prefill's shapes (bench/rms_norm.py) and their GPU test, then where a
+#   fused:    `hyla bench train` on distillation at 16x4096: the default against the fused input projections, alone
+#             and with the bf16 activations (issue 23's candidates of 2026-12-06);
+#   tests-train: the GPU loss-curve tests of the fast path: the fused projections' (first: they decide its default),
+#             then the default against the eager reference in every stage (the Triton KL is the default since
+#             2026-12-06);
+#   prefill:  RMSNorm's two forms at a 64K prefill's shapes (bench/rms_norm.py) and their GPU test, RoPE's two
+#             forms (bench/rope.py) and their GPU test, then where a
 #             64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, uncompiled, through
 #             flash and through cuDNN on bucketed lengths (the evaluation settings: issue 24).
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|tests|eme|prefill}
+part=${1:?usage: speed.sh train|autotune|fused|tests|tests-train|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -48,10 +53,20 @@ case $part in
     timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/autotune" \
       --paths fast,fast-max-autotune,fast-bf16-activations-triton-kl-max-autotune 2>&1 | quiet 30
     ;;
+  fused)
+    log "hyla bench train: fused input projections"
+    timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/fused" \
+      --paths fast,fast-fused-projections,fast-bf16-activations-fused-projections 2>&1 | quiet 30
+    ;;
+  tests-train)
+    log "GPU tests: the fast path's loss curves"
+    gpu_tests tests/train/test_fast_path_gpu.py -k fused_projections
+    gpu_tests tests/train/test_fast_path_gpu.py -k follows_the_eager
+    ;;
   tests)
-    # the test that decides a default first (sitting S ran it last and its budget ran out before it)
+    # the evaluation settings against float32 first (inference runs RMSNorm and RoPE through the fused ops since
+    # 2026-12-06); the KL kernel's loss curve passed on 2026-12-06 (`tests-train` has the fast path's)
     log "GPU tests"
-    gpu_tests tests/train/test_fast_path_gpu.py -k triton_kl
     gpu_tests tests/inference/test_generate_gpu.py -k prefill_as_close
     gpu_tests tests/ops/test_linear_loss_gpu.py tests/inference/test_generate_gpu.py -k "not prefill_as_close"
     gpu_tests tests/inference/test_inference_gpu.py -k fused_chunk_attention
@@ -66,6 +81,9 @@ case $part in
     log "bench/rms_norm.py: the reference against torch's fused kernel, bf16, 64K tokens"
     timeout "$(left)" python3 bench/rms_norm.py 2>&1 | quiet 6
     gpu_tests tests/ops/test_rms_norm_gpu.py
+    log "bench/rope.py: the reference against hyla's Triton kernel, bf16, 64K tokens"
+    timeout "$(left)" python3 bench/rope.py 2>&1 | quiet 6
+    gpu_tests tests/ops/test_rope_gpu.py
     for backend in flash cudnn-padded; do
       log "hyla bench profile: one 64K prefill of the converted shape, prefill uncompiled, $backend"
       timeout "$(left)" python3 -m hyla.cli bench profile --system converted-135m --phase prefill --context 0 \
@@ -73,6 +91,6 @@ case $part in
         quiet 24
     done
     ;;
-  *) echo "error: unknown part $part (train, autotune, tests, eme, prefill)"; exit 2 ;;
+  *) echo "error: unknown part $part (train, autotune, fused, tests, tests-train, eme, prefill)"; exit 2 ;;
 esac
 log done

@@ -1,10 +1,13 @@
-"""Rotary position embeddings with the teacher's convention (rotate-half, as HF Llama/Qwen), any HF rope type."""
+"""Rotary position embeddings with the teacher's convention (rotate-half, as HF Llama/Qwen), any HF rope type; the
+rotation itself is `hyla.ops.rope`."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from hyla.ops.rope import apply_rotary as rotary
 
 
 class RotaryEmbedding(nn.Module):
@@ -47,11 +50,7 @@ class RotaryEmbedding(nn.Module):
         return (emb.cos() * self.attention_scaling).to(dtype), (emb.sin() * self.attention_scaling).to(dtype)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [B, T, H, D]; cos, sin: [B, T, D]."""
-    return x * cos[:, :, None] + _rotate_half(x) * sin[:, :, None]
+    """x: [B, T, H, D]; cos, sin: [B, T, D]. In inference on CUDA one fused kernel, else the reference
+    (`hyla.ops.rope`)."""
+    return rotary(x, cos, sin)
