@@ -85,7 +85,7 @@ class StageBudget:
     # one product with their concatenated weights, in the hybrid and its frozen teacher
     # (hyla.models.modeling.use_fused_projections): the same outputs and gradients up to float rounding, fewer and
     # larger matrix products; parameters and checkpoints unchanged. Speed only. None: the device's default
-    # (hyla.train.fast.FUSED_PROJECTIONS_BY_DEFAULT wherever the blocks are compiled).
+    # (hyla.train.fast.FUSED_PROJECTIONS_BY_DEFAULT: off, measured slower on an H200, docs/convert.md).
     fused_projections: bool | None = None
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet

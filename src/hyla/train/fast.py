@@ -47,9 +47,10 @@ class FastPath:
 
 # torch.compile's modes for the compiled blocks (`FastPath.compile_mode`); CUDA graphs stay off (the step is not one).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
-# Whether stages 2-3 fuse the input projections where their blocks are compiled, unless a plan says (off until
-# `hyla bench train --paths fast,fast-fused-projections` measures it faster on a GPU and its loss curve follows the
-# default's: tests/train/test_fast_path_gpu.py).
+# Whether stages 2-3 fuse the input projections where their blocks are compiled, unless a plan says. Off: measured
+# slower on an H200 (`hyla bench train --paths fast,fast-fused-projections`, docs/results/train-speed.md,
+# 2026-12-06: distillation 237.6K against 243.7K tokens/s, fine-tuning 249.0K against 253.4K), though its loss
+# curves follow the default's (tests/train/test_fast_path_gpu.py).
 FUSED_PROJECTIONS_BY_DEFAULT = False
 EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None)
 
