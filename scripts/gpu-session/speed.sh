@@ -78,7 +78,7 @@ case $part in
       --out "$OUT/generate" 2>&1 | quiet 30
     ;;
   prefill)
-    log "bench/rms_norm.py: the reference against torch's fused kernel, bf16, 64K tokens"
+    log "bench/rms_norm.py: the reference against torch's fused kernel and the Triton rows kernel, bf16, 64K tokens"
     timeout "$(left)" python3 bench/rms_norm.py 2>&1 | quiet 6
     gpu_tests tests/ops/test_rms_norm_gpu.py
     log "bench/rope.py: the reference against hyla's Triton kernel, bf16, 64K tokens"

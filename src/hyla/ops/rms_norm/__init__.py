@@ -1,9 +1,10 @@
-"""RMSNorm over the last dimension: torch's fused kernel for inference in float16/bfloat16 on CUDA (gpu.py), the
-float32 reference everywhere else (reference.py).
+"""RMSNorm over the last dimension: for inference in float16/bfloat16 on CUDA a fused kernel (gpu.py: torch's, or for
+rows of at most `ROWS_KERNEL_MAX_D` elements a Triton kernel that normalizes many rows a program), the float32
+reference everywhere else (reference.py).
 
 Inference only: where a gradient is wanted the reference runs (training's eager path is the reference, and its
 compiled path fuses the reference's operations itself), and inside torch.compile too (its graphs, compiled prefill
-and decode included, keep the operations they were measured with). The fused kernel rounds once where the reference
+and decode included, keep the operations they were measured with). The fused kernels round once where the reference
 rounds twice (the normalized rows, then their product with the weight), so the two differ by bf16 rounding
 (tests/ops/test_rms_norm.py). A 64K-token prefill of the converted 135M shape runs 130 RMSNorms, ~80 ms of its ~240 ms
 of kernels through the reference on an H100 (docs/results/generate-speed.md); `use_backend("torch")` forces the
@@ -17,6 +18,10 @@ from hyla.ops.dispatch import current_backend
 from hyla.ops.rms_norm.reference import rms_norm_reference
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
+# Rows of at most this many elements take the Triton rows kernel (`rms_norm_rows`), wider ones torch's fused kernel;
+# 0: torch's kernel for every width. `bench/rms_norm.py` times the two on a GPU; where the rows kernel is the faster
+# at a Lightning layer's q/k norm [1, T, 9, 64], this becomes 256.
+ROWS_KERNEL_MAX_D = 0
 
 
 def _on_cuda(tensor: torch.Tensor) -> bool:
@@ -39,8 +44,10 @@ def rms_norm(hidden_states: torch.Tensor, weight: torch.Tensor, *, eps: float) -
     """RMSNorm over the last dimension (hidden_states: [..., D]). weight: [D], or any shape that broadcasts against
     hidden_states (then always the reference). The output's dtype: the reference's rule (`rms_norm_reference`)."""
     if fused_rms_norm_applies(hidden_states, weight):
-        from hyla.ops.rms_norm.gpu import rms_norm_fused
+        from hyla.ops.rms_norm.gpu import rms_norm_fused, rms_norm_rows
 
+        if 0 < hidden_states.shape[-1] <= ROWS_KERNEL_MAX_D:
+            return rms_norm_rows(hidden_states, weight, eps=eps)
         return rms_norm_fused(hidden_states, weight, eps=eps)
     return rms_norm_reference(hidden_states, weight, eps=eps)
 
