@@ -16,13 +16,12 @@ otherwise its timing is skipped.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 
 import torch
 
-from hyla.bench.timing import time_ms
+from hyla.bench.timing import kernel_bench_arguments, time_ms
 from hyla.ops.rms_norm import ROWS_KERNEL_MAX_D, rms_norm_reference
 
 EPS = 1e-6
@@ -49,15 +48,9 @@ def fast_forms(device: torch.device) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=65536)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    device = torch.device(args.device)
+    args, device, header = kernel_bench_arguments(__doc__.split("\n")[0])
     forms = fast_forms(device)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
-          f"{args.tokens} tokens, bfloat16, no gradient; the dispatch takes the rows kernel for D <= "
+    print(f"{header}; the dispatch takes the rows kernel for D <= "
           f"{ROWS_KERNEL_MAX_D} (ROWS_KERNEL_MAX_D, 0: never)")
     skip_note = ("" if "rows" in forms else ", rows skipped (needs CUDA, or TRITON_INTERPRET=1 on the CPU)" if forms
                  else ", fused and rows skipped (gpu.py needs triton)")

@@ -12,13 +12,12 @@ otherwise its timing is skipped.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import os
 
 import torch
 
-from hyla.bench.timing import time_ms
+from hyla.bench.timing import kernel_bench_arguments, time_ms
 from hyla.ops.rope import apply_rotary_reference
 
 ROTATIONS_PER_PREFILL = 46
@@ -36,14 +35,8 @@ def kernel_runs_on(device: torch.device) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tokens", type=int, default=65536)
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    device = torch.device(args.device)
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; "
-          f"{args.tokens} tokens, bfloat16, no gradient")
+    args, device, header = kernel_bench_arguments(__doc__.split("\n")[0])
+    print(header)
     shape = (1, args.tokens, 9, 64)
     generator = torch.Generator(device).manual_seed(0)
     x = torch.randn(*shape, device=device, generator=generator).bfloat16()

@@ -73,3 +73,19 @@ def relative_error(fast: torch.Tensor, reference: torch.Tensor) -> float:
     if not torch.isfinite(fast).all():
         return float("inf")
     return ((fast - reference).norm() / reference.norm().clamp_min(1e-30)).item()
+
+
+def kernel_bench_arguments(description: str, argv: list[str] | None = None):
+    """(args, device, header) of a kernel benchmark at a 64K prefill's shapes (bench/rms_norm.py, bench/rope.py):
+    --tokens (default 65536), --repeats (20), --device (cuda where there is one); the header names torch, the device
+    and the size."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--tokens", type=int, default=65536)
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return args, device, f"torch {torch.__version__}, {name}; {args.tokens} tokens, bfloat16, no gradient"
