@@ -13,6 +13,8 @@
 #             SWLA + log: EME) costs at 64K on the engine, per recurrent mixer (Lightning, GLA, GDN).
 #   fused:    `hyla bench train` on distillation at 16x4096: the default against the fused input projections, alone
 #             and with the bf16 activations (issue 23's candidates of 2026-12-06);
+#   activations: `hyla bench train` on distillation at 16x4096: the default against the bf16 activations (issue 23's
+#             last 2.5% on sitting T's H200);
 #   tests-train: the GPU loss-curve tests of the fast path: the fused projections' (first: they decide its default),
 #             then the default against the eager reference in every stage (the Triton KL is the default since
 #             2026-12-06);
@@ -23,7 +25,7 @@
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|fused|tests|tests-train|eme|prefill}
+part=${1:?usage: speed.sh train|autotune|fused|activations|tests|tests-train|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -58,6 +60,11 @@ case $part in
     timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/fused" \
       --paths fast,fast-fused-projections,fast-bf16-activations-fused-projections 2>&1 | quiet 30
     ;;
+  activations)
+    log "hyla bench train: the bf16 activations beside the default"
+    timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/activations" \
+      --paths fast,fast-bf16-activations 2>&1 | quiet 30
+    ;;
   tests-train)
     log "GPU tests: the fast path's loss curves"
     gpu_tests tests/train/test_fast_path_gpu.py -k fused_projections
@@ -91,6 +98,6 @@ case $part in
         quiet 24
     done
     ;;
-  *) echo "error: unknown part $part (train, autotune, fused, tests, tests-train, eme, prefill)"; exit 2 ;;
+  *) echo "error: unknown part $part (train, autotune, fused, activations, tests, tests-train, eme, prefill)"; exit 2 ;;
 esac
 log done
