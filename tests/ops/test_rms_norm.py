@@ -15,6 +15,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from numerics import FLOAT32_ROUNDING, INTERPRETER_SUBNORMAL_ERROR, INTERPRETER_UNIT_ROUNDING, rms_norm_float64
 
 import hyla.ops.rms_norm as rms_norm_op
 from hyla.layers.norm import RMSNorm
@@ -25,21 +26,10 @@ EPS = 1e-6
 # bf16 keeps 8 significant bits: one rounding to nearest is within 2^-8 of the value it rounds, relative; the
 # reference rounds twice (the normalized rows, then their product with the rounded weight).
 BF16_ROUNDING = 2.0**-8
-# Triton's interpreter truncates float32 to bfloat16 (the GPU rounds to nearest): within one bf16 unit in the last
-# place, 2^-7 relative. Its float16 conversion is numpy's, to nearest: 2^-11. Below the smallest normal, within one
-# spacing of the dtype's subnormals (truncation; half of it to nearest).
-INTERPRETER_UNIT_ROUNDING = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-11}
-INTERPRETER_SUBNORMAL_ERROR = {torch.bfloat16: 2.0**-133, torch.float16: 2.0**-25}
-# The rows kernel's float32 arithmetic, relative: the sum of D squares (D roundings of nonnegative terms, D units),
-# halved by the square root, then the mean's division, the epsilon's addition and rsqrt (a few units) and the two
-# products (two): under D / 2 + 6 units; (D + 8) units leaves room for any order of summation.
-FLOAT32_ROUNDING = 2.0**-24
-
-
-def oracle(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm in float64, written out: x / sqrt(mean(x^2) + eps) * w."""
-    x64 = x.double()
-    return x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * weight.double()
+# The rows kernel's float32 arithmetic (FLOAT32_ROUNDING units, relative): the sum of D squares (D roundings of
+# nonnegative terms, D units), halved by the square root, then the mean's division, the epsilon's addition and rsqrt
+# (a few units) and the two products (two): under D / 2 + 6 units; (D + 8) units leaves room for any order of
+# summation.
 
 
 def rows(*shape: int, dtype=torch.bfloat16, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,10 +53,10 @@ def test_the_reference_is_within_its_roundings_of_float64(shape):
     x, weight = rows(*shape)
     reference = rms_norm_reference(x, weight, eps=EPS)
     assert reference.dtype == torch.bfloat16 and reference.shape == x.shape
-    assert worst_relative(reference, oracle(x, weight)) <= 2 * BF16_ROUNDING + BF16_ROUNDING**2
+    assert worst_relative(reference, rms_norm_float64(x, weight, EPS)) <= 2 * BF16_ROUNDING + BF16_ROUNDING**2
     x32, weight32 = x.float(), weight.float()
-    assert torch.allclose(rms_norm_reference(x32, weight32, eps=EPS).double(), oracle(x32, weight32), rtol=1e-6,
-                          atol=0)
+    assert torch.allclose(rms_norm_reference(x32, weight32, eps=EPS).double(), rms_norm_float64(x32, weight32, EPS),
+                          rtol=1e-6, atol=0)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="gpu.py imports triton (the dev extra)")
@@ -77,9 +67,10 @@ def test_torchs_fused_kernel_is_within_one_rounding_of_float64(shape):
     x, weight = rows(*shape)
     fused = rms_norm_fused(x, weight, eps=EPS)
     assert fused.dtype == torch.bfloat16 and fused.shape == x.shape
-    assert worst_relative(fused, oracle(x, weight)) <= BF16_ROUNDING
+    assert worst_relative(fused, rms_norm_float64(x, weight, EPS)) <= BF16_ROUNDING
     x32, weight32 = x.float(), weight.float()
-    assert torch.allclose(rms_norm_fused(x32, weight32, eps=EPS).double(), oracle(x32, weight32), rtol=1e-6, atol=0)
+    assert torch.allclose(rms_norm_fused(x32, weight32, eps=EPS).double(), rms_norm_float64(x32, weight32, EPS),
+                          rtol=1e-6, atol=0)
 
 
 @pytest.fixture
@@ -204,7 +195,7 @@ def check_the_rows_kernel_interpreted() -> None:
             x = values
         got = rms_norm_rows(x, weight, eps=EPS)
         assert got.shape == x.shape and got.dtype == dtype and got.is_contiguous()
-        ratio = interpreted_error_over_bound(got, oracle(values, weight))
+        ratio = interpreted_error_over_bound(got, rms_norm_float64(values, weight, EPS))
         assert ratio <= 1, (shape, dtype, layout, ratio)
         print(f"{shape} {dtype} {layout}: error over bound {ratio:.3f}")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import FLOAT32_ROUNDING, SUBNORMAL_HALF_SPACING, UNIT_ROUNDING, rms_norm_float64
 
 import hyla.ops.rms_norm as rms_norm_op
 import hyla.ops.rms_norm.gpu as gpu
@@ -15,21 +16,11 @@ pytestmark = pytest.mark.gpu
 
 EPS = 1e-6
 BF16_ROUNDING = 2.0**-8  # one rounding to nearest keeps 8 significant bits
-# One rounding to nearest in a dtype is within UNIT_ROUNDING * |value| of the value (8 significant bits in bfloat16,
-# 11 in float16), plus half the spacing of the dtype's subnormals for values below its smallest normal.
-UNIT_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-SUBNORMAL_HALF_SPACING = {torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
-# The rows kernel's float32 arithmetic, relative: the sum of D squares (D roundings of nonnegative terms, D units),
-# halved by the square root, then the mean's division, the epsilon's addition and rsqrt (a few units) and the two
-# products (two): under D / 2 + 6 units; (D + 8) units leaves room for any order of summation. At float16's 11 bits
-# it is not negligible: over millions of elements some fall within it of a rounding's worst case.
-FLOAT32_ROUNDING = 2.0**-24
-
-
-def normalized_exactly(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """RMSNorm in float64: x / sqrt(mean(x^2) + eps) * w."""
-    x64 = x.double()
-    return x64 / torch.sqrt(x64.pow(2).mean(-1, keepdim=True) + EPS) * weight.double()
+# The rows kernel's float32 arithmetic (FLOAT32_ROUNDING units, relative): the sum of D squares (D roundings of
+# nonnegative terms, D units), halved by the square root, then the mean's division, the epsilon's addition and rsqrt
+# (a few units) and the two products (two): under D / 2 + 6 units; (D + 8) units leaves room for any order of
+# summation. At float16's 11 bits it is not negligible: over millions of elements some fall within it of a
+# rounding's worst case.
 
 
 def error_over_bound(got: torch.Tensor, exact: torch.Tensor) -> float:
@@ -48,7 +39,7 @@ def test_inference_takes_the_fused_kernel_within_one_rounding(shape, monkeypatch
     generator = torch.Generator("cuda").manual_seed(0)
     x = (torch.randn(*shape, device="cuda", generator=generator) * 3 + 0.5).bfloat16()
     weight = (torch.rand(shape[-1], device="cuda", generator=generator) + 0.5).bfloat16()
-    want = normalized_exactly(x, weight)
+    want = rms_norm_float64(x, weight, EPS)
     with torch.no_grad():
         fused = rms_norm(x, weight, eps=EPS)
     reference = rms_norm_reference(x, weight, eps=EPS)
@@ -94,7 +85,7 @@ def test_the_rows_kernel_is_within_one_rounding(shape, layout, dtype):
     with torch.no_grad():
         out = gpu.rms_norm_rows(x, weight, eps=EPS)
     assert out.shape == x.shape and out.dtype == dtype and out.is_contiguous()
-    exact = normalized_exactly(x, weight)
+    exact = rms_norm_float64(x, weight, EPS)
     ratio = error_over_bound(out, exact)
     assert ratio <= 1, ratio
     # The reference rounds twice (the normalized rows, then their product with the weight): over a thousand elements
@@ -115,7 +106,7 @@ def test_inference_takes_the_rows_kernel_up_to_the_threshold(monkeypatch):
     hidden = torch.randn(2, 33, 576, device="cuda", generator=generator).bfloat16()
     weight_q, weight_hidden = torch.ones(64, device="cuda").bfloat16(), torch.ones(576, device="cuda").bfloat16()
     with torch.no_grad():
-        assert error_over_bound(rms_norm(q, weight_q, eps=EPS), normalized_exactly(q, weight_q)) <= 1
+        assert error_over_bound(rms_norm(q, weight_q, eps=EPS), rms_norm_float64(q, weight_q, EPS)) <= 1
         rms_norm(hidden, weight_hidden, eps=EPS)
     assert calls == ["rms_norm_rows", "rms_norm_fused"]
     trained = weight_q.clone().requires_grad_()

@@ -12,22 +12,15 @@ import types
 
 import pytest
 import torch
+from numerics import FLOAT32_ROUNDING, INTERPRETER_UNIT_ROUNDING, SUBNORMAL_HALF_SPACING, UNIT_ROUNDING
 
 import hyla.ops.rope as rope_op
 from hyla.layers.rope import apply_rotary as layer_apply_rotary
 from hyla.ops.dispatch import use_backend
 from hyla.ops.rope import apply_rotary, apply_rotary_reference, fused_rotary_applies
 
-# One rounding to nearest in a dtype is within UNIT_ROUNDING * |value| of the value (8 significant bits in bfloat16,
-# 11 in float16), plus half the spacing of the dtype's subnormals for values below its smallest normal.
-UNIT_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-SUBNORMAL_HALF_SPACING = {torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
-# The kernel's float32 arithmetic: products of two half-precision numbers are exact in float32 (at most 22
-# significant bits), their sum is rounded once to float32.
-FLOAT32_ROUNDING = 2.0**-24
-# Triton's interpreter truncates float32 to bfloat16 (the GPU rounds to nearest): within one bf16 unit in the last
-# place, 2^-7 relative. Its float16 conversion is numpy's, to nearest.
-INTERPRETER_UNIT_ROUNDING = {torch.bfloat16: 2.0**-7, torch.float16: 2.0**-11}
+# The kernel's float32 arithmetic (FLOAT32_ROUNDING): products of two half-precision numbers are exact in float32
+# (at most 22 significant bits), their sum is rounded once to float32.
 
 
 def rotary_tables(batch: int, seq_len: int, head_dim: int, dtype=torch.bfloat16, *, seed: int = 0,

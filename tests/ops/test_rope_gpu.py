@@ -5,19 +5,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from numerics import FLOAT32_ROUNDING, SUBNORMAL_HALF_SPACING, UNIT_ROUNDING
 
 import hyla.ops.rope.gpu as gpu
 from hyla.ops.rope import apply_rotary, apply_rotary_reference
 
 pytestmark = pytest.mark.gpu
 
-# One rounding to nearest in a dtype is within UNIT_ROUNDING * |value| of the value (8 significant bits in bfloat16,
-# 11 in float16), plus half the spacing of the dtype's subnormals for values below its smallest normal.
-UNIT_ROUNDING = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11}
-SUBNORMAL_HALF_SPACING = {torch.bfloat16: 2.0**-134, torch.float16: 2.0**-25}
-# The kernel's float32 arithmetic: products of two half-precision numbers are exact in float32, their sum (or the
-# fused multiply-add) is rounded once to float32.
-FLOAT32_ROUNDING = 2.0**-24
+# The kernel's float32 arithmetic (FLOAT32_ROUNDING): products of two half-precision numbers are exact in float32,
+# their sum (or the fused multiply-add) is rounded once to float32.
 
 
 def rotary_tables(rows: int, seq_len: int, head_dim: int, dtype, generator) -> tuple[torch.Tensor, torch.Tensor]:
