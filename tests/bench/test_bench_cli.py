@@ -398,7 +398,7 @@ def test_compile_modes_reach_torch_compile(monkeypatch):
 
     assert cli.COMPILE_MODES_CLI == settings.COMPILE_MODES
     assert cli.DECODE_STEPS == settings.DECODE_STEPS and cli.MATVEC_KERNELS == settings.MATVEC_KERNELS
-    assert cli.TRAINED_MIXERS == train.TRAINED_MIXERS
+    assert cli.TRAINED_MIXERS == train.TRAINED_MIXERS and cli.TRAIN_PATHS == train.PATHS
     modes = []
     monkeypatch.setattr(torch, "compile", lambda f, **kwargs: modes.append(kwargs["mode"]) or f)
     monkeypatch.setattr(decode_step, "_COMPILED", {})  # the process-wide compiled functions, empty

@@ -88,3 +88,20 @@ def test_bad_check_branch_commands_fail_with_one_line(capsys):
     assert "--branch belongs to check-branch" in capsys.readouterr().err
     assert main(cli("--set", "finetune.lr=-1")) == 2
     assert "finetune.lr" in capsys.readouterr().err
+
+
+def test_the_hybrids_activations_resolve_per_device_into_the_hashes_of_stages_two_and_three():
+    """`distill.bf16_activations` / `finetune.bf16_activations` unset: bf16 on CUDA, held in those stages' settings
+    (a conversion resumed on CUDA with float32 activations set is another conversion); on CPU, which trains without
+    autocast, unset and false leave the settings as before; alignment never holds them."""
+    cuda, cpu = planned_settings(request(BASE), "cuda"), planned_settings(request(BASE), "cpu")
+    for stage in ("distill", "finetune"):
+        assert cuda[stage]["budget"]["bf16_activations"] is True
+        assert "bf16_activations" not in cpu[stage]["budget"]
+    assert "bf16_activations" not in cuda["align"]["budget"]
+    pinned = planned_settings(request(BASE + ["distill.bf16_activations=false"]), "cuda")
+    assert "bf16_activations" not in pinned["distill"]["budget"]
+    assert branch_conflicts(request(BASE), request(BASE + ["finetune.bf16_activations=false"], "finetune"),
+                            "cuda") == {}
+    assert set(branch_conflicts(request(BASE), request(BASE + ["distill.bf16_activations=false"], "finetune"),
+                                "cuda")) == {"distill"}

@@ -1,6 +1,6 @@
 """The training fast path on CUDA against the eager reference: 30 steps of each conversion stage both ways, from
 one seed and on the same batches, at SmolLM2-135M's widths (6 layers); and the fast path with the hybrid's
-activations in bf16, with the KL's Triton kernel, and with fused input projections, against the fast path."""
+activations in float32, with the KL's torch chunks, and with fused input projections, against the fast path."""
 
 import pytest
 import torch
@@ -12,11 +12,11 @@ from hyla.convert.presets import make_plan
 pytestmark = pytest.mark.gpu
 
 STEPS = 30
-# Both paths run bf16 products under autocast and read the same teacher (the default's: bf16 on CUDA); they differ
-# in rounding order only (compiled fusions with Lightning's kernel inside as a custom op, the chunked
-# head loss, fused AdamW). At the first step (the same weights) that moves the loss by ~1e-3 at most; the runs then
-# drift apart as updates compound, by ~1% over 30 steps at these learning rates. A bug (a wrong gradient, a
-# missing term, a skipped update) moves the curves by far more.
+# Both paths run bf16 products under autocast, read the same teacher and hold the same activations (the defaults':
+# bf16 on CUDA); they differ in rounding order only (compiled fusions with Lightning's kernel inside as a custom op,
+# the chunked head loss, fused AdamW). At the first step (the same weights) that moves the loss by ~1e-3 at most;
+# the runs then drift apart as updates compound, by ~1% over 30 steps at these learning rates. A bug (a wrong
+# gradient, a missing term, a skipped update) moves the curves by far more.
 FIRST_STEP_RTOL = 5e-3
 CURVE_RTOL = 3e-2
 
@@ -57,25 +57,26 @@ def test_steps_with_whole_compiled_blocks_follow_those_without(stage):
     assert ((with_op - plain).abs() / plain.abs()).max() <= FIRST_STEP_RTOL, (plain.tolist(), with_op.tolist())
 
 
-# `fast-bf16-activations` is `fast` with the hybrid's residual stream and norm outputs in bf16 (distill and finetune
-# `.bf16_activations`): the same kernels, one more bf16 rounding of each value where those are written, forward and
-# backward. On CPU under bf16 autocast at these shapes the first-step loss moved by 7e-6 (distill) and 2e-5
-# (finetune) relative (means over 4,096 tokens), far inside FIRST_STEP_RTOL; over 30 steps the updates compound
-# rounding differences as between fast and eager, so the curves get the same CURVE_RTOL. Activations that lost a term (a norm's weight, a
-# residual branch) or a gradient would move the first step already by far more.
+# `fast` (the default on CUDA since 2026-12-06) holds the hybrid's residual stream and norm outputs in bf16 (distill
+# and finetune `.bf16_activations`); `fast-fp32-activations` holds them in float32 (the default before): the same
+# kernels, one bf16 rounding fewer of each value where those are written, forward and backward. On CPU under bf16
+# autocast at these shapes the first-step loss moved by 7e-6 (distill) and 2e-5 (finetune) relative (means over
+# 4,096 tokens), far inside FIRST_STEP_RTOL; over 30 steps the updates compound rounding differences as between fast
+# and eager, so the curves get the same CURVE_RTOL. Activations that lost a term (a norm's weight, a residual branch)
+# or a gradient would move the first step already by far more.
 @pytest.mark.parametrize("case", [Case("distill", 4, 1024), Case("finetune", 2, 2048)], ids=lambda case: case.stage)
-def test_bf16_activations_follow_the_fast_path_loss_curve(case):
+def test_bf16_activations_follow_the_float32_activations_loss_curve(case):
     torch.manual_seed(0)
     teacher = LlamaForCausalLM(LlamaConfig(**dict(SMOLLM2_135M, num_hidden_layers=6))).cuda().eval()
     plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
     settings = TrainBenchSettings(steps=STEPS, warmup=0, profile=False, losses=False)
     runs = {path: measure_case(case, path, teacher, plan, (1, 4), settings)
-            for path in ("fast", "fast-bf16-activations")}
-    assert runs["fast-bf16-activations"]["bf16_activations"] and not runs["fast"]["bf16_activations"]
-    fast, bf16 = (torch.tensor(runs[path]["losses"], dtype=torch.float64) for path in runs)
+            for path in ("fast-fp32-activations", "fast")}
+    assert runs["fast"]["bf16_activations"] and not runs["fast-fp32-activations"]["bf16_activations"]
+    fp32, bf16 = (torch.tensor(runs[path]["losses"], dtype=torch.float64) for path in runs)
     assert torch.isfinite(bf16).all()
-    assert abs(bf16[0] - fast[0]) <= FIRST_STEP_RTOL * abs(fast[0])
-    assert ((bf16 - fast).abs() / fast.abs()).max() <= CURVE_RTOL, (fast.tolist(), bf16.tolist())
+    assert abs(bf16[0] - fp32[0]) <= FIRST_STEP_RTOL * abs(fp32[0])
+    assert ((bf16 - fp32).abs() / fp32.abs()).max() <= CURVE_RTOL, (fp32.tolist(), bf16.tolist())
     if case.stage == "distill":
         assert bf16[-1] < bf16[0]  # it learns
 

@@ -13,7 +13,7 @@ from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
 from hyla.models.transfer import to_hypenet
 from hyla.train.distributed import Distributed
-from hyla.train.fast import EAGER, resolve_fast_path, resolve_teacher_bf16
+from hyla.train.fast import EAGER, resolve_bf16_activations, resolve_fast_path, resolve_teacher_bf16
 from hyla.train.optim import OptimSettings, build_optimizer
 from hyla.train.step import TrainStep
 
@@ -150,6 +150,10 @@ def test_fast_path_is_on_by_default_on_cuda_and_the_eager_path_stays_selectable(
     # The frozen teacher's precision: bf16 on CUDA by default, float32 on CPU, either when set.
     assert resolve_teacher_bf16(None, torch.device("cuda")) and not resolve_teacher_bf16(None, torch.device("cpu"))
     assert resolve_teacher_bf16(True, torch.device("cpu")) and not resolve_teacher_bf16(False, torch.device("cuda"))
+    # The hybrid's activations (stages 2-3) likewise: bf16 on CUDA, float32 on CPU, either when set.
+    assert resolve_bf16_activations(None, torch.device("cuda")) and not resolve_bf16_activations(None, torch.device("cpu"))
+    assert resolve_bf16_activations(True, torch.device("cpu"))
+    assert not resolve_bf16_activations(False, torch.device("cuda"))
     chosen = resolve_fast_path(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None,
                                device=torch.device("cuda"))
     assert chosen == EAGER

@@ -16,7 +16,12 @@ from pathlib import Path
 COMPILE_MODES_CLI = ("default", "max-autotune-no-cudagraphs")
 DECODE_STEPS = ("eager", "fused-projections", "triton-fused")
 MATVEC_KERNELS = ("cublas", "triton")
-# hyla.bench.train.TRAINED_MIXERS and hyla.bench.loss.IMPLEMENTATIONS, written out for the same reason
+# hyla.bench.train.TRAINED_MIXERS, PATHS and hyla.bench.loss.IMPLEMENTATIONS, written out for the same reason
+TRAIN_PATHS = ("eager", "fast", "fast-split-blocks", "fast-bf16-teacher", "fast-whole-blocks",
+               "fast-whole-blocks-bf16-teacher", "fast-batched", "fast-batched-bf16-teacher", "fast-bf16-activations",
+               "fast-fp32-activations", "fast-triton-kl", "fast-torch-kl", "fast-bf16-activations-triton-kl",
+               "fast-max-autotune", "fast-bf16-activations-triton-kl-max-autotune", "fast-fused-projections",
+               "fast-bf16-activations-fused-projections")
 TRAINED_MIXERS = ("lightning", "gla", "gdn")
 LOSS_IMPLEMENTATIONS = ("hyla-chunked", "hyla-triton", "liger", "fla", "eager")
 # The argument group of the options that override the engine's settings file for an experiment.
@@ -88,7 +93,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--cases", default=None,
                        help="comma list of STAGE:BATCHxLEN (default align:128x512,distill:16x4096,finetune:4x16384, "
                             "the halo-smollm2 recipe's shapes; --toy: align:2x64,distill:2x128,finetune:1x256)")
-    train.add_argument("--paths", default="eager,fast", help="comma list of eager, fast, fast-split-blocks, fast-bf16-teacher, fast-whole-blocks, fast-whole-blocks-bf16-teacher, fast-batched, fast-batched-bf16-teacher, fast-bf16-activations, fast-triton-kl, fast-torch-kl, fast-bf16-activations-triton-kl, fast-max-autotune, fast-bf16-activations-triton-kl-max-autotune (default eager,fast; fast: the default of `hyla convert` on the device, on CUDA whole compiled blocks, the bf16 teacher and the KL's Triton kernel; eager: the reference, every fast-path part off; fast-split-blocks: Lightning's fla call outside the compiled graphs and the float32 teacher; fast-bf16-teacher: split blocks and the bf16 teacher; fast-whole-blocks: Lightning's kernel as a custom op inside the compiled blocks and the float32 teacher; fast-whole-blocks-bf16-teacher: both; fast-batched[-bf16-teacher]: stage 1's batched twins, align cases only; the -teacher variants: align and distill cases only; fast-bf16-activations: the CUDA default with the hybrid's activations in bf16, distill and finetune cases only; fast-triton-kl: whole blocks, the bf16 teacher and the fused KL's chunks through hyla's Triton kernel (distill.kl_kernel=triton, the default on CUDA), distill cases on CUDA only; fast-torch-kl: the same with the KL's chunks in compiled torch (distill.kl_kernel=torch), distill cases only; fast-bf16-activations-triton-kl: both; fast-max-autotune: the CUDA default with the blocks compiled in mode max-autotune-no-cudagraphs, distill and finetune cases only; fast-bf16-activations-triton-kl-max-autotune: all three)")
+    train.add_argument("--paths", default="eager,fast",
+                       help=f"comma list of {', '.join(TRAIN_PATHS)} (default eager,fast; fast: the default of "
+                            "`hyla convert` on the device, on CUDA whole compiled blocks, the bf16 teacher, the bf16 "
+                            "activations and the KL's Triton kernel; eager: the reference, every fast-path part off, "
+                            "the same teacher and activations; the others pin one setting each, described in "
+                            "hyla.bench.train's PATH_SETTINGS, and are timed in the stages that setting applies to)")
     train.add_argument("--attention-layers", default=None,
                        help="comma list of the hybrid's attention layers (default: SmolLM2's HALO choice for a "
                             "30-layer teacher, else every fourth layer)")

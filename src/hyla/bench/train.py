@@ -39,13 +39,15 @@ class PathSettings(NamedTuple):
     whole_blocks: bool | None
     teacher_bf16: bool | None
     batched_twins: bool = False
-    bf16_activations: bool = False
+    bf16_activations: bool | None = None  # distill/finetune.bf16_activations (None: the device's default, bf16 on CUDA)
     kl_kernel: str | None = None  # distill.kl_kernel (None: the device's default, triton on CUDA)
     compile_mode: str = "default"  # distill.compile_mode, finetune.compile_mode
     fused_projections: bool | None = None  # distill/finetune.fused_projections (None: the device's default)
 
 
-# `eager` is the reference: every fast-path part off, the default teacher. The named variants pin their settings:
+# `eager` is the reference: every fast-path part off, the default teacher and activations (the stage's result
+# settings, bf16 on CUDA since 2026-12-06: both paths train the same model). The named variants pin their settings,
+# and otherwise run the default's activations:
 # fast-split-blocks: Lightning's fla call outside the compiled graphs (each block compiled in five pieces), the
 #   float32 teacher under autocast (the fast path until 2026-12-03).
 # fast-bf16-teacher: split blocks, the frozen teacher in bf16 (align.teacher_bf16, distill.teacher_bf16).
@@ -55,7 +57,9 @@ class PathSettings(NamedTuple):
 #   teacher (the default on CUDA).
 # fast-batched[-bf16-teacher]: stage 1's batched twins (align.batched_twins); align cases only.
 # fast-bf16-activations: the default on CUDA (whole blocks, bf16 teacher) with the trained hybrid's activations in
-#   bf16 (distill.bf16_activations, finetune.bf16_activations); distill and finetune cases only.
+#   bf16 (distill.bf16_activations, finetune.bf16_activations: the default on CUDA since 2026-12-06);
+#   fast-fp32-activations: the same with its residual stream and norm outputs in float32 (the default before);
+#   distill and finetune cases only.
 # fast-triton-kl: whole blocks, the bf16 teacher and the fused KL's chunks through hyla's Triton kernel
 #   (distill.kl_kernel=triton: the default on CUDA since 2026-12-06); fast-bf16-activations-triton-kl: and the bf16
 #   activations; fast-torch-kl: the KL's chunks in compiled torch (distill.kl_kernel=torch: the default on CUDA
@@ -76,6 +80,7 @@ PATH_SETTINGS = {
     "fast-batched": PathSettings(False, False, batched_twins=True),
     "fast-batched-bf16-teacher": PathSettings(False, True, batched_twins=True),
     "fast-bf16-activations": PathSettings(True, True, bf16_activations=True),
+    "fast-fp32-activations": PathSettings(True, True, bf16_activations=False),
     "fast-triton-kl": PathSettings(True, True, kl_kernel="triton"),
     "fast-torch-kl": PathSettings(True, True, kl_kernel="torch"),
     "fast-bf16-activations-triton-kl": PathSettings(True, True, bf16_activations=True, kl_kernel="triton"),
@@ -102,7 +107,7 @@ def path_measures_stage(path: str, stage: str) -> bool:
         return stage in HYBRID_STAGES
     if settings.batched_twins:
         return stage == "align"
-    if settings.bf16_activations:
+    if settings.bf16_activations is not None:
         return stage in HYBRID_STAGES
     return stage in TEACHER_STAGES or not settings.teacher_bf16
 
@@ -302,6 +307,7 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     import torch._dynamo
 
     from hyla.ops.lightning import chunk_kernel_as_custom_op
+    from hyla.train.fast import resolve_bf16_activations
 
     # Each path compiles its own graphs. Code compiled for an earlier path is reused wherever its guards pass, and
     # the custom op's switch is guarded only in the frame of `lightning_attention`, not in the block frames split
@@ -309,8 +315,10 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     torch._dynamo.reset()
     counters = torch._dynamo.utils.counters
     counters.clear()
-    fast, teacher_bf16 = _fast_path(path, case.stage, torch.device(settings.device))
-    bf16_activations = PATH_SETTINGS[path].bf16_activations and case.stage in HYBRID_STAGES
+    device = torch.device(settings.device)
+    fast, teacher_bf16 = _fast_path(path, case.stage, device)
+    bf16_activations = (case.stage in HYBRID_STAGES
+                        and resolve_bf16_activations(PATH_SETTINGS[path].bf16_activations, device))
     with chunk_kernel_as_custom_op(fast.whole_blocks):
         result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16,
                                bf16_activations)

@@ -20,7 +20,7 @@ from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_differences, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
-from hyla.train.fast import check_kl_kernel, resolve_teacher_bf16
+from hyla.train.fast import check_kl_kernel, resolve_bf16_activations, resolve_teacher_bf16
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -79,12 +79,15 @@ def stage_settings(plan: ConvertPlan, request: ConvertRequest) -> dict[str, dict
 def resolve_plan(request: ConvertRequest, num_params: int,
                  device: torch.device) -> tuple[ConvertPlan, ConvertRequest]:
     """The plan a conversion runs for `request` with a teacher of `num_params` parameters on `device` (the preset,
-    the overrides, the token scale, the seed; the frozen teacher's precision resolved for the device, None: bf16 on
-    CUDA, as the stages' hashes hold it), and the request with its data sources filled in."""
+    the overrides, the token scale, the seed; the frozen teacher's precision and the hybrid's activations resolved
+    for the device, None: bf16 on CUDA, as the stages' hashes hold them), and the request with its data sources
+    filled in."""
     plan = scale_tokens(apply_overrides(make_plan(request.preset, num_params), request.overrides))
     plan.seed = request.seed
     for budget in (plan.align, plan.distill):
         budget.teacher_bf16 = resolve_teacher_bf16(budget.teacher_bf16, device)
+    for budget in (plan.distill, plan.finetune):
+        budget.bf16_activations = resolve_bf16_activations(budget.bf16_activations, device)
     return plan, dataclasses.replace(request, data=request.data or plan.data.sources or ["stdlib"])
 
 

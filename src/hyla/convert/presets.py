@@ -66,10 +66,13 @@ class StageBudget:
     # Stages 2-3: the trained hybrid's activations in bf16 under the stage's bf16 autocast, the residual stream from
     # the embeddings on and every RMSNorm's output (hyla.models.modeling.use_autocast_activations), where float32
     # weights and embeddings otherwise promote them to float32. Weights, gradients and AdamW stay float32. Changes
-    # the result by bf16 rounding of activations and of the backward pass's residual gradient (in the stage's hash);
-    # no effect on CPU, which trains without autocast. Off until measured on a GPU (`hyla bench train --paths
-    # fast,fast-bf16-activations`).
-    bf16_activations: bool = False
+    # the result by bf16 rounding of activations and of the backward pass's residual gradient (in the stage's hash,
+    # as the frozen teacher's precision is). None: on for CUDA, off on CPU, which trains without autocast
+    # (hyla.train.fast.resolve_bf16_activations); measured on an H200 and an H100 (`hyla bench train --paths
+    # fast,fast-fp32-activations`, docs/results/train-speed.md): distillation +3.9% on an H100; the loss curves follow
+    # float32 activations' (tests/train/test_fast_path_gpu.py), and on the real SmolLM2-135M the gradients' error
+    # grows as bf16 rounding predicts (bench/bf16_activations_real.py). Always off in alignment (single mixers).
+    bf16_activations: bool | None = None
     # Stage 2: the fused KL's per-chunk arithmetic, "torch" (compiled torch) or "triton" (hyla's kernel,
     # hyla.ops.linear_loss.gpu: each logit read twice instead of three times; CUDA and the fused loss only). Speed
     # only (float rounding). None: triton on CUDA with the fused loss, torch elsewhere (hyla.train.fast.

@@ -390,9 +390,9 @@ def _train_student(run: Run, stage: Stage, weights_stage: str | None, loss_fn, b
         count = sum(p.numel() for name, p in student.named_parameters() if not p.requires_grad)
         run.log(f"[{stage.name}] freeze={budget.freeze}: {len(frozen)} tensors ({count / 1e6:.2f}M weights) of the "
                 f"attention layers stay as they come into the stage")
-    if budget.bf16_activations:
-        use_autocast_activations(student)
-        run.log(f"[{stage.name}] activations: bf16 under autocast (the residual stream and every norm's output)")
+    use_autocast_activations(student, bool(budget.bf16_activations))
+    run.log(f"[{stage.name}] activations: " + ("bf16 under autocast (the residual stream and every norm's output)"
+                                              if budget.bf16_activations else "float32 residual stream and norms"))
     pair = StudentWithTeacher(student, teacher)
     fast = stage_fast_path(run, budget, kl=not cross_entropy, hybrid=True)
     # The teacher is shared by the stages: its maps are fused for this stage only (the same outputs either way).

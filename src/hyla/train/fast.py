@@ -92,6 +92,13 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
     )
 
 
+def resolve_bf16_activations(bf16_activations: bool | None, device: torch.device) -> bool:
+    """Whether stages 2-3 train the hybrid with its activations in bf16 (`StageBudget.bf16_activations`; None: on
+    CUDA, where the stages run under bf16 autocast, and off on CPU, which trains without it: nothing would change). A
+    setting of the stage's result, as the teacher's precision is: the eager reference path trains with the same."""
+    return device.type == "cuda" if bf16_activations is None else bf16_activations
+
+
 def check_kl_kernel(kl_kernel: str, *, fused_loss: bool = True, device: torch.device | None = None,
                     setting: str = "kl_kernel") -> None:
     """ValueError unless `kl_kernel` is one of the fused KL's kernels (`hyla.ops.linear_loss.KL_KERNELS`) that can
