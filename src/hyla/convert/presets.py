@@ -68,10 +68,11 @@ class StageBudget:
     # weights and embeddings otherwise promote them to float32. Weights, gradients and AdamW stay float32. Changes
     # the result by bf16 rounding of activations and of the backward pass's residual gradient (in the stage's hash,
     # as the frozen teacher's precision is). None: on for CUDA, off on CPU, which trains without autocast
-    # (hyla.train.fast.resolve_bf16_activations); measured on an H200 and an H100 (`hyla bench train --paths
-    # fast,fast-fp32-activations`, docs/results/train-speed.md): distillation +3.9% on an H100; the loss curves follow
-    # float32 activations' (tests/train/test_fast_path_gpu.py), and on the real SmolLM2-135M the gradients' error
-    # grows as bf16 rounding predicts (bench/bf16_activations_real.py). Always off in alignment (single mixers).
+    # (hyla.train.fast.resolve_bf16_activations). Measured on an H100 (`hyla bench train --paths
+    # fast,fast-fp32-activations`, docs/results/train-speed.md): distillation +4.6%. Its loss curves follow float32
+    # activations' (tests/train/test_fast_path_gpu.py). On the real SmolLM2-135M (bench/bf16_activations_real.py)
+    # the gradients' error grows 1.02-1.76x in trained states, more on one batch of an unaligned student. Always off
+    # in alignment (single mixers).
     bf16_activations: bool | None = None
     # Stage 2: the fused KL's per-chunk arithmetic, "torch" (compiled torch) or "triton" (hyla's kernel,
     # hyla.ops.linear_loss.gpu: each logit read twice instead of three times; CUDA and the fused loss only). Speed
