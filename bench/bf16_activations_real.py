@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from hyla.bench.train import SMOLLM2_ATTENTION_LAYERS
-from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
+from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, hybrid_stage_loss
 from hyla.convert.presets import make_plan
 from hyla.models.loading import load_teacher
 from hyla.models.modeling import use_autocast_activations
@@ -149,12 +149,9 @@ def one_step(student, teachers: dict, batch: dict, stage: str, run: str) -> dict
     pair = StudentWithTeacher(student, teachers[dtype] if stage == "distill" else None)
     started = time.perf_counter()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        if stage == "distill":
-            loss, metrics = distill_loss(pair, batch, fused=True)
-            metric = metrics["student_ce"].item()
-        else:
-            loss, metric = finetune_loss(pair, batch, fused=True)[0], None
+        loss, metric = hybrid_stage_loss(pair, batch, stage, fused=True)
     loss.backward()
+    metric = None if metric is None else metric.item()
     seconds = time.perf_counter() - started
     for hook in hooks:
         hook.remove()

@@ -12,7 +12,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hyla.bench.train import TOY
-from hyla.convert.distill import StudentWithTeacher, build_student, distill_loss, finetune_loss
+from hyla.convert.distill import StudentWithTeacher, build_student, hybrid_stage_loss
 from hyla.models.modeling import use_autocast_activations
 from hyla.models.transfer import to_hypenet
 
@@ -60,12 +60,9 @@ def step(models, stage: str, *, dtype: torch.dtype, autocast: bool, bf16_activat
              lightning.mixer.q_norm.register_forward_hook(record("q_norm"))]
     pair = StudentWithTeacher(student, teacher.to(dtype))
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        if stage == "distill":
-            loss, metrics = distill_loss(pair, batch, fused=True)
-            metric = metrics["student_ce"].item()
-        else:
-            loss, metric = finetune_loss(pair, batch, fused=True)[0], None
+        loss, metric = hybrid_stage_loss(pair, batch, stage, fused=True)
     loss.backward()
+    metric = None if metric is None else metric.item()
     for hook in hooks:
         hook.remove()
     grads = {name: p.grad for name, p in student.named_parameters()}

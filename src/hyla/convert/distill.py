@@ -215,6 +215,18 @@ def finetune_loss(model: StudentWithTeacher, batch: dict, *, fused: bool = False
     return linear_cross_entropy_chunked(_flat(hidden), student.lm_head.weight, _flat(batch["labels"])), {}
 
 
+def hybrid_stage_loss(model: StudentWithTeacher, batch: dict, stage: str, *,
+                      fused: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The loss of the stage that trains the whole hybrid, "distill" (`distill_loss`) or "finetune"
+    (`finetune_loss`), and the student's cross-entropy where the stage has it as a metric (distill), else None."""
+    if stage == "distill":
+        loss, metrics = distill_loss(model, batch, fused=fused)
+        return loss, metrics["student_ce"]
+    if stage == "finetune":
+        return finetune_loss(model, batch, fused=fused)[0], None
+    raise ValueError(f"stage must be distill or finetune, got {stage!r}")
+
+
 @torch.no_grad()
 def mean_loss(model: HypeNetForCausalLM, sequences: torch.Tensor) -> float:
     """Mean next-token loss over [N, T] sequences, one at a time, at the precision the model trains and is evaluated
