@@ -15,6 +15,9 @@
 #             and with the bf16 activations (issue 23's candidates of 2026-12-06);
 #   activations: `hyla bench train` on distillation at 16x4096: the default against the bf16 activations (issue 23's
 #             last 2.5% on sitting T's H200);
+#   record:   `hyla bench train` on every stage at the recipe's shapes, the default (bf16 activations since
+#             2026-12-06) beside float32 activations: issue 23's run of record, on an H200 (it says so and stops on
+#             any other card unless ANY_CARD=1);
 #   tests-train: the GPU loss-curve tests of the fast path: the fused projections' (first: they decide its default),
 #             then the default against the eager reference in every stage (the Triton KL is the default since
 #             2026-12-06);
@@ -25,7 +28,7 @@
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|fused|activations|tests|tests-train|eme|prefill}
+part=${1:?usage: speed.sh train|autotune|fused|activations|record|tests|tests-train|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -65,6 +68,13 @@ case $part in
     timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --out "$OUT/activations" \
       --paths fast,fast-bf16-activations 2>&1 | quiet 30
     ;;
+  record)
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    if [[ "$card" != *H200* && "${ANY_CARD:-0}" != 1 ]]; then echo "not an H200 ($card): the targets are an H200's"; exit 3; fi
+    log "hyla bench train: every stage, the default beside float32 activations, on $card"
+    timeout "$(left)" python3 -m hyla.cli bench train --no-losses --paths fast,fast-fp32-activations \
+      --out "$OUT/record" 2>&1 | quiet 40
+    ;;
   tests-train)
     log "GPU tests: the fast path's loss curves"
     gpu_tests tests/train/test_fast_path_gpu.py -k fused_projections
@@ -98,6 +108,7 @@ case $part in
         quiet 24
     done
     ;;
-  *) echo "error: unknown part $part (train, autotune, fused, activations, tests, tests-train, eme, prefill)"; exit 2 ;;
+  *) echo "error: unknown part $part (train, autotune, fused, activations, record, tests, tests-train, eme, prefill)"
+     exit 2 ;;
 esac
 log done
