@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from hyla.bench.train import Case, _attention_layers, _build, _fast_path, _sync, _teacher
+from hyla.bench.train import Case, _attention_layers, _build, _fast_path, _sync, _teacher, path_bf16_activations
 
 STAGES = ("align", "distill")
 # Per GPU: the alignment at its default shape; the distillation at the 16 x 512 rows per GPU of the measurement in
@@ -97,7 +97,9 @@ def _measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, set
     torch.manual_seed(settings.seed)  # every world starts from the same weights
     if case.stage == "align":
         fast = dataclasses.replace(fast, fused_loss=False)  # no LM head in stage 1
-    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, teacher_bf16=teacher_bf16)
+    bf16_activations = path_bf16_activations(settings.path, case.stage, device)
+    built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, teacher_bf16=teacher_bf16,
+                   bf16_activations=bf16_activations, kl_kernel=fast.kl_kernel)
     if fast.compile:
         compile_blocks([*built.blocks, *built.frozen_blocks])
     built.model.train()
@@ -129,7 +131,7 @@ def _measure(case: Case, mode: str, env, hf_teacher, plan, attention_layers, set
     tokens = env.world_size * case.batch * case.seq_len
     return {"stage": case.stage, "batch_per_gpu": case.batch, "seq_len": case.seq_len, "world_size": env.world_size,
             "mode": choice.mode, "fast_path": fast.as_dict(), "teacher_bf16": teacher_bf16,
-            "micro_batch_rows_used": step.micro_batch_rows,
+            "bf16_activations": bf16_activations, "micro_batch_rows_used": step.micro_batch_rows,
             "median_step_s": median, "step_s": times, "first_step_s": times[0], "tokens_per_step": tokens,
             "tok_per_s": tokens / median, "tok_per_s_per_gpu": tokens / median / env.world_size, "losses": losses,
             "peak_gib": peak}

@@ -301,13 +301,20 @@ def _fast_path(path: str, stage: str, device: torch.device):
         teacher_bf16
 
 
+def path_bf16_activations(path: str, stage: str, device: torch.device) -> bool:
+    """Whether `path` trains `stage` with the hybrid's activations in bf16: the path's setting, or the device's default
+    (`hyla.train.fast.resolve_bf16_activations`), in the stages that train the whole hybrid."""
+    from hyla.train.fast import resolve_bf16_activations
+
+    return stage in HYBRID_STAGES and resolve_bf16_activations(PATH_SETTINGS[path].bf16_activations, device)
+
+
 def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, settings: TrainBenchSettings) -> dict:
     """Time `settings.steps` training steps of `case` on `path` after `settings.warmup` (the first compiles), from an
     empty compile cache; the result's `compiled` counts the graphs this case compiled and its graph breaks."""
     import torch._dynamo
 
     from hyla.ops.lightning import chunk_kernel_as_custom_op
-    from hyla.train.fast import resolve_bf16_activations
 
     # Each path compiles its own graphs. Code compiled for an earlier path is reused wherever its guards pass, and
     # the custom op's switch is guarded only in the frame of `lightning_attention`, not in the block frames split
@@ -317,8 +324,7 @@ def measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, sett
     counters.clear()
     device = torch.device(settings.device)
     fast, teacher_bf16 = _fast_path(path, case.stage, device)
-    bf16_activations = (case.stage in HYBRID_STAGES
-                        and resolve_bf16_activations(PATH_SETTINGS[path].bf16_activations, device))
+    bf16_activations = path_bf16_activations(path, case.stage, device)
     with chunk_kernel_as_custom_op(fast.whole_blocks):
         result = _measure_case(case, path, hf_teacher, plan, attention_layers, settings, fast, teacher_bf16,
                                bf16_activations)
