@@ -79,3 +79,17 @@ def test_finetune_loss_is_the_models_next_token_cross_entropy():
     loss, _ = distill.finetune_loss(pair, batch)
     expected = F.cross_entropy(logits(6).reshape(-1, 50), batch["labels"].reshape(-1))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+
+
+def test_hybrid_stage_loss_is_the_stages_loss_and_metric_by_name():
+    class Student(torch.nn.Module):
+        def forward(self, input_ids, use_cache=False):
+            return type("Output", (), {"logits": logits(6, shape=(*input_ids.shape, 50))})()
+
+    pair = distill.StudentWithTeacher(Student())
+    batch = {"input_ids": torch.zeros(2, 37, dtype=torch.long),
+             "labels": torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(7))}
+    loss, metric = distill.hybrid_stage_loss(pair, batch, "finetune")
+    assert loss.item() == distill.finetune_loss(pair, batch)[0].item() and metric is None
+    with pytest.raises(ValueError, match="stage must be distill or finetune, got 'align'"):
+        distill.hybrid_stage_loss(pair, batch, "align")
