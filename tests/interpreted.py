@@ -5,13 +5,19 @@ tests/ops/test_kernels_on_cpu.py."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
+# Tests of hyla's Triton kernels on CPU (under the interpreter, or benches that run them) skip without triton.
+NEEDS_TRITON = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                                  reason="needs triton (the dev extra installs it)")
 
 
 def run_under_interpreter(test_file: str, timeout: float = 600) -> str:

@@ -3,17 +3,14 @@ the reference and torch's fused kernel, and the Triton rows kernel through Trito
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from interpreted import NEEDS_TRITON
 
 REPO = Path(__file__).resolve().parents[2]
 SHAPES = ("block norm [1, T, 576]", "q/k norm [1, T, 9, 64]")
-needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                  reason="needs triton (the dev extra installs it)")
 
 
 def run_bench(**env: str) -> list[str]:
@@ -27,14 +24,14 @@ def run_bench(**env: str) -> list[str]:
     return lines[1:-1]
 
 
-@needs_triton
+@NEEDS_TRITON
 def test_the_bench_times_the_reference_and_torchs_kernel_and_skips_the_rows_kernel_off_cuda():
     for line, shape in zip(run_bench(), SHAPES, strict=True):
         assert line.startswith(f"{shape}: reference ") and "fused" in line and "x, rows skipped" in line
         assert "largest difference from the reference: fused " in line and "by fused at" in line
 
 
-@needs_triton
+@NEEDS_TRITON
 def test_the_bench_times_all_three_forms_under_tritons_interpreter():
     lines = run_bench(TRITON_INTERPRET="1")
     for line, shape in zip(lines, SHAPES, strict=True):

@@ -3,12 +3,11 @@ with the Triton kernel through Triton's interpreter where triton is importable."
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from interpreted import NEEDS_TRITON
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +27,7 @@ def test_the_bench_times_the_reference_and_skips_the_kernel_off_cuda():
     assert line.startswith("q/k rotation [1, T, 9, 64]: reference ") and "fused skipped" in line
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra installs it)")
+@NEEDS_TRITON
 def test_the_bench_times_both_forms_under_tritons_interpreter():
     rotation, prefill = run_bench(TRITON_INTERPRET="1")
     assert rotation.startswith("q/k rotation [1, T, 9, 64]: reference ") and "fused" in rotation

@@ -68,27 +68,28 @@ def test_chunked_cross_entropy_value_and_gradient_match_the_formula(ignored):
     assert torch.allclose(reference.grad, closed_form, rtol=1e-9, atol=1e-12)
 
 
-def test_finetune_loss_is_the_models_next_token_cross_entropy():
-    class Student(torch.nn.Module):
-        def forward(self, input_ids, use_cache=False):
-            return type("Output", (), {"logits": logits(6, shape=(*input_ids.shape, 50))})()
+class FixedLogitsStudent(torch.nn.Module):
+    """A student whose logits are `logits(6)` whatever its input."""
 
-    pair = distill.StudentWithTeacher(Student())
+    def forward(self, input_ids, use_cache=False):
+        return type("Output", (), {"logits": logits(6, shape=(*input_ids.shape, 50))})()
+
+
+def fixed_logits_pair_and_batch() -> tuple[distill.StudentWithTeacher, dict]:
     batch = {"input_ids": torch.zeros(2, 37, dtype=torch.long),
              "labels": torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(7))}
+    return distill.StudentWithTeacher(FixedLogitsStudent()), batch
+
+
+def test_finetune_loss_is_the_models_next_token_cross_entropy():
+    pair, batch = fixed_logits_pair_and_batch()
     loss, _ = distill.finetune_loss(pair, batch)
     expected = F.cross_entropy(logits(6).reshape(-1, 50), batch["labels"].reshape(-1))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
 
 
 def test_hybrid_stage_loss_is_the_stages_loss_and_metric_by_name():
-    class Student(torch.nn.Module):
-        def forward(self, input_ids, use_cache=False):
-            return type("Output", (), {"logits": logits(6, shape=(*input_ids.shape, 50))})()
-
-    pair = distill.StudentWithTeacher(Student())
-    batch = {"input_ids": torch.zeros(2, 37, dtype=torch.long),
-             "labels": torch.randint(0, 50, (2, 37), generator=torch.Generator().manual_seed(7))}
+    pair, batch = fixed_logits_pair_and_batch()
     loss, metric = distill.hybrid_stage_loss(pair, batch, "finetune")
     assert loss.item() == distill.finetune_loss(pair, batch)[0].item() and metric is None
     with pytest.raises(ValueError, match="stage must be distill or finetune, got 'align'"):

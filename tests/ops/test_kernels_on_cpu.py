@@ -2,20 +2,19 @@
 must be set before triton is imported, and turns hyla's kernels on for CPU tensors: the rest of the suite runs
 without it). Skipped where triton is not importable; `pip install -e ".[dev]"` installs it on Linux x86-64."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
+from interpreted import NEEDS_TRITON
 
 # The interpreter runs each kernel program in Python, on one core: two processes at once, the engine's decode steps
 # (about two thirds of the time) in one and the kernels and sweeps in the other, keep both cores of a CI machine busy.
 GROUPS = ("test_engine_decode", "not test_engine_decode")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra installs it)")
+@NEEDS_TRITON
 def test_triton_kernels_match_their_references_under_the_interpreter():
     tests = Path(__file__).with_name("test_kernels_interpreted.py")
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -15,6 +15,7 @@ import types
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreted import NEEDS_TRITON, run_under_interpreter
 from numerics import FLOAT32_ROUNDING, INTERPRETER_SUBNORMAL_ERROR, INTERPRETER_UNIT_ROUNDING, rms_norm_float64
 
 import hyla.ops.rms_norm as rms_norm_op
@@ -200,10 +201,8 @@ def check_the_rows_kernel_interpreted() -> None:
         print(f"{shape} {dtype} {layout}: error over bound {ratio:.3f}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra installs it)")
+@NEEDS_TRITON
 def test_the_rows_kernel_matches_the_float64_norm_under_tritons_interpreter():
-    from interpreted import run_under_interpreter  # tests/interpreted.py (this file also runs as a script)
-
     stdout = run_under_interpreter(__file__)
     assert stdout.count("error over bound") == 9, stdout
 

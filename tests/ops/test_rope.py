@@ -6,12 +6,12 @@ ones, with a stand-in for gpu.py, so that this file imports no triton. On CUDA: 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 import types
 
 import pytest
 import torch
+from interpreted import NEEDS_TRITON, run_under_interpreter
 from numerics import FLOAT32_ROUNDING, INTERPRETER_UNIT_ROUNDING, SUBNORMAL_HALF_SPACING, UNIT_ROUNDING
 
 import hyla.ops.rope as rope_op
@@ -206,10 +206,8 @@ def check_the_kernel_interpreted() -> None:
         print(f"{tuple(x.shape)} {dtype}: error over bound {ratio:.3f}")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton (the dev extra installs it)")
+@NEEDS_TRITON
 def test_the_kernel_matches_the_rotation_under_tritons_interpreter():
-    from interpreted import run_under_interpreter  # tests/interpreted.py (this file also runs as a script)
-
     stdout = run_under_interpreter(__file__)
     assert stdout.count("error over bound") == 6, stdout
 
