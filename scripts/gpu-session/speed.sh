@@ -21,6 +21,10 @@
 #   tests-train: the GPU loss-curve tests of the fast path: the fused projections' (first: they decide its default),
 #             then the default against the eager reference in every stage (the Triton KL is the default since
 #             2026-12-06);
+#   graphs:   `hyla bench train` on alignment at 128x512: the default against stage 1's compiled twins and teacher
+#             blocks replayed as CUDA graphs (align.cuda_graphs), then their GPU tests: each replay against the default
+#             path on its own batch, and the 30-step loss curve against the eager reference; on an H200 also the run
+#             of record (`record`);
 #   prefill:  RMSNorm's two forms at a 64K prefill's shapes (bench/rms_norm.py) and their GPU test, RoPE's two
 #             forms (bench/rope.py) and their GPU test, then where a
 #             64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, uncompiled, through
@@ -28,7 +32,7 @@
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|fused|activations|record|tests|tests-train|eme|prefill}
+part=${1:?usage: speed.sh train|autotune|fused|activations|record|graphs|tests|tests-train|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -75,6 +79,21 @@ case $part in
     timeout "$(left)" python3 -m hyla.cli bench train --no-losses --paths fast,fast-fp32-activations \
       --out "$OUT/record" 2>&1 | quiet 40
     ;;
+  graphs)
+    log "hyla bench train: alignment, the default against CUDA graphs, on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+    # perf_hints: why inductor skips CUDA graphs, if it does (the whole log comes back in graphs-log.txt)
+    TORCH_LOGS=perf_hints timeout "$(left)" python3 -m hyla.cli bench train --cases align:128x512 --no-losses \
+      --paths fast,fast-cuda-graphs --out "$OUT/graphs" 2>&1 | tee "$OUT/graphs-log.txt" | quiet 30
+    log "GPU tests: the replays and the loss curve under CUDA graphs"
+    gpu_tests tests/convert/test_align_cuda_graphs_gpu.py
+    gpu_tests tests/train/test_fast_path_gpu.py -k "follows_the_eager and align"
+    card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+    if [[ "$card" == *H200* ]]; then
+      log "hyla bench train: every stage, the default beside float32 activations and CUDA graphs, on $card"
+      timeout "$(left)" python3 -m hyla.cli bench train --no-losses --out "$OUT/record" \
+        --paths fast,fast-fp32-activations,fast-cuda-graphs 2>&1 | quiet 40
+    fi
+    ;;
   tests-train)
     log "GPU tests: the fast path's loss curves"
     gpu_tests tests/train/test_fast_path_gpu.py -k fused_projections
@@ -108,7 +127,7 @@ case $part in
         quiet 24
     done
     ;;
-  *) echo "error: unknown part $part (train, autotune, fused, activations, record, tests, tests-train, eme, prefill)"
+  *) echo "error: unknown part $part (train, autotune, fused, activations, record, graphs, tests, tests-train, eme, prefill)"
      exit 2 ;;
 esac
 log done

@@ -169,7 +169,8 @@ def test_fast_path_settings_leave_stage_hashes_alone():
                                 "align.whole_blocks=false", "distill.whole_blocks=true", "distill.kl_kernel=triton",
                                 "distill.compile_mode=max-autotune-no-cudagraphs",
                                 "finetune.compile_mode=max-autotune-no-cudagraphs",
-                                "distill.fused_projections=true", "finetune.fused_projections=false"])
+                                "distill.fused_projections=true", "finetune.fused_projections=false",
+                                "align.cuda_graphs=false"])
     assert compiled.distill.compile and not plan.distill.compile
     request = SimpleNamespace(data=["somewhere"])
     assert stage_settings(compiled, request) == stage_settings(plan, request)
@@ -179,7 +180,8 @@ def test_fast_path_settings_leave_stage_hashes_alone():
     # student's rounding, its attention logits or what trains; `hyla convert` resolves an unset teacher_bf16 for its
     # device before hashing).
     speed_only = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-                  "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode", "fused_projections")
+                  "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode", "fused_projections",
+                  "cuda_graphs")
     off_by_default = ("align_documents", "teacher_bf16", "bf16_activations", "logit_scaling_a", "freeze")
     assert plan.distill.settings() == {k: v for k, v in dataclasses.asdict(plan.distill).items()
                                        if k not in speed_only + off_by_default}

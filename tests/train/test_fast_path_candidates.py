@@ -1,9 +1,11 @@
-"""Two speed settings of the training fast path, each a candidate `hyla bench train` times before it may become a
+"""Speed settings of the training fast path, each a candidate `hyla bench train` times before it may become a
 default: `distill.kl_kernel` (the fused KL's per-chunk kernel), resolved into the fast path, passed by the
-distillation loss to the chunked loss, timed by `--paths fast-triton-kl`; and `distill.compile_mode` /
+distillation loss to the chunked loss, timed by `--paths fast-triton-kl`; `distill.compile_mode` /
 `finetune.compile_mode` (torch.compile's mode for the blocks), passed to each block's compile, timed by `--paths
-fast-max-autotune`. The kernel's numbers against the default's: tests/ops/test_kernels_interpreted.py (CPU, Triton's
-interpreter) and tests/train/test_fast_path_gpu.py (30 steps on CUDA)."""
+fast-max-autotune`; the fused input projections (`--paths fast-fused-projections`); and `align.cuda_graphs` (stage
+1's compiled twins replayed as CUDA graphs, `--paths fast-cuda-graphs`). The kernel's numbers against the
+default's: tests/ops/test_kernels_interpreted.py (CPU, Triton's interpreter) and tests/train/test_fast_path_gpu.py
+(30 steps on CUDA)."""
 
 from __future__ import annotations
 
@@ -186,3 +188,69 @@ def test_bench_train_fuses_the_projections_of_the_hybrid_and_its_teacher(monkeyp
     assert switched.count(("HypeNetForCausalLM", True)) == 2  # the student and the teacher-equivalent HypeNet
     first = [cases[path]["losses"][0] for path in (unfused, "fast-fused-projections")]
     assert first[1] == pytest.approx(first[0], rel=1e-5)
+
+
+def test_cuda_graphs_are_a_speed_setting_of_stage_1_on_cuda():
+    from hyla.train.fast import CUDA_GRAPHS_BY_DEFAULT
+
+    plan = make_plan("smoke", 0)
+    assert plan.align.cuda_graphs is None
+    chosen = check_plan(apply_overrides(make_plan("smoke", 0), ["align.cuda_graphs=true"]))
+    assert chosen.align.cuda_graphs is True
+    # speed only: a run resumed either way keeps its stage
+    assert settings_hash(chosen.align.settings()) == settings_hash(plan.align.settings())
+    for stage in ("attn_align", "distill", "finetune"):
+        with pytest.raises(ValueError, match=f"{stage}.cuda_graphs: CUDA graphs replay stage 1's twins"):
+            check_plan(apply_overrides(make_plan("smoke", 0), [f"{stage}.cuda_graphs=true"]))
+    with pytest.raises(ValueError, match="which align.batched_twins=true replaces"):
+        check_plan(apply_overrides(make_plan("smoke", 0), ["align.cuda_graphs=true", "align.batched_twins=true"]))
+
+    def resolve(device, **kwargs):
+        return resolve_fast_path(compile=kwargs.pop("compile", None), fused_loss=None, fused_optimizer=None,
+                                 micro_batch_size=None, device=torch.device(device), **kwargs)
+
+    assert not resolve("cuda").cuda_graphs  # the other stages, and callers that do not ask
+    assert resolve("cuda", cuda_graphs=None).cuda_graphs == CUDA_GRAPHS_BY_DEFAULT
+    assert not resolve("cpu", cuda_graphs=None).cuda_graphs
+    assert not resolve("cuda", cuda_graphs=None, whole_blocks=False).cuda_graphs
+    on = resolve("cuda", cuda_graphs=True)
+    assert on.cuda_graphs and "under CUDA graphs" in on.describe() and on.as_dict()["cuda_graphs"]
+    with pytest.raises(ValueError, match="cuda_graphs=true runs on CUDA, and this device is cpu"):
+        resolve("cpu", compile=True, cuda_graphs=True)
+    with pytest.raises(ValueError, match="compile or whole_blocks is off here"):
+        resolve("cuda", compile=False, cuda_graphs=True)
+    with pytest.raises(ValueError, match="compile or whole_blocks is off here"):
+        resolve("cuda", whole_blocks=False, cuda_graphs=True)
+
+
+def test_the_alignment_replays_its_compiled_twins_on_one_process_only():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hyla.convert.align import AlignmentTwins, compiled_twin_error
+    from hyla.convert.align_batched import choose_alignment_path
+    from hyla.models.transfer import to_hypenet
+
+    hf_teacher = LlamaForCausalLM(LlamaConfig(vocab_size=60, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                              num_attention_heads=4, num_key_value_heads=2))
+    teacher = to_hypenet(hf_teacher, attention_rope=True).eval()
+    twins = AlignmentTwins.for_training(teacher, hf_teacher, None, torch.device("cpu"))
+    graphs = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True, cuda_graphs=True)
+    assert graphs.cuda_graphs and graphs.whole_twins and not graphs.compile_twins
+    assert "replayed as CUDA graphs" in graphs.describe() and graphs.as_dict()["cuda_graphs"]
+    assert graphs.loss_fn.keywords["error"] is compiled_twin_error(True)
+    plain = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True)
+    assert not plain.cuda_graphs and plain.loss_fn.keywords["error"] is compiled_twin_error(False)
+    assert compiled_twin_error(True) is not compiled_twin_error(False)
+    ddp = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True, cuda_graphs=True,
+                                data_parallel_mode="ddp")
+    assert ddp.whole_twins and not ddp.cuda_graphs and "no CUDA graphs under ddp" in ddp.describe()
+    assert ddp.loss_fn.keywords["error"] is compiled_twin_error(False)
+
+
+def test_bench_train_replays_the_twins_in_alignment_on_cuda_only():
+    assert "fast-cuda-graphs" in PATHS
+    assert [stage for stage in ("align", "distill", "finetune") if path_measures_stage("fast-cuda-graphs", stage)] \
+        == ["align"]
+    settings = TrainBenchSettings(paths=("fast", "fast-cuda-graphs"), toy=True, device="cpu", steps=1, warmup=0)
+    with pytest.raises(ValueError, match="paths fast-cuda-graphs run CUDA graphs, on CUDA only"):
+        run_train_bench(settings)  # before the teacher is built

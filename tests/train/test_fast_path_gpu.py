@@ -21,19 +21,23 @@ FIRST_STEP_RTOL = 5e-3
 CURVE_RTOL = 3e-2
 
 
-@pytest.mark.parametrize("case", [Case("align", 8, 512), Case("distill", 4, 1024), Case("finetune", 2, 2048)],
-                         ids=lambda case: case.stage)
-def test_fast_path_follows_the_eager_loss_curve(case):
+# `fast-cuda-graphs`: stage 1's compiled twins and the teacher's compiled blocks replayed as CUDA graphs
+# (align.cuda_graphs), held to the same reference: the same kernels as `fast`, launched from graphs from the third
+# step on (tests/convert/test_align_cuda_graphs_gpu.py compares each replay with `fast` on its own batch).
+@pytest.mark.parametrize("case,path", [(Case("align", 8, 512), "fast"), (Case("distill", 4, 1024), "fast"),
+                                       (Case("finetune", 2, 2048), "fast"),
+                                       (Case("align", 8, 512), "fast-cuda-graphs")],
+                         ids=lambda value: value.stage if isinstance(value, Case) else value)
+def test_fast_path_follows_the_eager_loss_curve(case, path):
     torch.manual_seed(0)
     teacher = LlamaForCausalLM(LlamaConfig(**dict(SMOLLM2_135M, num_hidden_layers=6))).cuda().eval()
     plan = make_plan("quick", sum(p.numel() for p in teacher.parameters()))
     settings = TrainBenchSettings(steps=STEPS, warmup=0, profile=False, losses=False)
-    curves = {path: measure_case(case, path, teacher, plan, (1, 4), settings)["losses"]
-              for path in ("eager", "fast")}
-    eager, fast = (torch.tensor(curves[path], dtype=torch.float64) for path in ("eager", "fast"))
+    curves = {name: measure_case(case, name, teacher, plan, (1, 4), settings)["losses"] for name in ("eager", path)}
+    eager, fast = (torch.tensor(curves[name], dtype=torch.float64) for name in ("eager", path))
     assert torch.isfinite(fast).all() and torch.isfinite(eager).all()
     assert abs(fast[0] - eager[0]) <= FIRST_STEP_RTOL * abs(eager[0])
-    assert ((fast - eager).abs() / eager.abs()).max() <= CURVE_RTOL, (curves["eager"], curves["fast"])
+    assert ((fast - eager).abs() / eager.abs()).max() <= CURVE_RTOL, (curves["eager"], curves[path])
     if case.stage != "finetune":  # random tokens leave a random-weight model's cross-entropy where it is
         assert eager[-1] < eager[0] and fast[-1] < fast[0]  # both learn
 

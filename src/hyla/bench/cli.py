@@ -21,7 +21,7 @@ TRAIN_PATHS = ("eager", "fast", "fast-split-blocks", "fast-bf16-teacher", "fast-
                "fast-whole-blocks-bf16-teacher", "fast-batched", "fast-batched-bf16-teacher", "fast-bf16-activations",
                "fast-fp32-activations", "fast-triton-kl", "fast-torch-kl", "fast-bf16-activations-triton-kl",
                "fast-max-autotune", "fast-bf16-activations-triton-kl-max-autotune", "fast-fused-projections",
-               "fast-bf16-activations-fused-projections")
+               "fast-bf16-activations-fused-projections", "fast-cuda-graphs")
 TRAINED_MIXERS = ("lightning", "gla", "gdn")
 LOSS_IMPLEMENTATIONS = ("hyla-chunked", "hyla-triton", "liger", "fla", "eager")
 # The argument group of the options that override the engine's settings file for an experiment.

@@ -43,6 +43,7 @@ class PathSettings(NamedTuple):
     kl_kernel: str | None = None  # distill.kl_kernel (None: the device's default, triton on CUDA)
     compile_mode: str = "default"  # distill.compile_mode, finetune.compile_mode
     fused_projections: bool | None = None  # distill/finetune.fused_projections (None: the device's default)
+    cuda_graphs: bool | None = None  # align.cuda_graphs (None: the device's default)
 
 
 # `eager` is the reference: every fast-path part off, the default teacher and activations (the stage's result
@@ -70,6 +71,8 @@ class PathSettings(NamedTuple):
 # fast-fused-projections: the default on CUDA with each mixer's q/k/v/output-gate maps and each MLP's gate/up maps as
 #   one product in the hybrid and its teacher (distill.fused_projections, finetune.fused_projections);
 #   fast-bf16-activations-fused-projections: and the bf16 activations; distill and finetune cases only.
+# fast-cuda-graphs: the default on CUDA with stage 1's compiled twins and the teacher's compiled blocks replayed as
+#   CUDA graphs (align.cuda_graphs); align cases only, on CUDA.
 PATH_SETTINGS = {
     "eager": PathSettings(False, None),
     "fast": PathSettings(None, None),
@@ -89,6 +92,7 @@ PATH_SETTINGS = {
                                                                  compile_mode="max-autotune-no-cudagraphs"),
     "fast-fused-projections": PathSettings(True, True, fused_projections=True),
     "fast-bf16-activations-fused-projections": PathSettings(True, True, bf16_activations=True, fused_projections=True),
+    "fast-cuda-graphs": PathSettings(True, True, cuda_graphs=True),
 }
 PATHS = tuple(PATH_SETTINGS)
 BATCHED_PATHS = tuple(path for path, settings in PATH_SETTINGS.items() if settings.batched_twins)
@@ -101,6 +105,8 @@ def path_measures_stage(path: str, stage: str) -> bool:
     2-3); the KL's kernel stage 2's; a bf16 teacher by name needs a teacher (stages 1-2: a float32 one pinned is no
     teacher in stage 3 either)."""
     settings = PATH_SETTINGS[path]
+    if settings.cuda_graphs is not None:
+        return stage == "align"
     if settings.kl_kernel is not None:
         return stage == "distill"
     if settings.compile_mode != "default" or settings.fused_projections:
@@ -249,10 +255,10 @@ class _Built:
 def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, device,
            compile: bool = False, batched: bool = False, teacher_bf16: bool = False,
            whole_twins: bool = False, bf16_activations: bool = False, kl_kernel: str = "torch",
-           fused_projections: bool = False) -> _Built:
+           fused_projections: bool = False, cuda_graphs: bool = False) -> _Built:
     """The stage's modules exactly as `hyla convert` builds them (hyla.convert.runners); stage 1's loss as it
     chooses it for `compile` on one process (`whole_twins`: each twin compiled with its loss); `teacher_bf16`,
-    `bf16_activations`, `kl_kernel` and `fused_projections`: the stage's settings of those names."""
+    `bf16_activations`, `kl_kernel`, `fused_projections` and `cuda_graphs`: the stage's settings of those names."""
     import copy
 
     from hyla.convert.align import AlignmentTwins
@@ -269,7 +275,8 @@ def _build(case: Case, hf_teacher, plan, attention_layers, fused_loss: bool, dev
         for name, value in plan.twin_options().items():
             setattr(config, name, value)
         twins = AlignmentTwins.for_training(teacher, hf_teacher, config, device, rnn_mixer=plan.model.rnn_mixer)
-        path = choose_alignment_path(twins, compile=compile, batched=batched, whole_twins=whole_twins)
+        path = choose_alignment_path(twins, compile=compile, batched=batched, whole_twins=whole_twins,
+                                     cuda_graphs=cuda_graphs)
         return _Built(twins, path.loss_fn, list(twins.twins), list(teacher.model.layers) if teacher_bf16 else [],
                       training_flops_per_token("align", twins, case.seq_len, teacher), alignment=path)
     student = build_student(hf_teacher, list(attention_layers), None, rnn_mixer=plan.model.rnn_mixer,
@@ -297,7 +304,8 @@ def _fast_path(path: str, stage: str, device: torch.device):
                              device=device, whole_blocks=settings.whole_blocks,
                              kl_kernel=settings.kl_kernel if stage == "distill" else "torch",
                              compile_mode=settings.compile_mode if stage in HYBRID_STAGES else "default",
-                             fused_projections=settings.fused_projections if stage in HYBRID_STAGES else False), \
+                             fused_projections=settings.fused_projections if stage in HYBRID_STAGES else False,
+                             cuda_graphs=settings.cuda_graphs if stage == "align" else False), \
         teacher_bf16
 
 
@@ -349,12 +357,13 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
     built = _build(case, hf_teacher, plan, attention_layers, fast.fused_loss, device, compile=fast.compile,
                    batched=path in BATCHED_PATHS, teacher_bf16=teacher_bf16, whole_twins=fast.whole_blocks,
                    bf16_activations=bf16_activations, kl_kernel=fast.kl_kernel,
-                   fused_projections=fast.fused_projections)
+                   fused_projections=fast.fused_projections, cuda_graphs=fast.cuda_graphs)
     if built.alignment is not None:
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
         trained = built.blocks if built.alignment is None or built.alignment.compile_twins else []
-        compile_blocks([*trained, *built.frozen_blocks], mode=fast.compile_mode)
+        graphs = built.alignment is not None and built.alignment.cuda_graphs
+        compile_blocks([*trained, *built.frozen_blocks], mode="reduce-overhead" if graphs else fast.compile_mode)
     built.model.train()
     budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=min(budget.warmup_steps, 1),
@@ -505,10 +514,11 @@ def run_train_bench(settings: TrainBenchSettings, save=lambda results: None) -> 
     device = torch.device(settings.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("hyla bench train: no CUDA device here; use --device cpu (with --toy for a quick check)")
-    off_device = [path for path in settings.paths if PATH_SETTINGS[path].kl_kernel == "triton"]
-    if off_device and device.type != "cuda":
-        raise ValueError(f"paths {', '.join(off_device)} run the KL's Triton kernel, on CUDA only; this device is "
-                         f"{device.type}")
+    for what, off_device in (("the KL's Triton kernel", [path for path in settings.paths
+                                                         if PATH_SETTINGS[path].kl_kernel == "triton"]),
+                             ("CUDA graphs", [path for path in settings.paths if PATH_SETTINGS[path].cuda_graphs])):
+        if off_device and device.type != "cuda":
+            raise ValueError(f"paths {', '.join(off_device)} run {what}, on CUDA only; this device is {device.type}")
     hf_teacher = _teacher(settings, device)
     attention_layers = _attention_layers(settings, hf_teacher.config.num_hidden_layers)
     plan = apply_overrides(make_plan("quick", sum(p.numel() for p in hf_teacher.parameters())),

@@ -85,10 +85,12 @@ def twin_error(twin: nn.Module, mixer_input: torch.Tensor, target: torch.Tensor,
 
 
 @functools.cache
-def compiled_twin_error() -> Callable:
+def compiled_twin_error(cuda_graphs: bool = False) -> Callable:
     """`twin_error` under torch.compile with static shapes: the twin and its loss in one graph, shared by every twin
-    of one kind (made on first use: nothing at import)."""
-    return torch.compile(twin_error, dynamic=False)
+    of one kind (made on first use: nothing at import). cuda_graphs: in mode "reduce-overhead", where each call's
+    forward and backward graphs are recorded once as CUDA graphs (torch's CUDA graph trees: one recording per twin,
+    their parameters are static inputs) and then replayed, one launch each."""
+    return torch.compile(twin_error, dynamic=False, **({"mode": "reduce-overhead"} if cuda_graphs else {}))
 
 
 def alignment_loss(model: AlignmentTwins, batch: dict, *, error: Callable = twin_error) -> tuple[torch.Tensor, dict]:

@@ -162,6 +162,8 @@ class AlignmentPath:
     reason: str
     # The loop with each twin and its loss compiled as one function (`compiled_twin_error`), not the twin alone.
     whole_twins: bool = False
+    # Those functions (and the frozen teacher's compiled blocks) replayed as CUDA graphs (`compiled_twin_error`).
+    cuda_graphs: bool = False
 
     @property
     def compile_twins(self) -> bool:
@@ -174,26 +176,31 @@ class AlignmentPath:
             return f"batched, every twin in one problem, {how} ({self.reason})"
         how = ", each twin compiled" if self.compiled else ""
         how += " with its loss" if self.whole_twins else ""
+        how += ", replayed as CUDA graphs" if self.cuda_graphs else ""
         return f"per-twin loop{how} ({self.reason})"
 
     def as_dict(self) -> dict:
         return {"batched": self.batched, "compiled": self.compiled, "whole_twins": self.whole_twins,
-                "reason": self.reason}
+                "cuda_graphs": self.cuda_graphs, "reason": self.reason}
 
 
 def choose_alignment_path(twins: AlignmentTwins, *, compile: bool, data_parallel_mode: str = "none",
-                          batched: bool | None = None, whole_twins: bool = False) -> AlignmentPath:
+                          batched: bool | None = None, whole_twins: bool = False,
+                          cuda_graphs: bool = False) -> AlignmentPath:
     """Stage 1's loss for the fast-path setting `compile` and the data-parallel mode the twins train under
     (`hyla.train.parallel`). batched: None follows `compile` (the batched loss is the fast path's, the loop the
     reference's); True asks for it where the twins allow it. whole_twins: the compiled loop compiles each twin
     together with its loss (one function, `compiled_twin_error`) instead of the twin alone; not under FSDP2, whose
-    per-twin hooks the loop keeps as they are."""
+    per-twin hooks the loop keeps as they are. cuda_graphs: and replays those functions as CUDA graphs, on one
+    process only (the path says so where it cannot)."""
     wanted = compile if batched is None else batched
     if not wanted:
         if compile and whole_twins and not data_parallel_mode.startswith("fsdp"):
-            return AlignmentPath(functools.partial(alignment_loss, error=compiled_twin_error()), False, True,
-                                 "the per-twin loop, each twin compiled with its loss (align.batched_twins=false)",
-                                 whole_twins=True)
+            reason = "the per-twin loop, each twin compiled with its loss (align.batched_twins=false)"
+            if cuda_graphs and data_parallel_mode != "none":
+                cuda_graphs, reason = False, f"{reason}; no CUDA graphs under {data_parallel_mode}"
+            return AlignmentPath(functools.partial(alignment_loss, error=compiled_twin_error(cuda_graphs)), False,
+                                 True, reason, whole_twins=True, cuda_graphs=cuda_graphs)
         return AlignmentPath(alignment_loss, False, compile, "the reference path" if not compile
                              else "the per-twin loop, each twin compiled (align.batched_twins=false)")
     obstacle = batching_obstacle(list(twins.twins))

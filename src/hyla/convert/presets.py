@@ -91,6 +91,11 @@ class StageBudget:
     # larger matrix products; parameters and checkpoints unchanged. Speed only. None: the device's default
     # (hyla.train.fast.FUSED_PROJECTIONS_BY_DEFAULT: off, measured slower on an H200, docs/convert.md).
     fused_projections: bool | None = None
+    # Stage 1 on the fast path (compiled twins with their losses, on one CUDA device): each twin's compiled step and
+    # the frozen teacher's compiled blocks replayed as CUDA graphs (hyla.train.fast.FastPath.cuda_graphs), for hosts
+    # too slow to launch the step's few thousand small kernels as fast as the GPU runs them. Speed only. None: the
+    # device's default (hyla.train.fast.CUDA_GRAPHS_BY_DEFAULT).
+    cuda_graphs: bool | None = None
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet
     # trains (None); the scaling stage then chooses the a the model is exported with, as always.
@@ -128,7 +133,8 @@ class StageBudget:
 # What a stage's `freeze` may keep fixed (hyla.convert.distill.freeze).
 FREEZE_PARTS = ("none", "attention", "attention-layers")
 SPEED_ONLY = ("compile", "fused_loss", "fused_optimizer", "micro_batch_size", "checkpoint_activations",
-              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode", "fused_projections")
+              "data_parallel", "batched_twins", "whole_blocks", "kl_kernel", "compile_mode", "fused_projections",
+              "cuda_graphs")
 
 
 @dataclass
@@ -498,6 +504,12 @@ def check_plan(plan: ConvertPlan) -> ConvertPlan:
         if getattr(plan, name).logit_scaling_a is not None:
             raise ValueError(f"{name}.logit_scaling_a: the alignment trains single mixers, not the hybrid's NoPE "
                              f"attention; set it for distill or finetune")
+    for name in ("attn_align", "distill", "finetune"):
+        if getattr(plan, name).cuda_graphs:
+            raise ValueError(f"{name}.cuda_graphs: CUDA graphs replay stage 1's twins; set it for align")
+    if plan.align.cuda_graphs and plan.align.batched_twins:
+        raise ValueError("align.cuda_graphs replays the per-twin loop, which align.batched_twins=true replaces; set "
+                         "one of them")
     for name in ("align", "attn_align", "finetune"):
         if getattr(plan, name).kl_kernel not in (None, "torch"):
             raise ValueError(f"{name}.kl_kernel: the KL is stage 2's loss; set it for distill")

@@ -159,16 +159,18 @@ def check_weights_file(path: Path, source: str) -> None:
             from None
 
 
-def stage_fast_path(run: Run, budget: StageBudget, kl: bool = False, hybrid: bool = False) -> FastPath:
+def stage_fast_path(run: Run, budget: StageBudget, kl: bool = False, hybrid: bool = False,
+                    twins: bool = False) -> FastPath:
     """The fast-path settings `budget` resolves to on this run's device (printed, and kept in the manifest); `kl`:
     the stage's loss is the fused KL (stage 2), the only one whose kernel `budget.kl_kernel` chooses; `hybrid`: the
     stage trains the whole hybrid (stages 2-3), the only ones whose input projections `budget.fused_projections`
-    fuses."""
+    fuses; `twins`: the stage trains stage 1's twins, the only one that `budget.cuda_graphs` replays."""
     return resolve_fast_path(compile=budget.compile, fused_loss=budget.fused_loss,
                              fused_optimizer=budget.fused_optimizer, micro_batch_size=budget.micro_batch_size,
                              device=run.env.device, whole_blocks=budget.whole_blocks,
                              kl_kernel=budget.kl_kernel if kl else "torch", compile_mode=budget.compile_mode,
-                             fused_projections=budget.fused_projections if hybrid else False)
+                             fused_projections=budget.fused_projections if hybrid else False,
+                             cuda_graphs=budget.cuda_graphs if twins else False)
 
 
 def stage_data_parallel(run: Run, budget: StageBudget, model, teacher=None) -> DataParallelChoice:
@@ -197,8 +199,10 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
         run.log(f"[{name}] frozen teacher: {'bf16' if budget.teacher_bf16 else 'float32 weights under bf16 autocast'}")
     run.log(f"[{name}] data parallel: {choice.describe()}")
     if fast.compile and loss_compiled:
-        # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks.
-        count = compile_blocks(frozen_blocks) if frozen_blocks else 0
+        # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks, as
+        # CUDA graphs where the twins are.
+        mode = "reduce-overhead" if fast.cuda_graphs else "default"
+        count = compile_blocks(frozen_blocks, mode=mode) if frozen_blocks else 0
         teacher_blocks = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
         run.log(f"[{name}] torch.compile: the loss function, whole{teacher_blocks}")
     elif fast.compile:
@@ -279,12 +283,15 @@ def run_align(run: Run, stage: Stage) -> dict:
         return measure_unaligned_twins(run, stage, twins)
     init = initialise_twins(run, twins)
     # No LM head in the alignment: there is no head loss to fuse.
-    fast = dataclasses.replace(stage_fast_path(run, run.plan.align), fused_loss=False)
+    fast = dataclasses.replace(stage_fast_path(run, run.plan.align, twins=True), fused_loss=False)
     parallel = stage_data_parallel(run, run.plan.align, twins, teacher)
     # With align.batched_twins: every twin in one batched problem where the twins allow it
-    # (hyla.convert.align_batched); else the per-twin loop, compiled twin by twin on the fast path.
+    # (hyla.convert.align_batched); else the per-twin loop, compiled twin by twin on the fast path, and with
+    # align.cuda_graphs replayed as CUDA graphs on one process.
     path = choose_alignment_path(twins, compile=fast.compile, data_parallel_mode=parallel.mode,
-                                 batched=run.plan.align.batched_twins, whole_twins=fast.whole_blocks)
+                                 batched=run.plan.align.batched_twins, whole_twins=fast.whole_blocks,
+                                 cuda_graphs=fast.cuda_graphs)
+    fast = dataclasses.replace(fast, cuda_graphs=path.cuda_graphs)
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
     # align.teacher_bf16: the teacher's blocks are compiled too (they record the mixers themselves), on either path.
     frozen = list(teacher.model.layers) if run.plan.align.teacher_bf16 else []

@@ -27,6 +27,11 @@ class FastPath:
     # Stages 2-3: each softmax/Lightning mixer's q/k/v/output-gate maps and each MLP's gate/up maps as one product
     # (hyla.models.modeling.use_fused_projections), in the trained hybrid and its frozen teacher.
     fused_projections: bool = False
+    # Stage 1 with `compile` and `whole_blocks` on one process: each twin's compiled step and the frozen teacher's
+    # compiled blocks replayed as CUDA graphs (torch.compile's mode "reduce-overhead"), one launch a graph instead of
+    # one a kernel: the alignment's step is a few thousand small kernels, which a slow host cannot launch as fast as
+    # the GPU runs them. CUDA only.
+    cuda_graphs: bool = False
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -41,24 +46,29 @@ class FastPath:
             blocks += f", mode {self.compile_mode}"
         kernel = f" (KL kernel {self.kl_kernel})" if self.fused_loss and self.kl_kernel != "torch" else ""
         projections = ", fused input projections" if self.fused_projections else ""
+        projections += ", under CUDA graphs" if self.cuda_graphs else ""
         return (f"compiled blocks {blocks}{projections}, fused LM head + loss {on(self.fused_loss)}{kernel}, fused "
                 f"AdamW {on(self.fused_optimizer)}, micro-batch {micro} sequences")
 
 
-# torch.compile's modes for the compiled blocks (`FastPath.compile_mode`); CUDA graphs stay off (the step is not one).
+# torch.compile's modes for the compiled blocks (`FastPath.compile_mode`). The modes with CUDA graphs are left out: a
+# step of stages 2-3 is GPU-bound, and stage 1 has its own setting (`FastPath.cuda_graphs`).
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 # Whether stages 2-3 fuse the input projections where their blocks are compiled, unless a plan says. Off: measured
 # slower on an H200 (`hyla bench train --paths fast,fast-fused-projections`, docs/results/train-speed.md,
 # 2026-12-06: distillation 237.6K against 243.7K tokens/s, fine-tuning 249.0K against 253.4K), though its loss
 # curves follow the default's (tests/train/test_fast_path_gpu.py).
 FUSED_PROJECTIONS_BY_DEFAULT = False
+# Whether stage 1 replays its compiled twins as CUDA graphs on CUDA, unless a plan says (`FastPath.cuda_graphs`).
+CUDA_GRAPHS_BY_DEFAULT = False
 EAGER = FastPath(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None)
 
 
 def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_optimizer: bool | None,
                       micro_batch_size: int | None, device: torch.device,
                       whole_blocks: bool | None = None, kl_kernel: str | None = "torch",
-                      compile_mode: str = "default", fused_projections: bool | None = False) -> FastPath:
+                      compile_mode: str = "default", fused_projections: bool | None = False,
+                      cuda_graphs: bool | None = False) -> FastPath:
     """The settings a stage runs with: each None becomes the device's default (on for CUDA, off on CPU, where
     compiling a step costs more than it saves; the fused loss is on on CPU too, it saves memory everywhere). Every
     part works under each data-parallel mode (`hyla.train.parallel`: the whole loss runs inside the wrapper's
@@ -68,7 +78,8 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
     KL's, stage 2: pass "torch" for the other stages): see `check_kl_kernel`; None: "triton" on CUDA with the fused
     loss (measured faster on an H200 and its loss curve checked against torch's: docs/convert.md), else "torch".
     `fused_projections` (stages 2-3: pass False for stage 1): None: `FUSED_PROJECTIONS_BY_DEFAULT` wherever the
-    blocks are compiled."""
+    blocks are compiled. `cuda_graphs` (stage 1: pass False for the others): see `check_cuda_graphs`; None: off
+    (`CUDA_GRAPHS_BY_DEFAULT`)."""
     cuda = device.type == "cuda"
     if micro_batch_size is not None and micro_batch_size < 1:
         raise ValueError(f"micro_batch_size must be >= 1 (or unset: the most that fit), got {micro_batch_size}")
@@ -79,17 +90,35 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
     check_kl_kernel(kl_kernel, fused_loss=fused_loss, device=device)
     if compile_mode not in COMPILE_MODES:
         raise ValueError(f"compile_mode must be one of {', '.join(COMPILE_MODES)}, got {compile_mode!r}")
+    whole_blocks = compile if whole_blocks is None else whole_blocks
+    if cuda_graphs is None:
+        cuda_graphs = CUDA_GRAPHS_BY_DEFAULT and cuda and compile and whole_blocks
+    check_cuda_graphs(cuda_graphs, compile=compile, whole_blocks=whole_blocks, device=device)
     return FastPath(
         compile=compile,
         fused_loss=fused_loss,
         fused_optimizer=cuda if fused_optimizer is None else fused_optimizer,
         micro_batch_size=micro_batch_size,
-        whole_blocks=compile if whole_blocks is None else whole_blocks,
+        whole_blocks=whole_blocks,
         kl_kernel=kl_kernel,
         compile_mode=compile_mode,
         fused_projections=(FUSED_PROJECTIONS_BY_DEFAULT and compile) if fused_projections is None
         else fused_projections,
+        cuda_graphs=cuda_graphs,
     )
+
+
+def check_cuda_graphs(cuda_graphs: bool, *, compile: bool, whole_blocks: bool, device: torch.device | None = None,
+                      setting: str = "cuda_graphs") -> None:
+    """ValueError unless `cuda_graphs` can be on: the graphs are those of the compiled twins with their losses
+    (`compile` and `whole_blocks`), on CUDA (`device`, None: unchecked)."""
+    if not cuda_graphs:
+        return
+    if not (compile and whole_blocks):
+        raise ValueError(f"{setting}=true replays the compiled twins with their losses, and compile or whole_blocks "
+                         f"is off here; leave {setting} unset")
+    if device is not None and device.type != "cuda":
+        raise ValueError(f"{setting}=true runs on CUDA, and this device is {device.type}; leave {setting} unset")
 
 
 def resolve_bf16_activations(bf16_activations: bool | None, device: torch.device) -> bool:
