@@ -4,8 +4,8 @@ A replay runs the kernels recorded at the second call on whatever the static inp
 batch copied nowhere, a teacher recording of the previous step) or a gradient written to memory the next replay
 reuses would give the loss, errors or gradients of another batch. So each step here runs a new random batch through
 the replayed path and through the same compiled functions without CUDA graphs (the default path, held to the eager
-reference by tests/train/test_fast_path_gpu.py), on the same weights, and compares all three; the profile of a
-replayed step shows the graphs launched."""
+reference by tests/train/test_fast_path_gpu.py), on the same weights, and compares all three, with whole batches
+and with two micro-batches a step; the profile of a replayed step shows the graphs launched."""
 
 from types import SimpleNamespace
 
@@ -32,15 +32,21 @@ STEPS = 5  # a warm-up call, a recording, then replays
 RTOL = 1e-3
 
 
-def _step(loss_fn, model, batch, params):
-    with training_autocast(torch.device("cuda")):
-        loss, metrics = loss_fn(model, batch)
-    loss.backward()
+def _step(loss_fn, model, batch, params, micro_batches: int = 1):
+    """Loss, per-layer errors (of the last micro-batch) and the gradients accumulated over `micro_batches` parts of
+    `batch`, as hyla.train.step.TrainStep accumulates them."""
+    rows = batch["input_ids"].shape[0] // micro_batches
+    total = 0
+    for start in range(0, batch["input_ids"].shape[0], rows):
+        with training_autocast(torch.device("cuda")):
+            loss, metrics = loss_fn(model, {"input_ids": batch["input_ids"][start:start + rows]})
+        (loss / micro_batches).backward()
+        total = total + loss.detach().float() / micro_batches
     grads = [p.grad.detach().clone() for p in params]
     for p in params:
         p.grad = None
     errors = torch.stack([metrics[f"mse_{i:02d}"] for i in range(LAYERS)]).float()
-    return loss.detach().float(), errors, grads
+    return total, errors, grads
 
 
 def _relative(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -66,8 +72,11 @@ def test_each_replay_gives_the_loss_errors_and_gradients_of_its_own_batch(reques
     params = list(twins.parameters())
     generator = torch.Generator(device=device).manual_seed(1)
     losses = []
+    # Whole batches, then each batch in two micro-batches (new shapes: recorded anew; the second micro-batch's
+    # replays must leave the first one's gradients alone).
+    schedule = [1] * STEPS + [2] * STEPS
     with chunk_kernel_as_custom_op(True):
-        for step in range(STEPS):
+        for step, micro_batches in enumerate(schedule):
             vocab = hf_teacher.config.vocab_size
             if step % 2:  # each row one token repeated: errors unlike those of random tokens
                 ids = torch.randint(0, vocab, (4, 1), device=device, generator=generator).expand(4, 256)
@@ -75,14 +84,15 @@ def test_each_replay_gives_the_loss_errors_and_gradients_of_its_own_batch(reques
                 ids = torch.randint(0, vocab, (4, 256), device=device, generator=generator)
             batch = {"input_ids": ids}
             if step == STEPS - 1:
-                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+                activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+                with torch.profiler.profile(activities=activities) as profile:
                     replayed = _step(graphs.loss_fn, twins, batch, params)
                 launches = sum(event.count for event in profile.key_averages() if event.key == "cudaGraphLaunch")
                 # a forward and a backward graph per twin, and each teacher block's
                 assert launches >= 3 * LAYERS, launches
             else:
-                replayed = _step(graphs.loss_fn, twins, batch, params)
-            reference = _step(plain.loss_fn, plain_model, batch, params)
+                replayed = _step(graphs.loss_fn, twins, batch, params, micro_batches)
+            reference = _step(plain.loss_fn, plain_model, batch, params, micro_batches)
             assert torch.isfinite(replayed[0])
             assert _relative(replayed[0], reference[0]) <= RTOL, (step, replayed[0], reference[0])
             assert _relative(replayed[1], reference[1]) <= RTOL, (step, replayed[1], reference[1])

@@ -237,7 +237,7 @@ def test_the_alignment_replays_its_compiled_twins_on_one_process_only():
     graphs = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True, cuda_graphs=True)
     assert graphs.cuda_graphs and graphs.whole_twins and not graphs.compile_twins
     assert "replayed as CUDA graphs" in graphs.describe() and graphs.as_dict()["cuda_graphs"]
-    assert graphs.loss_fn.keywords["error"] is compiled_twin_error(True)
+    assert graphs.loss_fn.keywords == {"error": compiled_twin_error(True), "cuda_graphs": True}
     plain = choose_alignment_path(twins, compile=True, batched=False, whole_twins=True)
     assert not plain.cuda_graphs and plain.loss_fn.keywords["error"] is compiled_twin_error(False)
     assert compiled_twin_error(True) is not compiled_twin_error(False)

@@ -199,8 +199,8 @@ def choose_alignment_path(twins: AlignmentTwins, *, compile: bool, data_parallel
             reason = "the per-twin loop, each twin compiled with its loss (align.batched_twins=false)"
             if cuda_graphs and data_parallel_mode != "none":
                 cuda_graphs, reason = False, f"{reason}; no CUDA graphs under {data_parallel_mode}"
-            return AlignmentPath(functools.partial(alignment_loss, error=compiled_twin_error(cuda_graphs)), False,
-                                 True, reason, whole_twins=True, cuda_graphs=cuda_graphs)
+            loss_fn = functools.partial(alignment_loss, error=compiled_twin_error(cuda_graphs), cuda_graphs=cuda_graphs)
+            return AlignmentPath(loss_fn, False, True, reason, whole_twins=True, cuda_graphs=cuda_graphs)
         return AlignmentPath(alignment_loss, False, compile, "the reference path" if not compile
                              else "the per-twin loop, each twin compiled (align.batched_twins=false)")
     obstacle = batching_obstacle(list(twins.twins))
