@@ -35,6 +35,19 @@ def compile_blocks(blocks: Iterable[torch.nn.Module], mode: str = "default") -> 
     return len(blocks)
 
 
+def release_cuda_graphs(device: torch.device) -> None:
+    """Free what torch's CUDA graph trees hold on `device` (the graphs that torch.compile's mode "reduce-overhead"
+    recorded, and their memory pool, which stays reserved while they exist): after stage 1's replayed twins
+    (`hyla.convert.align.compiled_twin_error`), before the next stage needs the memory. Their compiled code stays;
+    a later call would record anew."""
+    if device.type != "cuda":
+        return
+    from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+    reset_cudagraph_trees()
+    torch.cuda.empty_cache()
+
+
 def triton_default_cache_dir() -> str:
     """Where Triton keeps compiled kernels and autotuning results unless told otherwise (triton.knobs.cache)."""
     return os.path.join(os.environ.get("TRITON_HOME", os.path.expanduser("~/")), ".triton", "cache")

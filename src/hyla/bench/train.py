@@ -71,8 +71,8 @@ class PathSettings(NamedTuple):
 # fast-fused-projections: the default on CUDA with each mixer's q/k/v/output-gate maps and each MLP's gate/up maps as
 #   one product in the hybrid and its teacher (distill.fused_projections, finetune.fused_projections);
 #   fast-bf16-activations-fused-projections: and the bf16 activations; distill and finetune cases only.
-# fast-cuda-graphs: the default on CUDA with stage 1's compiled twins and the teacher's compiled blocks replayed as
-#   CUDA graphs (align.cuda_graphs); align cases only, on CUDA.
+# fast-cuda-graphs: the default on CUDA with stage 1's compiled twins replayed as CUDA graphs (align.cuda_graphs);
+#   align cases only, on CUDA.
 PATH_SETTINGS = {
     "eager": PathSettings(False, None),
     "fast": PathSettings(None, None),
@@ -362,8 +362,7 @@ def _measure_case(case: Case, path: str, hf_teacher, plan, attention_layers, set
         print(f"  {case.label} {path}: alignment loss: {built.alignment.describe()}", flush=True)
     if fast.compile:  # the batched twins' loss compiles itself; a bf16 teacher's blocks are compiled either way
         trained = built.blocks if built.alignment is None or built.alignment.compile_twins else []
-        graphs = built.alignment is not None and built.alignment.cuda_graphs
-        compile_blocks([*trained, *built.frozen_blocks], mode="reduce-overhead" if graphs else fast.compile_mode)
+        compile_blocks([*trained, *built.frozen_blocks], mode=fast.compile_mode)
     built.model.train()
     budget = getattr(plan, case.stage)  # the stage's learning rate and schedule, as the plan trains it
     optim = OptimSettings(lr=budget.lr, min_lr=budget.min_lr, warmup_steps=min(budget.warmup_steps, 1),

@@ -162,7 +162,7 @@ class AlignmentPath:
     reason: str
     # The loop with each twin and its loss compiled as one function (`compiled_twin_error`), not the twin alone.
     whole_twins: bool = False
-    # Those functions (and the frozen teacher's compiled blocks) replayed as CUDA graphs (`compiled_twin_error`).
+    # Those functions replayed as CUDA graphs (`compiled_twin_error`); `hyla.compile.release_cuda_graphs` after.
     cuda_graphs: bool = False
 
     @property

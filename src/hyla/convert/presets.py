@@ -91,10 +91,10 @@ class StageBudget:
     # larger matrix products; parameters and checkpoints unchanged. Speed only. None: the device's default
     # (hyla.train.fast.FUSED_PROJECTIONS_BY_DEFAULT: off, measured slower on an H200, docs/convert.md).
     fused_projections: bool | None = None
-    # Stage 1 on the fast path (compiled twins with their losses, on one CUDA device): each twin's compiled step and
-    # the frozen teacher's compiled blocks replayed as CUDA graphs (hyla.train.fast.FastPath.cuda_graphs), for hosts
-    # too slow to launch the step's few thousand small kernels as fast as the GPU runs them. Speed only. None: the
-    # device's default (hyla.train.fast.CUDA_GRAPHS_BY_DEFAULT).
+    # Stage 1 on the fast path (compiled twins with their losses, on one CUDA device): each twin's compiled step
+    # replayed as CUDA graphs (hyla.train.fast.FastPath.cuda_graphs), for hosts too slow to launch the twins' few
+    # thousand small kernels as fast as the GPU runs them. Speed only. None: the device's default
+    # (hyla.train.fast.CUDA_GRAPHS_BY_DEFAULT).
     cuda_graphs: bool | None = None
     # Stages 2-3: train the hybrid with its NoPE attention's per-query logit scaling on, s_t = log(t + a) / log(a)
     # at position t of each document (HypeNetConfig.attention_logit_scaling_a), instead of without it as HypeNet

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file
 
-from hyla.compile import compile_blocks
+from hyla.compile import compile_blocks, release_cuda_graphs
 from hyla.convert.align import AlignmentTwins, alignment_loss
 from hyla.convert.align_batched import choose_alignment_path
 from hyla.convert.data import corpus_mix, prepared_corpus, split_corpus, training_loader
@@ -199,10 +199,8 @@ def train_budget(run: Run, folder: Path, name: str, model, loss_fn, budget: Stag
         run.log(f"[{name}] frozen teacher: {'bf16' if budget.teacher_bf16 else 'float32 weights under bf16 autocast'}")
     run.log(f"[{name}] data parallel: {choice.describe()}")
     if fast.compile and loss_compiled:
-        # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks, as
-        # CUDA graphs where the twins are.
-        mode = "reduce-overhead" if fast.cuda_graphs else "default"
-        count = compile_blocks(frozen_blocks, mode=mode) if frozen_blocks else 0
+        # The loss compiles itself; a frozen teacher's blocks (a bf16 copy's, in stage 1) are compiled as blocks.
+        count = compile_blocks(frozen_blocks) if frozen_blocks else 0
         teacher_blocks = f", and {count} frozen teacher blocks" if count else " (no block compiled on its own)"
         run.log(f"[{name}] torch.compile: the loss function, whole{teacher_blocks}")
     elif fast.compile:
@@ -295,9 +293,13 @@ def run_align(run: Run, stage: Stage) -> dict:
     run.log(f"[{stage.name}] alignment loss: {path.describe()}")
     # align.teacher_bf16: the teacher's blocks are compiled too (they record the mixers themselves), on either path.
     frozen = list(teacher.model.layers) if run.plan.align.teacher_bf16 else []
-    summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
-                           frozen_blocks=frozen, fast=fast, teacher=teacher,
-                           loss_compiled=path.compiled and not path.compile_twins)
+    try:
+        summary = train_budget(run, stage.path, stage.name, twins, path.loss_fn, run.plan.align, list(twins.twins),
+                               frozen_blocks=frozen, fast=fast, teacher=teacher,
+                               loss_compiled=path.compiled and not path.compile_twins)
+    finally:
+        if path.cuda_graphs:  # the graphs' memory pool would otherwise stay reserved through the later stages
+            release_cuda_graphs(run.env.device)
     state = full_state_dict(twins)
     save_weights({k.removeprefix("twins."): v for k, v in state.items()}, stage.path / "twins.safetensors", run.env)
     per_layer = {k: v for k, v in summary["last"].items() if k.startswith("mse_")}

@@ -27,10 +27,10 @@ class FastPath:
     # Stages 2-3: each softmax/Lightning mixer's q/k/v/output-gate maps and each MLP's gate/up maps as one product
     # (hyla.models.modeling.use_fused_projections), in the trained hybrid and its frozen teacher.
     fused_projections: bool = False
-    # Stage 1 with `compile` and `whole_blocks` on one process: each twin's compiled step and the frozen teacher's
-    # compiled blocks replayed as CUDA graphs (torch.compile's mode "reduce-overhead"), one launch a graph instead of
-    # one a kernel: the alignment's step is a few thousand small kernels, which a slow host cannot launch as fast as
-    # the GPU runs them. CUDA only.
+    # Stage 1 with `compile` and `whole_blocks` on one process: each twin's compiled step (its forward and backward
+    # with its loss) replayed as CUDA graphs (torch.compile's mode "reduce-overhead"), one launch a graph instead of
+    # one a kernel: the twins' part of the step is a few thousand small kernels, which a slow host cannot launch as
+    # fast as the GPU runs them. CUDA only.
     cuda_graphs: bool = False
 
     def as_dict(self) -> dict:
