@@ -25,6 +25,9 @@
 #             blocks replayed as CUDA graphs (align.cuda_graphs), then their GPU tests: each replay against the default
 #             path on its own batch, and the 30-step loss curve against the eager reference; on an H200 also the run
 #             of record (`record`);
+#   code:     `hyla bench train` on distillation at 16x4096 (the default path) with inductor's cache in $OUT, then the
+#             generated code of its graphs packed as code.tar.xz: the profile's kernel names (triton_*_N) are defined
+#             there, for reading what the elementwise kernels move;
 #   prefill:  RMSNorm's two forms at a 64K prefill's shapes (bench/rms_norm.py) and their GPU test, RoPE's two
 #             forms (bench/rope.py) and their GPU test, then where a
 #             64K prefill of the converted shape goes, kernel by kernel, against its FLOP floor, uncompiled, through
@@ -32,7 +35,7 @@
 # Each part runs under BUDGET_S (default 540 s; give the call a limit ~40 s above it).
 set -uo pipefail
 : "${OUT:?set OUT to the folder that comes back}"
-part=${1:?usage: speed.sh train|autotune|fused|activations|record|graphs|tests|tests-train|eme|prefill}
+part=${1:?usage: speed.sh train|autotune|fused|activations|record|graphs|code|tests|tests-train|eme|prefill}
 BUDGET_S=${BUDGET_S:-540}
 site=/tmp/site
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target $site .whl/*.whl \
@@ -94,6 +97,13 @@ case $part in
         --paths fast,fast-fp32-activations,fast-cuda-graphs 2>&1 | quiet 40
     fi
     ;;
+  code)
+    log "hyla bench train: distillation, the default path, keeping inductor's generated code"
+    export TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-code
+    timeout "$(left)" python3 -m hyla.cli bench train "${distill[@]}" --paths fast --out "$OUT/code" 2>&1 | quiet 20
+    (cd /tmp/inductor-code && find . -name "*.py" -size -4M | tar -cJf "$OUT/code.tar.xz" -T -)
+    ls -la "$OUT/code.tar.xz"
+    ;;
   tests-train)
     log "GPU tests: the fast path's loss curves"
     gpu_tests tests/train/test_fast_path_gpu.py -k fused_projections
@@ -127,7 +137,7 @@ case $part in
         quiet 24
     done
     ;;
-  *) echo "error: unknown part $part (train, autotune, fused, activations, record, graphs, tests, tests-train, eme, prefill)"
+  *) echo "error: unknown part $part (train, autotune, fused, activations, record, graphs, code, tests, tests-train, eme, prefill)"
      exit 2 ;;
 esac
 log done
