@@ -16,8 +16,8 @@
 #   activations: `hyla bench train` on distillation at 16x4096: the default against the bf16 activations (issue 23's
 #             last 2.5% on sitting T's H200);
 #   record:   `hyla bench train` on every stage at the recipe's shapes, the default (bf16 activations since
-#             2026-12-06) beside float32 activations: issue 23's run of record, on an H200 (it says so and stops on
-#             any other card unless ANY_CARD=1);
+#             2026-12-06) beside float32 activations (PATHS overrides the paths): issue 23's run of record, on an
+#             H200 (it says so and stops on any other card unless ANY_CARD=1);
 #   tests-train: the GPU loss-curve tests of the fast path: the fused projections' (first: they decide its default),
 #             then the default against the eager reference in every stage (the Triton KL is the default since
 #             2026-12-06);
@@ -78,8 +78,8 @@ case $part in
   record)
     card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     if [[ "$card" != *H200* && "${ANY_CARD:-0}" != 1 ]]; then echo "not an H200 ($card): the targets are an H200's"; exit 3; fi
-    log "hyla bench train: every stage, the default beside float32 activations, on $card"
-    timeout "$(left)" python3 -m hyla.cli bench train --no-losses --paths fast,fast-fp32-activations \
+    log "hyla bench train: every stage, paths ${PATHS:-fast,fast-fp32-activations}, on $card"
+    timeout "$(left)" python3 -m hyla.cli bench train --no-losses --paths "${PATHS:-fast,fast-fp32-activations}" \
       --out "$OUT/record" 2>&1 | quiet 40
     ;;
   graphs)
