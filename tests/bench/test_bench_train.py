@@ -112,6 +112,15 @@ def test_bench_train_refuses_a_bad_case_in_one_line(text, tmp_path, capsys):
     assert not (tmp_path / "train.json").exists()
 
 
+@pytest.mark.parametrize("paths,named", [("fast,bogus", "unknown path bogus;"),
+                                         ("nope,fast,bad", "unknown paths nope, bad;"), (",", "no path given")])
+def test_bench_train_names_only_the_unknown_paths_in_one_line(paths, named, tmp_path, capsys):
+    assert main(["bench", "train", "--toy", "--device", "cpu", "--paths", paths, "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and named in err[0] and "fast-cuda-graphs" in err[0], err
+    assert "unknown path fast" not in err[0] and not (tmp_path / "train.json").exists()
+
+
 def counted_flops(fn) -> int:
     # The math backend writes attention as matrix products the counter sees (it counts the full T x T square, twice
     # the causal triangle the model FLOPs count).
@@ -206,9 +215,9 @@ def test_the_profile_says_whether_the_host_or_the_gpu_sets_the_pace():
 def test_a_whole_blocks_path_after_the_fast_path_compiles_whole_blocks(monkeypatch):
     """Each case starts from an empty compile cache. With fla's chunk call stood in for by a torch.compiler.disable'd
     function (what splits a compiled Lightning block on CUDA), the fast path compiles each Lightning block in pieces
-    (fast-split-blocks) and fast-whole-blocks, measured after it in the same process, one graph per kind of block with no graph break:
-    without the reset it reused the fast path's pieces. Same weights, batch and formulas: the losses agree to float32
-    rounding order (1e-5, as the whole-blocks test above)."""
+    (fast-split-blocks) and fast-whole-blocks, measured after it in the same process, one graph per kind of block
+    with no graph break: without the reset it reused the fast path's pieces. Same weights, batch and formulas: the
+    losses agree to float32 rounding order (1e-5, as the whole-blocks test above)."""
     import hyla.bench.train as bench
     import hyla.ops.lightning as lightning
     from hyla.convert.presets import make_plan

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import warnings
 
-import torch
-
 from hyla.ops.dispatch import fla_available
 
 

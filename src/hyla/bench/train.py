@@ -174,9 +174,12 @@ class TrainBenchSettings:
             raise ValueError("steps must be >= 1 and warmup >= 0")
         if self.rnn_mixer not in TRAINED_MIXERS:
             raise ValueError(f"rnn_mixer must be one of {', '.join(TRAINED_MIXERS)}, got {self.rnn_mixer!r}")
-        unknown = sorted(set(self.paths) - set(PATHS))
-        if unknown or not self.paths:
-            raise ValueError(f"paths must be some of {', '.join(PATHS)}, got {', '.join(self.paths) or 'none'}")
+        if not self.paths:
+            raise ValueError(f"no path given; choose some of {', '.join(PATHS)}")
+        unknown = [path for path in self.paths if path not in PATHS]
+        if unknown:
+            raise ValueError(f"unknown path{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; choose among "
+                             f"{', '.join(PATHS)}")
 
 
 def training_flops_per_token(stage: str, trained, seq_len: int, teacher=None) -> dict[str, float]:

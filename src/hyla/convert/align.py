@@ -17,7 +17,8 @@ from hyla.models.transfer import TWIN_BUILDERS
 
 
 class AlignmentTwins(nn.Module):
-    """The trainable twins, one per layer (a ModuleList so that optimizer, checkpoint and FSDP treat them as a model)."""
+    """The trainable twins, one per layer (a ModuleList, so that optimizer, checkpoint and FSDP treat them as a
+    model)."""
 
     def __init__(self, teacher: HypeNetForCausalLM, hf_teacher: nn.Module, config=None, *,
                  rnn_mixer: str = "lightning"):
