@@ -39,8 +39,10 @@ def no_teacher_load(monkeypatch):
     ("distill.kl_kernel=triton", "distill.kl_kernel=triton runs on CUDA, and this device is cpu"),
     ("finetune.kl_kernel=triton", "finetune.kl_kernel: the KL is stage 2's loss; set it for distill"),
     ("distill.kl_kernel=trit", "distill.kl_kernel must be one of torch, triton"),
+    ("align.cuda_graphs=true", "align.cuda_graphs=true runs on CUDA, and this device is cpu"),
+    ("distill.cuda_graphs=true", "distill.cuda_graphs: CUDA graphs replay stage 1's twins; set it for align"),
 ], ids=["lr-text", "batch-0", "seq-negative", "schedule", "k-float", "typo", "layers", "k-too-large", "kl-kernel-cpu",
-        "kl-kernel-stage", "kl-kernel-name"])
+        "kl-kernel-stage", "kl-kernel-name", "cuda-graphs-cpu", "cuda-graphs-stage"])
 def test_bad_settings_are_refused_before_the_teacher_loads_and_leave_nothing(tiny_teacher, tmp_path, capsys,
                                                                              no_teacher_load, setting, message):
     out = tmp_path / "run"

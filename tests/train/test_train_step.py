@@ -151,7 +151,8 @@ def test_fast_path_is_on_by_default_on_cuda_and_the_eager_path_stays_selectable(
     assert resolve_teacher_bf16(None, torch.device("cuda")) and not resolve_teacher_bf16(None, torch.device("cpu"))
     assert resolve_teacher_bf16(True, torch.device("cpu")) and not resolve_teacher_bf16(False, torch.device("cuda"))
     # The hybrid's activations (stages 2-3) likewise: bf16 on CUDA, float32 on CPU, either when set.
-    assert resolve_bf16_activations(None, torch.device("cuda")) and not resolve_bf16_activations(None, torch.device("cpu"))
+    assert resolve_bf16_activations(None, torch.device("cuda"))
+    assert not resolve_bf16_activations(None, torch.device("cpu"))
     assert resolve_bf16_activations(True, torch.device("cpu"))
     assert not resolve_bf16_activations(False, torch.device("cuda"))
     chosen = resolve_fast_path(compile=False, fused_loss=False, fused_optimizer=False, micro_batch_size=None,

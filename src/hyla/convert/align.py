@@ -100,9 +100,10 @@ def alignment_loss(model: AlignmentTwins, batch: dict, *, error: Callable = twin
     step reads them back once), with the teacher's output energy (mean square) of each layer beside them, so that
     `mse_i / energy_i` is the fraction of the output the twin misses. error: `twin_error` or its compiled form.
     cuda_graphs: the error is replayed as CUDA graphs (`compiled_twin_error`); the call starts a new step of
-    torch's CUDA graph trees, which keep every output of the graphs of one step until the next. A step's later micro-batches copy the gradients accumulated so far first:
-    autograd keeps a parameter's first gradient as it comes, here an output of a graph, which the next replay
-    overwrites (torch's CUDA graph trees do not guard gradient accumulation)."""
+    torch's CUDA graph trees, which keep every output of the graphs of one step until the next. A step's later
+    micro-batches copy the gradients accumulated so far first: autograd keeps a parameter's first gradient as it
+    comes, here an output of a graph, which the next replay overwrites (torch's CUDA graph trees do not guard
+    gradient accumulation)."""
     if cuda_graphs:
         for param in model.twins.parameters():
             if param.grad is not None:

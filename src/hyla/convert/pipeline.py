@@ -20,7 +20,7 @@ from hyla.convert.select_stage import run_select
 from hyla.convert.stages import STAGES, Stage, settings_differences, settings_hash
 from hyla.train.distributed import barrier, exclusive_run_folder, init_distributed
 from hyla.train.divergence import TrainingDiverged
-from hyla.train.fast import check_kl_kernel, resolve_bf16_activations, resolve_teacher_bf16
+from hyla.train.fast import check_kl_kernel, resolve_bf16_activations, resolve_fast_path, resolve_teacher_bf16
 
 RUNNERS = {"data": run_data, "align": run_align, "select": run_select, "distill": run_distill,
            "finetune": run_finetune, "scaling": run_scaling, "export": run_export}
@@ -220,6 +220,9 @@ def _convert_locked(request: ConvertRequest, early: ConvertPlan, env) -> dict:
     check_plan_for_teacher(early, teacher_config.num_hidden_layers)
     if early.distill.kl_kernel is not None:  # None: the device's default (hyla.train.fast.resolve_fast_path)
         check_kl_kernel(early.distill.kl_kernel, device=env.device, setting="distill.kl_kernel")
+    if early.align.cuda_graphs:  # what stage 1 would resolve, refused now rather than after the stages before it
+        resolve_fast_path(compile=early.align.compile, fused_loss=None, fused_optimizer=None, micro_batch_size=None,
+                          device=env.device, whole_blocks=early.align.whole_blocks, cuda_graphs=True)
     hf_teacher, tokenizer = load_teacher(request.teacher, device=env.device, config=teacher_config)
     num_params = sum(p.numel() for p in hf_teacher.parameters())
     plan, request = resolve_plan(request, num_params, env.device)

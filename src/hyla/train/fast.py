@@ -109,16 +109,16 @@ def resolve_fast_path(*, compile: bool | None, fused_loss: bool | None, fused_op
 
 
 def check_cuda_graphs(cuda_graphs: bool, *, compile: bool, whole_blocks: bool, device: torch.device | None = None,
-                      setting: str = "cuda_graphs") -> None:
+                      setting: str = "align.cuda_graphs") -> None:
     """ValueError unless `cuda_graphs` can be on: the graphs are those of the compiled twins with their losses
     (`compile` and `whole_blocks`), on CUDA (`device`, None: unchecked)."""
     if not cuda_graphs:
         return
+    if device is not None and device.type != "cuda":
+        raise ValueError(f"{setting}=true runs on CUDA, and this device is {device.type}; leave {setting} unset")
     if not (compile and whole_blocks):
         raise ValueError(f"{setting}=true replays the compiled twins with their losses, and compile or whole_blocks "
                          f"is off here; leave {setting} unset")
-    if device is not None and device.type != "cuda":
-        raise ValueError(f"{setting}=true runs on CUDA, and this device is {device.type}; leave {setting} unset")
 
 
 def resolve_bf16_activations(bf16_activations: bool | None, device: torch.device) -> bool:
